@@ -1,0 +1,82 @@
+"""Backend 2: 🤗 Accelerate.
+
+``Accelerator(gradient_accumulation_steps=k)``, ``prepare``, and inside ``with accelerator.accumulate(model):``
+the usual forward, ``accelerator.backward(loss)``, ``optimizer.step()``, ``lr_scheduler.step()``,
+``optimizer.zero_grad()`` — Accelerate skips the step (and the gradient sync) until the window's last
+micro-batch, or the end of the dataloader.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from torch.utils.data import DataLoader
+
+from gradacc.backends.common import StepReporter, check_finite, evaluate, make_optimizer, make_scheduler
+from gradacc.memory import ActivationMeter
+from gradacc.windows import loss_weight
+
+
+def new_accelerator(job):
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+
+    # A fresh accumulation state per run (these are process-wide singletons); the process group stays.
+    AcceleratorState._reset_state(reset_partial_state=False)
+    GradientState._reset_state()
+    return Accelerator(gradient_accumulation_steps=job.config.grad_accum_steps, cpu=job.device.type == "cpu")
+
+
+def train(job) -> None:
+    config = job.config
+    k = config.grad_accum_steps
+    accelerator = new_accelerator(job)
+    dataloader = DataLoader(job.train_examples, batch_size=config.micro_batch_size, shuffle=False,
+                            collate_fn=job.collate)
+    optimizer = make_optimizer(job.model, config)
+    # AcceleratedScheduler steps once per process per optimizer step: size it to match.
+    lr_scheduler = make_scheduler(optimizer, config, job.total_steps * accelerator.num_processes)
+    model, optimizer, dataloader, lr_scheduler = accelerator.prepare(job.model, optimizer, dataloader, lr_scheduler)
+    meter = ActivationMeter(model)
+    report = StepReporter(job, accelerator.num_processes)
+
+    step, window_loss, micro_batches, activation_bytes = 0, 0.0, 0, None
+    for epoch in range(1, config.epochs + 1):
+        model.train()
+        for index, batch in enumerate(dataloader):
+            job.check_stop()
+            report.micro_batch(batch)
+            measuring = config.instrument and micro_batches == 0
+            with accelerator.accumulate(model):
+                with meter.measure() if measuring else contextlib.nullcontext():
+                    outputs = model(**batch)
+                loss = outputs.loss
+                check_finite(loss, step + 1)
+                # accelerator.backward divides by k itself (even in a short last window); exact weights undo that.
+                weight = loss_weight(config.loss_normalization, job.batch_items[index], job.window_items[index], k)
+                accelerator.backward(loss * weight * k)
+                window_loss += loss.item() * weight
+                micro_batches += 1
+                activation_bytes = meter.bytes if measuring else activation_bytes
+                norm = None
+                if accelerator.sync_gradients:
+                    if job.before_optimizer_step:
+                        job.before_optimizer_step(model)
+                    norm = float(accelerator.clip_grad_norm_(
+                        model.parameters(), config.max_grad_norm if config.max_grad_norm > 0 else float("inf")))
+                    lr = lr_scheduler.get_last_lr()[0]
+                optimizer.step()
+                lr_scheduler.step()
+                optimizer.zero_grad()
+
+            if accelerator.sync_gradients:
+                step += 1
+                report.step(step=step, epoch=epoch, micro_batches=micro_batches, loss=window_loss, grad_norm=norm,
+                            lr=lr, activation_bytes=activation_bytes)
+                window_loss, micro_batches = 0.0, 0
+                if step == job.total_steps:
+                    break
+        report.evaluation(epoch=epoch, step=step, metrics=evaluate(model, job))
+        if step == job.total_steps:
+            break
+    accelerator.free_memory()

@@ -1,0 +1,103 @@
+"""What the plain-PyTorch and Accelerate loops share: optimizer, schedule, eval, and step reports.
+
+The optimizer and schedule mirror ``Trainer``'s defaults (AdamW, no weight decay on biases and
+LayerNorm weights, linear decay after warmup), so the three backends run the same math.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from gradacc import events, memory
+from gradacc.errors import RunFailed
+from gradacc.metrics import classification_metrics
+
+EVAL_BATCH_SIZE = 64
+
+
+def make_optimizer(model: torch.nn.Module, config) -> torch.optim.AdamW:
+    no_decay = [p for n, p in model.named_parameters() if p.requires_grad and _skips_decay(n)]
+    decay = [p for n, p in model.named_parameters() if p.requires_grad and not _skips_decay(n)]
+    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=config.learning_rate)
+
+
+def _skips_decay(name: str) -> bool:
+    lowered = name.lower()
+    return "bias" in lowered or "layernorm" in lowered or "layer_norm" in lowered or "rmsnorm" in lowered
+
+
+def warmup_steps(config, total_steps: int) -> int:
+    return math.ceil(config.warmup_ratio * total_steps)
+
+
+def make_scheduler(optimizer, config, total_steps: int):
+    from transformers import get_linear_schedule_with_warmup
+
+    return get_linear_schedule_with_warmup(optimizer, warmup_steps(config, total_steps), total_steps)
+
+
+def grad_norm(model: torch.nn.Module, max_norm: float) -> float:
+    """Total gradient norm before clipping; clips to ``max_norm`` when it is positive."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    return float(torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf")))
+
+
+def check_finite(loss: torch.Tensor, step: int) -> None:
+    if not torch.isfinite(loss):
+        kind = "NaN" if torch.isnan(loss) else "inf"
+        raise RunFailed(f"loss became {kind} at step {step}")
+
+
+def to_device(batch: dict, device) -> dict:
+    return {key: value.to(device) for key, value in batch.items()}
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, job) -> dict:
+    """Example-weighted eval loss, accuracy and F1 over the eval set (as Trainer computes them)."""
+    was_training = model.training
+    model.eval()
+    total_loss, predictions, labels = 0.0, [], []
+    for start in range(0, len(job.eval_examples), EVAL_BATCH_SIZE):
+        chunk = job.eval_examples[start:start + EVAL_BATCH_SIZE]
+        batch = to_device(job.collate(chunk), job.device)
+        outputs = model(**batch)
+        total_loss += float(outputs.loss) * len(chunk)
+        predictions.extend(outputs.logits.argmax(-1).tolist())
+        labels.extend(batch["labels"].tolist())
+    model.train(was_training)
+    scores = classification_metrics(predictions, labels, job.num_labels)
+    return {"eval_loss": total_loss / len(job.eval_examples), "eval_accuracy": scores["accuracy"],
+            "eval_f1": scores["f1"]}
+
+
+class StepReporter:
+    """Counts what went through the model and emits ``step`` and ``eval`` events."""
+
+    def __init__(self, job, num_processes: int = 1):
+        self.job = job
+        self.num_processes = num_processes
+        self.samples_seen = 0
+        self.tokens_seen = 0
+        self.started = time.perf_counter()
+
+    def micro_batch(self, batch: dict) -> None:
+        # Each process sees its own micro-batch of the same shape; count all of them.
+        self.samples_seen += int(batch["input_ids"].shape[0]) * self.num_processes
+        self.tokens_seen += int(batch["attention_mask"].sum()) * self.num_processes
+
+    def step(self, *, step: int, epoch: int, micro_batches: int, loss: float, grad_norm: float | None, lr: float,
+             activation_bytes: int | None) -> None:
+        self.job.emit(events.step(step=step, epoch=epoch, samples_seen=self.samples_seen,
+                                  tokens_seen=self.tokens_seen, micro_batches=micro_batches, loss=loss,
+                                  grad_norm=grad_norm, lr=lr, elapsed_s=time.perf_counter() - self.started,
+                                  memory=memory.snapshot(activation_bytes, self.job.device)))
+        memory.reset_cuda_peak(self.job.device)
+
+    def evaluation(self, *, epoch: int, step: int, metrics: dict) -> None:
+        self.job.emit(events.eval_(epoch=epoch, step=step, eval_loss=metrics["eval_loss"],
+                                   eval_accuracy=metrics["eval_accuracy"], eval_f1=metrics["eval_f1"]))

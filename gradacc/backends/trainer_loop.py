@@ -1,0 +1,174 @@
+"""Backend 3: 🤗 Transformers ``Trainer``.
+
+``TrainingArguments(gradient_accumulation_steps=k, eval_strategy="epoch")``, a ``compute_metrics`` with
+accuracy and F1, and a ``TrainerCallback`` that turns Trainer's hooks into gradacc events.
+
+Pitfall handled here (transformers 5): a model whose ``forward`` takes ``**kwargs`` (BERT does) makes
+Trainer believe the model divides by ``num_items_in_batch`` and skip its own ÷k, so losses and gradients
+come out k× too large. gradacc passes a ``compute_loss_func`` that really uses ``num_items_in_batch``
+(``exact``) or divides each micro-batch mean by k (``naive``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+
+import torch
+import torch.nn.functional as F
+from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
+
+from gradacc.backends.common import EVAL_BATCH_SIZE, StepReporter, warmup_steps
+from gradacc.errors import RunFailed, RunStopped
+from gradacc.memory import ActivationMeter
+from gradacc.metrics import classification_metrics
+
+
+def make_loss_function(normalization: str, k: int):
+    """Trainer's ``compute_loss_func``: summed cross-entropy over the window's items, or each mean ÷ k."""
+
+    def compute_loss(outputs, labels, num_items_in_batch=None):
+        logits = outputs["logits"]
+        summed = F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1), ignore_index=-100,
+                                 reduction="sum")
+        if normalization == "exact":
+            return summed / num_items_in_batch
+        return summed / (labels != -100).sum() / k
+
+    return compute_loss
+
+
+class GradaccTrainer(Trainer):
+    """Trainer plus the readings a callback cannot take: each micro-batch's loss, size and activation bytes."""
+
+    def __init__(self, *args, job, meter: ActivationMeter, report: StepReporter, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.job = job
+        self.meter = meter
+        self.report = report
+        self.window_loss = 0.0
+        self.window_micro_batches = 0
+        self.activation_bytes = None
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        self.job.check_stop()  # within one micro-batch, even mid-window
+        self.report.micro_batch(inputs)
+        measuring = self.job.config.instrument and self.window_micro_batches == 0
+        with self.meter.measure() if measuring else contextlib.nullcontext():
+            loss = super().training_step(model, inputs, num_items_in_batch)
+        if not torch.isfinite(loss):
+            kind = "NaN" if torch.isnan(loss) else "inf"
+            raise RunFailed(f"loss became {kind} at step {self.state.global_step + 1}")
+        self.window_loss += float(loss)
+        self.window_micro_batches += 1
+        if measuring:
+            self.activation_bytes = self.meter.bytes
+        return loss
+
+
+class EventCallback(TrainerCallback):
+    """Trainer's events → gradacc's events, without touching Trainer's loop."""
+
+    def __init__(self, job, report: StepReporter):
+        self.job = job
+        self.report = report
+        self.trainer: GradaccTrainer | None = None
+        self.lr = 0.0
+
+    def on_substep_end(self, args, state, control, **kwargs):
+        if self.job.stop.is_set():
+            control.should_training_stop = True
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, optimizer=None, **kwargs):
+        if self.job.before_optimizer_step:
+            self.job.before_optimizer_step(model)
+        self.lr = optimizer.param_groups[0]["lr"]
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs and "eval_loss" not in logs:
+            trainer = self.trainer
+            self.report.step(step=state.global_step, epoch=int(-(-state.epoch // 1)),
+                             micro_batches=trainer.window_micro_batches, loss=trainer.window_loss,
+                             grad_norm=logs.get("grad_norm"), lr=self.lr, activation_bytes=trainer.activation_bytes)
+            trainer.window_loss, trainer.window_micro_batches = 0.0, 0
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.job.stop.is_set():
+            control.should_training_stop = True
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if self.job.stop.is_set():  # a stopped run ends now; no eval of a half epoch
+            control.should_evaluate = False
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        self.report.evaluation(epoch=round(state.epoch), step=state.global_step, metrics=metrics)
+
+
+class _Samples(torch.utils.data.Dataset):
+    """Keeps Trainer from treating a list of dicts as something else; sequential access only."""
+
+    def __init__(self, examples):
+        self.examples = examples
+
+    def __len__(self):
+        return len(self.examples)
+
+    def __getitem__(self, index):
+        return self.examples[index]
+
+
+def train(job) -> None:
+    config = job.config
+    report = StepReporter(job, config.num_processes)
+    meter = ActivationMeter(job.model)
+    with tempfile.TemporaryDirectory(prefix="gradacc-trainer-") as output_dir:
+        args = TrainingArguments(
+            output_dir=output_dir,
+            per_device_train_batch_size=config.micro_batch_size,
+            per_device_eval_batch_size=EVAL_BATCH_SIZE,
+            gradient_accumulation_steps=config.grad_accum_steps,
+            eval_strategy="epoch",
+            num_train_epochs=config.epochs,
+            max_steps=config.max_steps or -1,
+            learning_rate=config.learning_rate,
+            weight_decay=config.weight_decay,
+            warmup_steps=warmup_steps(config, job.total_steps),
+            lr_scheduler_type="linear",
+            max_grad_norm=config.max_grad_norm,
+            logging_strategy="steps",
+            logging_steps=1,
+            save_strategy="no",
+            report_to="none",
+            seed=config.seed,
+            train_sampling_strategy="sequential",  # the data is pre-shuffled with the seed: same order everywhere
+            use_cpu=job.device.type == "cpu",
+            disable_tqdm=True,
+            dataloader_num_workers=0,
+        )
+        callback = EventCallback(job, report)
+
+        def compute_metrics(eval_prediction):
+            scores = classification_metrics(eval_prediction.predictions.argmax(-1), eval_prediction.label_ids,
+                                            job.num_labels)
+            return {"accuracy": scores["accuracy"], "f1": scores["f1"]}
+
+        trainer = GradaccTrainer(
+            model=job.model,
+            args=args,
+            train_dataset=_Samples(job.train_examples),
+            eval_dataset=_Samples(job.eval_examples),
+            data_collator=job.collate,
+            processing_class=job.tokenizer,
+            compute_metrics=compute_metrics,
+            compute_loss_func=None if job.trainer_library_default else make_loss_function(
+                config.loss_normalization, config.grad_accum_steps),
+            callbacks=[callback],
+            job=job,
+            meter=meter,
+            report=report,
+        )
+        callback.trainer = trainer
+        trainer.remove_callback(PrinterCallback)  # with tqdm off, Trainer prints every log dict to stdout
+        trainer.train()
+        if job.stop.is_set():
+            raise RunStopped()

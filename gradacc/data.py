@@ -1,0 +1,265 @@
+"""Datasets: where texts and labels come from, and how they become padded micro-batches.
+
+Sources: the built-in generated task, a CSV/JSONL file, a folder written by ``datasets``'
+``save_to_disk``, or a hub dataset id (online only). Whatever the source, the result is a ``TextData``:
+train and eval texts with integer labels and their names.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gradacc import builtin_data, hub, paths
+from gradacc.config import RunConfig
+from gradacc.errors import GradaccError
+
+TEXT_COLUMNS = ("text", "sentence", "review", "content", "document", "comment", "utterance")
+LABEL_COLUMNS = ("label", "labels", "target", "class", "sentiment", "category")
+FILE_SUFFIXES = (".csv", ".jsonl", ".json")
+EVAL_FRACTION = 0.2
+
+
+@dataclass
+class TextData:
+    train_texts: list[str]
+    train_labels: list[int]
+    eval_texts: list[str]
+    eval_labels: list[int]
+    label_names: list[str]
+    # Sentences a person should read before trusting the run (rows dropped, texts truncated, ...).
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.label_names)
+
+
+def load_text_data(config: RunConfig) -> TextData:
+    """Load, label-map, split and trim the data a config names; GradaccError on anything unusable."""
+    source = config.dataset.strip()
+    if source == "builtin-sentiment":
+        data = _builtin(config)
+    elif Path(source).suffix.lower() in FILE_SUFFIXES or Path(source).is_file():
+        data = _from_table(_read_file(source), config)
+    elif Path(source).is_dir() or "/" in source and Path(source).expanduser().is_absolute():
+        data = _from_saved(source, config)
+    else:
+        data = _from_hub(source, config)
+    return _limit(data, config)
+
+
+def _builtin(config: RunConfig) -> TextData:
+    n_train = config.train_samples or 2000
+    n_eval = config.eval_samples or 400
+    texts, labels = builtin_data.make_sentiment(n_train + n_eval, config.seed)
+    return TextData(texts[:n_train], labels[:n_train], texts[n_train:], labels[n_train:],
+                    list(builtin_data.LABEL_NAMES))
+
+
+def _read_file(source: str):
+    import pandas as pd
+
+    path = paths.confined(source, paths.allowed_data_dirs(), "dataset", "The data file")
+    if not path.is_file():
+        raise GradaccError(f"No data file at {source!r}.", "dataset")
+    if path.stat().st_size == 0:
+        raise GradaccError(f"The data file {path.name!r} is empty.", "dataset")
+    try:
+        if path.suffix.lower() == ".csv":
+            # Everything as text: labels are mapped below, and no cell is ever evaluated.
+            return pd.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8")
+        return pd.read_json(path, lines=path.suffix.lower() == ".jsonl", dtype=False, encoding="utf-8")
+    except UnicodeDecodeError:
+        raise GradaccError(f"{path.name!r} is not UTF-8 text; save it as UTF-8 and try again.", "dataset") from None
+    except (ValueError, pd.errors.ParserError) as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise GradaccError(f"Could not read {path.name!r} as {path.suffix[1:].upper()}: {first_line}.",
+                           "dataset") from None
+
+
+def _pick_column(columns, given: str | None, candidates, what: str, field_name: str) -> str:
+    if given:
+        if given not in columns:
+            raise GradaccError(f"There is no {what} column {given!r}; columns are {', '.join(map(str, columns))}.",
+                               field_name)
+        return given
+    lowered = {str(c).lower(): c for c in columns}
+    for name in candidates:
+        if name in lowered:
+            return lowered[name]
+    raise GradaccError(f"Could not find a {what} column (looked for {', '.join(candidates)}); "
+                       f"columns are {', '.join(map(str, columns))}. Name it explicitly.", field_name)
+
+
+def _from_table(frame, config: RunConfig) -> TextData:
+    """A single table: pick columns, map labels, split off a deterministic eval part."""
+    if len(frame) == 0:
+        raise GradaccError("The data has no rows.", "dataset")
+    text_col = _pick_column(list(frame.columns), config.text_column, TEXT_COLUMNS, "text", "text_column")
+    label_col = _pick_column(list(frame.columns), config.label_column, LABEL_COLUMNS, "label", "label_column")
+    texts, labels, label_names, notes, _ = _clean(list(frame[text_col]), list(frame[label_col]))
+    order = list(range(len(texts)))
+    random.Random(config.seed).shuffle(order)
+    n_eval = max(1, round(len(order) * EVAL_FRACTION))
+    if len(order) - n_eval < 1:
+        raise GradaccError("The data needs at least 2 usable rows (one to train on, one to evaluate).", "dataset")
+    eval_idx, train_idx = order[:n_eval], order[n_eval:]
+    notes.append(f"No eval split given: {n_eval} of {len(order)} rows held out for evaluation.")
+    return TextData([texts[i] for i in train_idx], [labels[i] for i in train_idx],
+                    [texts[i] for i in eval_idx], [labels[i] for i in eval_idx], label_names, notes)
+
+
+def _clean(raw_texts: list, raw_labels: list):
+    """Drop rows without text or label, map labels to ids 0..C-1, refuse what cannot be learned.
+
+    Returns texts, label ids, label names, notes, and the indices of the rows kept.
+    """
+    notes = []
+    kept = [i for i, (t, l) in enumerate(zip(raw_texts, raw_labels))
+            if isinstance(t, str) and t.strip() and l is not None and str(l).strip() != "" and l == l]
+    rows = [(raw_texts[i], raw_labels[i]) for i in kept]
+    dropped = len(raw_texts) - len(rows)
+    if not rows:
+        raise GradaccError("No row has both a non-empty text and a label.", "dataset")
+    if dropped:
+        notes.append(f"Dropped {dropped} row(s) with an empty text or label.")
+    label_values = [l for _, l in rows]
+    kinds = {"number" if isinstance(l, (int, float)) and not isinstance(l, bool) else "text" for l in label_values}
+    if len(kinds) > 1:
+        raise GradaccError("Labels mix numbers and text; use one kind for every row.", "label_column")
+    label_names = sorted({str(l) for l in label_values}, key=_natural_key)
+    if len(label_names) < 2:
+        raise GradaccError(f"Every row has the same label ({label_names[0]!r}); a classifier needs at least two.",
+                           "label_column")
+    if len(label_names) > 1000:
+        raise GradaccError(f"{len(label_names)} distinct labels; at most 1000 are supported. Is the label column "
+                           "really a label?", "label_column")
+    ids = {name: i for i, name in enumerate(label_names)}
+    return [t for t, _ in rows], [ids[str(l)] for l in label_values], label_names, notes, kept
+
+
+def _natural_key(name: str):
+    try:
+        return (0, float(name), name)
+    except ValueError:
+        return (1, 0.0, name)
+
+
+def _from_saved(source: str, config: RunConfig) -> TextData:
+    """A folder written by ``Dataset.save_to_disk`` or ``DatasetDict.save_to_disk``."""
+    import datasets
+
+    path = paths.confined(source, paths.allowed_data_dirs(), "dataset", "The dataset folder")
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except (FileNotFoundError, ValueError) as error:
+        raise GradaccError(f"{path.name!r} is not a folder written by save_to_disk ({_first_line(error)}).",
+                           "dataset") from None
+    return _from_hf(loaded, config)
+
+
+def _from_hub(source: str, config: RunConfig) -> TextData:
+    import datasets
+
+    hub.require_online(source, "dataset")
+    try:
+        loaded = datasets.load_dataset(source, split=config.dataset_split)
+    except Exception as error:  # the hub raises many types; the person needs one sentence
+        raise GradaccError(f"Could not load hub dataset {source!r} split {config.dataset_split!r}: "
+                           f"{_first_line(error)}", "dataset") from None
+    return _from_hf(loaded, config)
+
+
+def _from_hf(loaded, config: RunConfig) -> TextData:
+    import datasets
+
+    if isinstance(loaded, datasets.DatasetDict):
+        if "train" not in loaded:
+            raise GradaccError(f"The saved dataset has splits {', '.join(loaded)}; gradacc needs a 'train' split.",
+                               "dataset")
+        eval_name = next((s for s in ("validation", "test", "eval") if s in loaded), None)
+        if eval_name is None:
+            return _from_table(loaded["train"].to_pandas(), config)
+        train, evaluation = loaded["train"].to_pandas(), loaded[eval_name].to_pandas()
+        text_col = _pick_column(list(train.columns), config.text_column, TEXT_COLUMNS, "text", "text_column")
+        label_col = _pick_column(list(train.columns), config.label_column, LABEL_COLUMNS, "label", "label_column")
+        names = loaded["train"].features[label_col].names if hasattr(loaded["train"].features[label_col], "names") \
+            else None
+        return _two_splits(train, evaluation, text_col, label_col, names, eval_name)
+    return _from_table(loaded.to_pandas(), config)
+
+
+def _two_splits(train, evaluation, text_col, label_col, class_names, eval_name) -> TextData:
+    n_train = len(train)
+    texts, labels, label_names, notes, kept = _clean(list(train[text_col]) + list(evaluation[text_col]),
+                                                     list(train[label_col]) + list(evaluation[label_col]))
+    if class_names and len(class_names) == len(label_names):
+        label_names = list(class_names)
+    n_train_kept = sum(1 for i in kept if i < n_train)
+    notes.append(f"Evaluating on the {eval_name!r} split.")
+    return TextData(texts[:n_train_kept], labels[:n_train_kept], texts[n_train_kept:], labels[n_train_kept:],
+                    label_names, notes)
+
+
+def _limit(data: TextData, config: RunConfig) -> TextData:
+    """Apply train/eval sample limits (the built-in source already has the exact sizes)."""
+    if config.train_samples and len(data.train_texts) > config.train_samples:
+        data.notes.append(f"Using the first {config.train_samples} of {len(data.train_texts)} training rows.")
+        data.train_texts, data.train_labels = data.train_texts[:config.train_samples], \
+            data.train_labels[:config.train_samples]
+    if config.eval_samples and len(data.eval_texts) > config.eval_samples:
+        data.eval_texts, data.eval_labels = data.eval_texts[:config.eval_samples], data.eval_labels[:config.eval_samples]
+    if not data.train_texts or not data.eval_texts:
+        raise GradaccError("The data needs at least one training row and one eval row.", "dataset")
+    return data
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+# ---- tokenisation and micro-batches -------------------------------------------------------------
+
+def tokenize(tokenizer, texts: list[str], labels: list[int], max_length: int, token_labels: bool = False):
+    """Encode texts (truncated to max_length) as examples for a collator; returns (examples, n_truncated).
+
+    With ``token_labels`` every real token carries its sentence's label and special tokens carry -100:
+    a token-level loss whose item count differs from example to example.
+    """
+    full = tokenizer(texts, truncation=False, add_special_tokens=True)["input_ids"]
+    truncated = sum(len(ids) > max_length for ids in full)
+    encoded = tokenizer(texts, truncation=True, max_length=max_length, return_special_tokens_mask=token_labels)
+    examples = []
+    for i, label in enumerate(labels):
+        example = {key: encoded[key][i] for key in encoded.keys() if key != "special_tokens_mask"}
+        if token_labels:
+            example["labels"] = [-100 if special else label for special in encoded["special_tokens_mask"][i]]
+        else:
+            example["labels"] = label
+        examples.append(example)
+    return examples, truncated
+
+
+def item_count(example: dict) -> int:
+    """Items an example adds to the loss: 1 for a sequence label, its labelled tokens for token labels."""
+    labels = example["labels"]
+    return sum(1 for l in labels if l != -100) if isinstance(labels, list) else 1
+
+
+def shuffled(examples: list, seed: int) -> list:
+    """The training order, fixed by the seed, so all three backends see the same micro-batches."""
+    order = list(range(len(examples)))
+    random.Random(seed).shuffle(order)
+    return [examples[i] for i in order]
+
+
+def collator(tokenizer, token_labels: bool = False):
+    """Dynamic padding per micro-batch (the collator Trainer itself would use)."""
+    from transformers import DataCollatorForTokenClassification, DataCollatorWithPadding
+
+    if token_labels:
+        return DataCollatorForTokenClassification(tokenizer, return_tensors="pt")
+    return DataCollatorWithPadding(tokenizer, return_tensors="pt")

@@ -1,0 +1,107 @@
+"""Run one training: prepare, announce, let the chosen backend train, and always say how it ended.
+
+``train`` never raises for bad input or a fault during training: it emits ``run_ended`` with status
+``failed`` and a one-line reason, keeping every event emitted before.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from gradacc import events
+from gradacc.config import RunConfig
+from gradacc.errors import GradaccError, RunFailed, RunStopped
+from gradacc.events import EventSink
+
+
+def quiet_libraries() -> None:
+    """transformers' load reports and progress bars are noise in a CLI, a log and a demo."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.Event | None = None,
+          **job_options) -> dict:
+    """Train ``config``; emit events to ``on_event``; return the ``run_ended`` event."""
+    on_event = on_event or (lambda event: None)
+    stop = stop or threading.Event()
+    started = time.perf_counter()
+    steps_done = 0
+
+    def emit(event: dict) -> None:
+        nonlocal steps_done
+        if event["event"] == events.STEP:
+            steps_done = event["step"]
+        on_event(event)
+
+    try:
+        job = _prepare(config, emit, stop, job_options)
+        emit(announce(job))
+        job.check_stop()
+        _run_backend(job)
+        status, reason = events.COMPLETED, None
+    except RunStopped:
+        status, reason = events.STOPPED, "stopped on request"
+    except GradaccError as error:
+        status, reason = events.FAILED, error.message
+    except RunFailed as error:
+        status, reason = events.FAILED, str(error)
+    except Exception as error:  # noqa: BLE001 - a demo shows a reason, never a traceback
+        status, reason = events.FAILED, describe_failure(error, config)
+    ended = events.run_ended(status=status, reason=reason, steps=steps_done, wall_s=time.perf_counter() - started)
+    on_event(ended)
+    return ended
+
+
+def _prepare(config, emit, stop, job_options):
+    from gradacc.job import prepare
+
+    quiet_libraries()
+    job = prepare(config, emit, stop, token_level=job_options.pop("token_level", False))
+    for name, value in job_options.items():
+        setattr(job, name, value)
+    return job
+
+
+def _run_backend(job) -> None:
+    from gradacc.backends import ACCELERATE_STATE_LOCK, train_function
+
+    backend_train = train_function(job.config.backend)
+    if job.config.backend == "pytorch":
+        backend_train(job)
+        return
+    with ACCELERATE_STATE_LOCK:
+        backend_train(job)
+
+
+def announce(job) -> dict:
+    from gradacc import memory
+    from gradacc.backends.common import make_optimizer
+
+    config = job.config
+    return events.run_started(config=config.to_dict(), effective_batch=config.effective_batch,
+                              total_steps=job.total_steps, steps_per_epoch=job.steps_per_epoch,
+                              train_examples=len(job.train_examples), eval_examples=len(job.eval_examples),
+                              static_memory=memory.static_bytes(job.model, make_optimizer(job.model, config)),
+                              device=str(job.device)) | {"notes": job.notes}
+
+
+def describe_failure(error: Exception, config: RunConfig) -> str:
+    """One line for an unexpected fault; out-of-memory gets a hint of what to change."""
+    text = str(error).strip()
+    first = text.splitlines()[0] if text else ""
+    if is_out_of_memory(error):
+        return (f"out of memory at micro-batch size {config.micro_batch_size}: lower the micro-batch size and "
+                "raise accumulation steps (the Memory planner page shows what fits)")
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
+
+
+def is_out_of_memory(error: Exception) -> bool:
+    if type(error).__name__ == "OutOfMemoryError":
+        return True
+    message = str(error).lower()
+    return isinstance(error, (RuntimeError, MemoryError)) and (
+        "out of memory" in message or "can't allocate memory" in message or isinstance(error, MemoryError))

@@ -1,0 +1,64 @@
+"""The one event stream every backend emits: plain JSON-ready dicts.
+
+``run_started`` → ``step`` per optimizer step → ``eval`` per epoch → ``run_ended``. The app, the run
+store, the CLI and the benchmarks all read these and nothing else, so a backend can change freely.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Callable
+
+EventSink = Callable[[dict], None]
+
+RUN_STARTED, STEP, EVAL, RUN_ENDED = "run_started", "step", "eval", "run_ended"
+COMPLETED, STOPPED, FAILED, INTERRUPTED = "completed", "stopped", "failed", "interrupted"
+
+
+def _event(kind: str, **fields) -> dict:
+    return {"event": kind, "time": time.time(), **fields}
+
+
+def run_started(*, config: dict, effective_batch: int, total_steps: int, steps_per_epoch: int,
+                train_examples: int, eval_examples: int, static_memory: dict, device: str) -> dict:
+    return _event(RUN_STARTED, config=config, backend=config["backend"], effective_batch=effective_batch,
+                  total_steps=total_steps, steps_per_epoch=steps_per_epoch, train_examples=train_examples,
+                  eval_examples=eval_examples, static_memory=static_memory, device=device)
+
+
+def step(*, step: int, epoch: int, samples_seen: int, tokens_seen: int, micro_batches: int, loss: float,
+         grad_norm: float | None, lr: float, elapsed_s: float, memory: dict) -> dict:
+    return _event(STEP, step=step, epoch=epoch, samples_seen=samples_seen, tokens_seen=tokens_seen,
+                  micro_batches=micro_batches, loss=loss, grad_norm=grad_norm, lr=lr, elapsed_s=elapsed_s,
+                  samples_per_s=samples_seen / elapsed_s if elapsed_s > 0 else 0.0, **memory)
+
+
+def eval_(*, epoch: int, step: int, eval_loss: float, eval_accuracy: float, eval_f1: float) -> dict:
+    return _event(EVAL, epoch=epoch, step=step, eval_loss=eval_loss, eval_accuracy=eval_accuracy, eval_f1=eval_f1)
+
+
+def run_ended(*, status: str, reason: str | None, steps: int, wall_s: float) -> dict:
+    return _event(RUN_ENDED, status=status, reason=reason, steps=steps, wall_s=wall_s)
+
+
+def to_json(event: dict) -> str:
+    return json.dumps(event, default=str)
+
+
+class Recorder:
+    """An event sink that keeps every event in order (tests, benchmarks, the equivalence check)."""
+
+    def __init__(self):
+        self.events: list[dict] = []
+
+    def __call__(self, event: dict) -> None:
+        self.events.append(event)
+
+    def of(self, kind: str) -> list[dict]:
+        return [e for e in self.events if e["event"] == kind]
+
+    @property
+    def ended(self) -> dict | None:
+        ended = self.of(RUN_ENDED)
+        return ended[-1] if ended else None

@@ -1,0 +1,41 @@
+"""The Hugging Face Hub: used only when a person names a hub id, and only when it can be reached.
+
+Offline, ``from_pretrained`` can spend a long time in retries; a demo must not hang, so a hub id is
+first checked with one short connection attempt and refused in seconds with a clear sentence.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from urllib.parse import urlparse
+
+from gradacc.errors import GradaccError
+
+CONNECT_TIMEOUT_S = 3.0
+
+
+def hub_allowed() -> bool:
+    return os.environ.get("GRADACC_ALLOW_HUB", "1").strip().lower() not in ("0", "false", "no")
+
+
+def hub_reachable(timeout: float = CONNECT_TIMEOUT_S) -> bool:
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes"):
+        return False
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        with socket.create_connection((endpoint.hostname, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def require_online(name: str, field: str) -> None:
+    """Refuse a hub id fast when hub ids are disabled or the hub cannot be reached."""
+    what = "model" if field == "model" else "dataset"
+    if not hub_allowed():
+        raise GradaccError(f"Hub ids are disabled on this deployment; {name!r} is not a built-in {what}.", field)
+    if not hub_reachable():
+        raise GradaccError(f"Cannot reach the Hugging Face Hub to fetch {what} {name!r} (offline?); "
+                           f"pick a built-in {what} or a local folder.", field)

@@ -1,0 +1,98 @@
+"""Memory, measured rather than estimated.
+
+- static bytes: parameters, gradients and optimizer state, summed from the tensors themselves;
+- activation bytes of one micro-batch: every tensor autograd saves for backward during the forward pass,
+  counted once per storage (views share storage) and excluding the parameters, via
+  ``torch.autograd.graph.saved_tensors_hooks``;
+- process RSS via psutil; on CUDA, ``torch.cuda.max_memory_allocated`` with the peak reset each step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import psutil
+import torch
+
+_PROCESS = psutil.Process()
+
+
+def tensor_bytes(tensors) -> int:
+    """Bytes of distinct storages among ``tensors`` (shared storage counted once)."""
+    seen, total = set(), 0
+    for tensor in tensors:
+        if tensor is None:
+            continue
+        storage = tensor.untyped_storage()
+        key = (storage.data_ptr(), tensor.device)
+        if key not in seen:
+            seen.add(key)
+            total += storage.nbytes()
+    return total
+
+
+def static_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict:
+    """Parameters + gradients + optimizer state; gradients counted as allocated once training starts."""
+    params = list(model.parameters())
+    parameters = tensor_bytes(params)
+    # Gradients take the parameters' size once allocated (same dtype); count them as the steady state.
+    gradients = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
+    optimizer_state = 0
+    if optimizer is not None:
+        state_tensors = [v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
+        optimizer_state = tensor_bytes(state_tensors)
+        if not state_tensors:  # before the first step: AdamW keeps two moments per trainable parameter
+            optimizer_state = 2 * gradients if isinstance(optimizer, torch.optim.AdamW) else 0
+    return {"parameters": parameters, "gradients": gradients, "optimizer_state": optimizer_state,
+            "total": parameters + gradients + optimizer_state}
+
+
+class ActivationMeter:
+    """Counts the bytes autograd saves for backward while the context is open (one forward pass)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self._parameter_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        self._seen: set = set()
+        self.bytes = 0
+
+    def _pack(self, tensor: torch.Tensor):
+        storage = tensor.untyped_storage()
+        pointer = storage.data_ptr()
+        if pointer not in self._parameter_storages and pointer not in self._seen:
+            self._seen.add(pointer)
+            self.bytes += storage.nbytes()
+        return tensor
+
+    @staticmethod
+    def _unpack(tensor):
+        return tensor
+
+    @contextlib.contextmanager
+    def measure(self):
+        self._seen.clear()
+        self.bytes = 0
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+            yield self
+
+
+def rss_bytes() -> int:
+    return _PROCESS.memory_info().rss
+
+
+def cuda_peak_bytes(device) -> int | None:
+    """Peak allocated bytes on ``device`` since the last reset; None when not on CUDA (the CPU fallback)."""
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    return int(torch.cuda.max_memory_allocated(device))
+
+
+def reset_cuda_peak(device) -> None:
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def snapshot(activation_bytes: int | None, device) -> dict:
+    """The memory fields of a ``step`` event."""
+    return {"activation_bytes": activation_bytes, "rss_bytes": rss_bytes(), "cuda_peak_bytes": cuda_peak_bytes(device)}

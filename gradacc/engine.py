@@ -30,6 +30,7 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
     stop = stop or threading.Event()
     started = time.perf_counter()
     steps_done = 0
+    bad_field = None
 
     def emit(event: dict) -> None:
         nonlocal steps_done
@@ -46,12 +47,13 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
     except RunStopped:
         status, reason = events.STOPPED, "stopped on request"
     except GradaccError as error:
-        status, reason = events.FAILED, error.message
+        status, reason, bad_field = events.FAILED, error.message, error.field or "config"
     except RunFailed as error:
         status, reason = events.FAILED, str(error)
     except Exception as error:  # noqa: BLE001 - a demo shows a reason, never a traceback
         status, reason = events.FAILED, describe_failure(error, config)
-    ended = events.run_ended(status=status, reason=reason, steps=steps_done, wall_s=time.perf_counter() - started)
+    ended = events.run_ended(status=status, reason=reason, steps=steps_done, wall_s=time.perf_counter() - started,
+                             field=bad_field)
     on_event(ended)
     return ended
 
@@ -60,7 +62,8 @@ def _prepare(config, emit, stop, job_options):
     from gradacc.job import prepare
 
     quiet_libraries()
-    job = prepare(config, emit, stop, token_level=job_options.pop("token_level", False))
+    job = prepare(config, emit, stop, token_level=job_options.pop("token_level", False),
+                  whole_micro_batch=job_options.pop("whole_micro_batch", True))
     for name, value in job_options.items():
         setattr(job, name, value)
     return job

@@ -38,8 +38,9 @@ def eval_(*, epoch: int, step: int, eval_loss: float, eval_accuracy: float, eval
     return _event(EVAL, epoch=epoch, step=step, eval_loss=eval_loss, eval_accuracy=eval_accuracy, eval_f1=eval_f1)
 
 
-def run_ended(*, status: str, reason: str | None, steps: int, wall_s: float) -> dict:
-    return _event(RUN_ENDED, status=status, reason=reason, steps=steps, wall_s=wall_s)
+def run_ended(*, status: str, reason: str | None, steps: int, wall_s: float, field: str | None = None) -> dict:
+    """``field`` names the setting at fault when the run failed on bad input (None for a fault in training)."""
+    return _event(RUN_ENDED, status=status, reason=reason, steps=steps, wall_s=wall_s, field=field)
 
 
 def to_json(event: dict) -> str:

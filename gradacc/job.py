@@ -61,11 +61,16 @@ def pick_device():
     return torch.device(wanted or "cuda")
 
 
-def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, token_level: bool = False) -> Job:
-    """Validate, load data and model, tokenise and order the data; GradaccError on bad input."""
+def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, token_level: bool = False,
+            whole_micro_batch: bool = True) -> Job:
+    """Validate, load data and model, tokenise and order the data; GradaccError on bad input.
+
+    ``whole_micro_batch``: refuse a micro-batch larger than the training set (a run's config is surely
+    wrong then; the equivalence check builds such windows on purpose).
+    """
     config.validate()
     text_data = data_module.load_text_data(config)
-    if config.micro_batch_size > len(text_data.train_texts):
+    if whole_micro_batch and config.micro_batch_size > len(text_data.train_texts):
         raise GradaccError(f"micro batch size {config.micro_batch_size} is larger than the "
                            f"{len(text_data.train_texts)} training examples.", "micro_batch_size")
     loaded = models.load(config, text_data.num_labels, text_data.label_names, token_level)

@@ -7,7 +7,10 @@ from sklearn.metrics import accuracy_score, f1_score
 
 
 def classification_metrics(predictions, labels, num_labels: int) -> dict:
+    """Scores over labelled items; -100 marks items without a label (padding, special tokens)."""
     predictions, labels = np.asarray(predictions), np.asarray(labels)
+    labelled = labels != -100
+    predictions, labels = predictions[labelled], labels[labelled]
     if num_labels == 2:
         f1 = f1_score(labels, predictions, average="binary", pos_label=1, zero_division=0)
     else:

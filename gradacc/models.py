@@ -33,6 +33,9 @@ class LoadedModel:
 
 def load(config: RunConfig, num_labels: int, label_names: list[str], token_level: bool = False) -> LoadedModel:
     """The model a config names, with a fresh head for ``num_labels`` classes."""
+    import torch
+
+    torch.manual_seed(config.seed)  # a new classifier head is random: the same seed, the same head
     name = config.model.strip()
     id2label = {i: n for i, n in enumerate(label_names)}
     if name == TINY_BERT:
@@ -87,7 +90,8 @@ def _build_tokenizer(folder: Path) -> None:
     tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tokenizer.train_from_iterator(builtin_data.tokenizer_corpus(),
-                                  trainers.WordPieceTrainer(vocab_size=2000, special_tokens=specials))
+                                  trainers.WordPieceTrainer(vocab_size=2000, special_tokens=specials,
+                                                           show_progress=False))
     cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
     tokenizer.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",

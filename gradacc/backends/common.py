@@ -67,8 +67,9 @@ def evaluate(model: torch.nn.Module, job) -> dict:
         batch = to_device(job.collate(chunk), job.device)
         outputs = model(**batch)
         total_loss += float(outputs.loss) * len(chunk)
-        predictions.extend(outputs.logits.argmax(-1).tolist())
-        labels.extend(batch["labels"].tolist())
+        labelled = batch["labels"] != -100  # token labels: skip padding and special tokens
+        predictions.extend(outputs.logits.argmax(-1)[labelled].tolist())
+        labels.extend(batch["labels"][labelled].tolist())
     model.train(was_training)
     scores = classification_metrics(predictions, labels, job.num_labels)
     return {"eval_loss": total_loss / len(job.eval_examples), "eval_accuracy": scores["accuracy"],

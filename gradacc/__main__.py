@@ -1,0 +1,5 @@
+import sys
+
+from gradacc.cli import main
+
+sys.exit(main())

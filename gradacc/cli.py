@@ -1,0 +1,199 @@
+"""``python -m gradacc``: the engine headless.
+
+    train   one run; progress and a summary, or JSON events (one per line) with --json
+    check   the gradient-equivalence errors, naive vs exact
+    bench   benchmark suites (see gradacc.bench)
+
+Exit codes: 0 success, 2 bad input (one ``error:`` line on stderr), 1 a run that failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+
+from gradacc import events
+from gradacc.config import BACKENDS, LOSS_NORMALIZATIONS, RunConfig
+from gradacc.errors import GradaccError
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (no usage dump), exit 2."""
+
+    def error(self, message):
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m gradacc", description="See, and trust, gradient accumulation.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    train = commands.add_parser("train", help="train one run")
+    _add_run_options(train)
+    train.add_argument("--epochs", type=int, default=RunConfig.epochs)
+    train.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps")
+    train.add_argument("--lr", type=float, default=RunConfig.learning_rate, dest="learning_rate")
+    train.add_argument("--warmup-ratio", type=float, default=RunConfig.warmup_ratio)
+    train.add_argument("--weight-decay", type=float, default=RunConfig.weight_decay)
+    train.add_argument("--max-grad-norm", type=float, default=RunConfig.max_grad_norm, help="0 disables clipping")
+    train.add_argument("--train-samples", type=int, default=RunConfig.train_samples)
+    train.add_argument("--eval-samples", type=int, default=RunConfig.eval_samples)
+    train.add_argument("--dropout", type=float, default=RunConfig.dropout)
+    train.add_argument("--no-instrument", action="store_false", dest="instrument",
+                       help="skip activation/RSS measurement (for overhead comparisons)")
+    train.add_argument("--metrics-out", default=None, help="also write every event to this JSONL file")
+    train.add_argument("--json", action="store_true", help="print each event as one JSON object per line")
+
+    check = commands.add_parser("check", help="gradient equivalence: naive vs exact normalisation")
+    _add_run_options(check)
+    check.add_argument("--samples", type=int, default=None, help="examples in the window (default m×k)")
+    check.add_argument("--json", action="store_true")
+
+    try:
+        from gradacc import bench
+    except ImportError:
+        bench = None
+    if bench is not None and hasattr(bench, "add_parser"):
+        bench.add_parser(commands)
+    return parser
+
+
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", choices=BACKENDS, default=RunConfig.backend)
+    parser.add_argument("--model", default=RunConfig.model, help="tiny-bert, all-MiniLM-L6-v2, a folder or a hub id")
+    parser.add_argument("--dataset", default=RunConfig.dataset,
+                        help="builtin-sentiment, a CSV/JSONL file, a save_to_disk folder or a hub id")
+    parser.add_argument("--text-column", default=None)
+    parser.add_argument("--label-column", default=None)
+    parser.add_argument("--micro-batch-size", "-m", type=int, default=RunConfig.micro_batch_size)
+    parser.add_argument("--grad-accum-steps", "-k", type=int, default=RunConfig.grad_accum_steps)
+    parser.add_argument("--loss-normalization", choices=LOSS_NORMALIZATIONS, default=RunConfig.loss_normalization)
+    parser.add_argument("--seed", type=int, default=RunConfig.seed)
+    parser.add_argument("--max-seq-length", type=int, default=RunConfig.max_seq_length)
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    values = {k: v for k, v in vars(args).items() if v is not None or k in ("max_steps",)}
+    return RunConfig.from_dict(values)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "train":
+            return _train(args)
+        if args.command == "check":
+            return _check(args)
+        return args.run(args)
+    except GradaccError as error:
+        print(f"error: {error.message}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return EXIT_FAILED
+    except BrokenPipeError:  # e.g. `... --json | head`: the reader left; leave quietly
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILED
+
+
+def _train(args) -> int:
+    from gradacc import distributed
+    from gradacc.engine import train
+
+    config = config_from_args(args).replace(num_processes=distributed.world_size())
+    config.validate()
+    _apply_limits(config)
+    writes = distributed.is_main_process()  # only rank 0 prints and writes events
+    metrics_file = open(args.metrics_out, "w", encoding="utf-8") if args.metrics_out and writes else None
+    show = _print_json if args.json else _Progress()
+
+    def on_event(event: dict) -> None:
+        if not writes:
+            return
+        if metrics_file:
+            metrics_file.write(events.to_json(event) + "\n")
+            metrics_file.flush()
+        show(event)
+
+    stop = threading.Event()
+    try:
+        ended = train(config, on_event, stop)
+    except KeyboardInterrupt:  # Ctrl-C: the engine stops within one micro-batch on its own next check
+        stop.set()
+        raise
+    finally:
+        if metrics_file:
+            metrics_file.close()
+    if ended["status"] == events.FAILED:
+        if writes:
+            print(f"error: {ended['reason']}", file=sys.stderr)
+        return EXIT_BAD_INPUT if ended.get("field") else EXIT_FAILED
+    return EXIT_OK
+
+
+def _apply_limits(config: RunConfig) -> None:
+    try:
+        from gradacc.limits import Limits
+    except ImportError:
+        return
+    Limits.from_env().check(config)
+
+
+def _print_json(event: dict) -> None:
+    print(events.to_json(event), flush=True)
+
+
+class _Progress:
+    """A one-line progress display and a short summary, for people at a terminal."""
+
+    def __init__(self):
+        self.total = 0
+        self.tty = sys.stdout.isatty()
+
+    def __call__(self, event: dict) -> None:
+        kind = event["event"]
+        if kind == events.RUN_STARTED:
+            self.total = event["total_steps"]
+            config = event["config"]
+            print(f"{config['backend']}: micro-batch {config['micro_batch_size']} × {config['grad_accum_steps']} "
+                  f"accumulation steps × {config['num_processes']} process(es) = effective batch "
+                  f"{event['effective_batch']}; {self.total} optimizer steps on {event['device']}")
+            for note in event.get("notes") or []:
+                print(f"note: {note}")
+        elif kind == events.STEP:
+            line = (f"step {event['step']:>5}/{self.total}  loss {event['loss']:.4f}  lr {event['lr']:.2e}  "
+                    f"{event['samples_per_s']:.0f} samples/s")
+            print(f"\r{line}", end="", flush=True) if self.tty else (
+                print(line, flush=True) if event["step"] % 10 == 0 or event["step"] == self.total else None)
+        elif kind == events.EVAL:
+            print(f"{chr(10) if self.tty else ''}epoch {event['epoch']}: eval loss {event['eval_loss']:.4f}  "
+                  f"accuracy {event['eval_accuracy']:.4f}  F1 {event['eval_f1']:.4f}", flush=True)
+        elif kind == events.RUN_ENDED:
+            print(f"{event['status']} after {event['steps']} optimizer steps in {event['wall_s']:.1f} s"
+                  + (f": {event['reason']}" if event["reason"] else ""))
+
+
+def _check(args) -> int:
+    from gradacc import equivalence
+
+    config = config_from_args(args)
+    report = equivalence.check(config, samples=args.samples)
+    if args.json:
+        print(json.dumps(report))
+        return EXIT_OK
+    print(f"{report['backend']}: micro-batch {report['micro_batch_size']}, k={report['grad_accum_steps']}; "
+          "relative error of the accumulated gradient against the full-batch gradient")
+    print(f"{'case':<20}{'items per micro-batch':<26}{'naive':>11}{'exact':>11}")
+    for case, result in report["cases"].items():
+        items = ",".join(str(i) for i in result["micro_batch_items"])
+        print(f"{case:<20}{items:<26}{result['naive_rel_error']:>11.2e}{result['exact_rel_error']:>11.2e}"
+              + (f"   library default {result['library_default_rel_error']:.2e}"
+                 if "library_default_rel_error" in result else ""))
+    return EXIT_OK

@@ -1,0 +1,242 @@
+"""Plotly figures from the event stream; every chart takes one run or several (Compare page).
+
+A run is ``(label, events)``: ``events`` is a list of event dicts (all kinds mixed is fine, each chart
+picks what it needs) or a DataFrame of rows. A bare list of events counts as one run.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, Mapping
+
+import plotly.colors
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from gradacc import events as ev
+
+MB = 1_000_000
+X_TITLES = {"step": "Optimizer step", "samples_seen": "Samples seen", "tokens_seen": "Tokens seen",
+            "elapsed_s": "Elapsed time (s)"}
+# Relative errors of 0 cannot sit on a log axis; they are drawn at this floor and hover shows 0.
+LOG_FLOOR = 1e-12
+
+
+# --- inputs -----------------------------------------------------------------------------------
+
+def _rows(events) -> list[dict]:
+    if events is None:
+        return []
+    if hasattr(events, "to_dict"):  # a DataFrame
+        return events.to_dict("records")
+    return list(events)
+
+
+def _as_runs(runs) -> list[tuple[str, list[dict]]]:
+    """Accept [(label, events), ...], or one run's events on their own."""
+    if runs is None or hasattr(runs, "to_dict"):
+        return [("run", _rows(runs))]
+    runs = list(runs)
+    if runs and isinstance(runs[0], dict):
+        return [("run", runs)]
+    return [(str(label), _rows(events)) for label, events in runs]
+
+
+def _of(rows: list[dict], kind: str) -> list[dict]:
+    """Rows of one kind; rows without an 'event' key (a DataFrame of steps) are taken as they are."""
+    return [r for r in rows if r.get("event", kind) == kind]
+
+
+def _mb(value) -> float | None:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return value / MB
+
+
+# --- layout -----------------------------------------------------------------------------------
+
+def _figure(title: str, x_title: str, y_title: str) -> go.Figure:
+    return _style(go.Figure(), title, x_title, y_title)
+
+
+def _style(figure: go.Figure, title: str, x_title: str, y_title: str) -> go.Figure:
+    # Legend under the plot: with several runs it wraps onto lines of its own instead of over the title.
+    figure.update_layout(title=title, hovermode="x unified", margin=dict(l=60, r=20, t=60, b=40),
+                         legend=dict(orientation="h", yanchor="top", y=-0.18, xanchor="left", x=0))
+    if x_title:
+        figure.update_layout(xaxis_title=x_title)
+    if y_title:
+        figure.update_layout(yaxis_title=y_title)
+    return figure
+
+
+def _empty(figure: go.Figure, message: str) -> go.Figure:
+    figure.add_annotation(text=message, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5,
+                          font=dict(size=15))
+    figure.update_xaxes(showticklabels=False, showgrid=False, zeroline=False)
+    figure.update_yaxes(showticklabels=False, showgrid=False, zeroline=False)
+    return figure
+
+
+def _color(index: int) -> str:
+    """One colour per run, so a run's loss, memory and eval lines match across charts."""
+    palette = plotly.colors.qualitative.Plotly
+    return palette[index % len(palette)]
+
+
+# --- training curves --------------------------------------------------------------------------
+
+def loss_figure(runs, x: str = "step") -> go.Figure:
+    """Training loss per optimizer step (or against samples seen), one line per run."""
+    figure = _figure("Training loss", X_TITLES.get(x, x), "Loss")
+    drawn = False
+    for index, (label, rows) in enumerate(_as_runs(runs)):
+        steps = [r for r in _of(rows, ev.STEP) if r.get("loss") is not None]
+        if steps:
+            drawn = True
+            figure.add_trace(go.Scatter(x=[r.get(x) for r in steps], y=[r["loss"] for r in steps], name=label,
+                                        mode="lines", line=dict(color=_color(index))))
+    return figure if drawn else _empty(figure, "No training steps yet")
+
+
+def eval_figure(runs) -> go.Figure:
+    """Eval F1 (solid) and accuracy (dotted) after each epoch, per run."""
+    figure = _figure("Evaluation after each epoch", "Epoch", "Score (0–1)")
+    drawn = False
+    for index, (label, rows) in enumerate(_as_runs(runs)):
+        evals = _of(rows, ev.EVAL)
+        if not evals:
+            continue
+        drawn = True
+        epochs = [r.get("epoch") for r in evals]
+        for metric, name, dash in (("eval_f1", "F1", "solid"), ("eval_accuracy", "accuracy", "dot")):
+            figure.add_trace(go.Scatter(x=epochs, y=[r.get(metric) for r in evals], name=f"{label} · {name}",
+                                        mode="lines+markers", line=dict(color=_color(index), dash=dash)))
+    if not drawn:
+        return _empty(figure, "No evaluation yet: it runs at the end of each epoch")
+    figure.update_yaxes(range=[0, 1.02])
+    figure.update_xaxes(dtick=1)
+    return figure
+
+
+# --- memory -----------------------------------------------------------------------------------
+
+# (step field, legend name, line dash, panel row): row 1 is the whole process, row 2 what one
+# optimizer step holds, where micro-batch size and accumulation show.
+MEMORY_SERIES = (
+    ("rss_bytes", "process RSS", "solid", 1),
+    ("cuda_peak_bytes", "CUDA peak", "dash", 1),
+    ("activation_bytes", "activations / micro-batch", "dot", 2),
+)
+MEMORY_PANELS = ("Process memory", "Activations per micro-batch vs. parameters + gradients + optimizer state")
+
+
+def memory_figure(runs, x: str = "step") -> go.Figure:
+    """Memory over the run, in two panels sharing the x axis: RSS and CUDA peak (GPU only) on top;
+    activations per micro-batch and the static parameters + gradients + optimizer state (a flat
+    dash-dot line from run_started) below, since they are far smaller than the process."""
+    figure = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12, subplot_titles=MEMORY_PANELS)
+    _style(figure, "Memory", "", "")
+    figure.update_xaxes(title_text=X_TITLES.get(x, x), row=2, col=1)
+    for row in (1, 2):
+        figure.update_yaxes(title_text="MB", rangemode="tozero", row=row, col=1)  # from 0: honest sizes
+    drawn = False
+    for index, (label, rows) in enumerate(_as_runs(runs)):
+        steps = _of(rows, ev.STEP)
+        xs = [r.get(x) for r in steps]
+        for field, name, dash, row in MEMORY_SERIES:
+            ys = [_mb(r.get(field)) for r in steps]
+            if any(y is not None for y in ys):  # CUDA peak is None on CPU: no empty line in the legend
+                drawn = True
+                figure.add_trace(go.Scatter(x=xs, y=ys, name=f"{label} · {name}", mode="lines",
+                                            line=dict(color=_color(index), dash=dash)), row=row, col=1)
+        static = _static_total(rows)
+        if static is not None and xs:
+            drawn = True
+            figure.add_trace(go.Scatter(x=[xs[0], xs[-1]], y=[static / MB] * 2, mode="lines",
+                                        name=f"{label} · params + grads + optimizer",
+                                        line=dict(color=_color(index), dash="dashdot")), row=2, col=1)
+    if not drawn:
+        return _empty(_figure("Memory", X_TITLES.get(x, x), "Memory (MB)"), "No memory measurements yet")
+    return figure
+
+
+def static_memory_figure(runs) -> go.Figure:
+    """Parameters, gradients and optimizer state per run, as stacked bars."""
+    figure = _figure("Static memory: parameters, gradients, optimizer state", "Run", "Memory (MB)")
+    labels, parts = [], {"parameters": [], "gradients": [], "optimizer_state": []}
+    for label, rows in _as_runs(runs):
+        started = _of(rows, ev.RUN_STARTED)
+        static = started[0].get("static_memory") if started else None
+        if static:
+            labels.append(label)
+            for part, values in parts.items():
+                values.append(_mb(static.get(part)) or 0.0)
+    if not labels:
+        return _empty(figure, "No run has started yet")
+    for part, values in parts.items():
+        figure.add_trace(go.Bar(x=labels, y=values, name=part.replace("_", " ")))
+    figure.update_layout(barmode="stack", hovermode="closest")
+    return figure
+
+
+def _static_total(rows: list[dict]) -> float | None:
+    started = _of(rows, ev.RUN_STARTED)
+    static = (started[0].get("static_memory") or {}) if started else {}
+    return static.get("total")
+
+
+def memory_plan_figure(predicted: Mapping | Iterable, measured: Mapping | Iterable | None = None,
+                       budget_bytes: float | None = None) -> go.Figure:
+    """Peak memory against micro-batch size: the plan's prediction and, where run, the measurement.
+
+    ``predicted`` and ``measured`` map micro-batch size to bytes (a dict or (size, bytes) pairs).
+    """
+    figure = _figure("Memory plan: peak memory by micro-batch size", "Micro-batch size", "Peak memory (MB)")
+    drawn = False
+    for name, points, mode, dash in (("predicted", predicted, "lines+markers", "dash"),
+                                     ("measured", measured, "markers", None)):
+        pairs = sorted(dict(points or {}).items())
+        if pairs:
+            drawn = True
+            figure.add_trace(go.Scatter(x=[size for size, _ in pairs], y=[_mb(b) for _, b in pairs], name=name,
+                                        mode=mode, line=dict(dash=dash), marker=dict(size=9)))
+    if not drawn:
+        return _empty(figure, "No memory plan yet")
+    if budget_bytes:
+        figure.add_hline(y=budget_bytes / MB, line_dash="dot", line_color="firebrick",
+                         annotation_text=f"budget {budget_bytes / MB:,.0f} MB")
+    sizes = sorted({*dict(predicted or {}), *dict(measured or {})})
+    figure.update_xaxes(type="log", tickvals=sizes)  # sizes are usually powers of two: evenly spaced
+    figure.update_layout(hovermode="closest")
+    return figure
+
+
+# --- equivalence ------------------------------------------------------------------------------
+
+def equivalence_figure(rows: Iterable[dict], tolerance: float | None = None) -> go.Figure:
+    """Relative error of each case against the reference, one bar group per loss normalization."""
+    rows = _rows(rows)
+    figure = _figure("Accumulated vs. full-batch gradients: relative error", "Case",
+                     "Relative error (log scale)")
+    if not rows:
+        return _empty(figure, "No equivalence check has been run")
+    normalizations = list(dict.fromkeys(r["normalization"] for r in rows))
+    for normalization in normalizations:
+        group = [r for r in rows if r["normalization"] == normalization]
+        errors = [r["rel_error"] for r in group]
+        figure.add_trace(go.Bar(x=[r["case"] for r in group], y=[_on_log_axis(e) for e in errors],
+                                name=normalization, customdata=errors,
+                                hovertemplate="%{x}<br>relative error %{customdata:.3g}<extra>%{fullData.name}</extra>"))
+    figure.update_yaxes(type="log", exponentformat="power")
+    figure.update_layout(barmode="group", hovermode="closest")
+    if tolerance:
+        figure.add_hline(y=tolerance, line_dash="dot", line_color="firebrick",
+                         annotation_text=f"tolerance {tolerance:g}")
+    return figure
+
+
+def _on_log_axis(value: float | None) -> float | None:
+    if value is None or math.isnan(value):
+        return None
+    return max(value, LOG_FLOOR)

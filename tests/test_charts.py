@@ -1,0 +1,120 @@
+import math
+
+import pandas as pd
+import pytest
+
+from gradacc import charts
+from gradacc import events as ev
+
+
+def run_events(steps: int = 3, cuda: bool = False, epochs: int = 2) -> list[dict]:
+    events = [ev.run_started(config={"backend": "pytorch"}, effective_batch=32, total_steps=steps,
+                             steps_per_epoch=steps, train_examples=96, eval_examples=10,
+                             static_memory={"parameters": 4_000_000, "gradients": 4_000_000,
+                                            "optimizer_state": 8_000_000, "total": 16_000_000},
+                             device="cuda" if cuda else "cpu")]
+    for step in range(1, steps + 1):
+        events.append(ev.step(step=step, epoch=0, samples_seen=32 * step, tokens_seen=100 * step,
+                              micro_batches=4 * step, loss=2.0 / step, grad_norm=1.0, lr=1e-3, elapsed_s=step,
+                              memory={"activation_bytes": 3_000_000, "rss_bytes": 500_000_000 + step,
+                                      "cuda_peak_bytes": 1_000_000_000 if cuda else None}))
+    for epoch in range(epochs):
+        events.append(ev.eval_(epoch=epoch, step=steps, eval_loss=0.5, eval_accuracy=0.7 + 0.1 * epoch,
+                               eval_f1=0.6 + 0.1 * epoch))
+    events.append(ev.run_ended(status="completed", reason=None, steps=steps, wall_s=3.0))
+    return events
+
+
+def is_empty_state(figure) -> bool:
+    return not figure.data and len(figure.layout.annotations) == 1
+
+
+def test_loss_figure_one_line_per_run_against_step_or_samples():
+    figure = charts.loss_figure([("a", run_events()), ("b", run_events(steps=4))])
+    assert [t.name for t in figure.data] == ["a", "b"]
+    assert list(figure.data[0].x) == [1, 2, 3] and list(figure.data[0].y) == [2.0, 1.0, 2.0 / 3]
+    assert figure.layout.xaxis.title.text == "Optimizer step"
+    assert figure.layout.title.text == "Training loss"
+    by_samples = charts.loss_figure([("a", run_events())], x="samples_seen")
+    assert list(by_samples.data[0].x) == [32, 64, 96]
+    assert by_samples.layout.xaxis.title.text == "Samples seen"
+
+
+def test_charts_accept_bare_events_and_dataframes():
+    events = run_events()
+    assert len(charts.loss_figure(events).data) == 1
+    steps = pd.DataFrame([e for e in events if e["event"] == "step"])
+    figure = charts.loss_figure([("df", steps)])
+    assert list(figure.data[0].y) == [2.0, 1.0, 2.0 / 3]
+
+
+@pytest.mark.parametrize("make", [charts.loss_figure, charts.eval_figure, charts.memory_figure,
+                                  charts.static_memory_figure])
+@pytest.mark.parametrize("runs", [[], None, [("empty", [])]])
+def test_empty_state_has_a_message_and_no_traces(make, runs):
+    assert is_empty_state(make(runs))
+
+
+def test_eval_figure_has_f1_and_accuracy_per_epoch():
+    figure = charts.eval_figure([("a", run_events()), ("b", run_events(epochs=1))])
+    assert [t.name for t in figure.data] == ["a · F1", "a · accuracy", "b · F1", "b · accuracy"]
+    assert list(figure.data[0].x) == [0, 1]
+    assert list(figure.data[1].y) == pytest.approx([0.7, 0.8])
+    assert figure.layout.xaxis.title.text == "Epoch"
+
+
+def test_memory_figure_in_mb_and_cuda_only_when_measured():
+    cpu = charts.memory_figure([("cpu", run_events())])
+    names = [t.name for t in cpu.data]
+    assert names == ["cpu · process RSS", "cpu · activations / micro-batch", "cpu · params + grads + optimizer"]
+    assert cpu.layout.yaxis.title.text == cpu.layout.yaxis2.title.text == "MB"
+    assert cpu.layout.xaxis2.title.text == "Optimizer step"
+    assert cpu.data[0].y[0] == pytest.approx(500.000001) and cpu.data[0].yaxis == "y"
+    assert cpu.data[1].y[0] == 3.0 and cpu.data[1].yaxis == "y2"  # small things get their own panel
+    assert list(cpu.data[2].y) == [16.0, 16.0] and cpu.data[2].yaxis == "y2"
+    gpu = charts.memory_figure([("gpu", run_events(cuda=True))])
+    assert "gpu · CUDA peak" in [t.name for t in gpu.data]
+    assert len(charts.memory_figure([("a", run_events()), ("b", run_events(cuda=True))]).data) == 7
+
+
+def test_static_memory_figure_stacks_parts():
+    figure = charts.static_memory_figure([("a", run_events()), ("b", run_events())])
+    assert [t.name for t in figure.data] == ["parameters", "gradients", "optimizer state"]
+    assert list(figure.data[2].y) == [8.0, 8.0]
+    assert figure.layout.barmode == "stack"
+
+
+def test_equivalence_figure_log_scale_with_zero_and_nan():
+    rows = [{"case": "k=1", "normalization": "exact", "rel_error": 0.0},
+            {"case": "k=4", "normalization": "exact", "rel_error": 1e-7},
+            {"case": "k=4", "normalization": "naive", "rel_error": 0.3},
+            {"case": "k=8", "normalization": "naive", "rel_error": float("nan")}]
+    figure = charts.equivalence_figure(rows, tolerance=1e-5)
+    assert figure.layout.yaxis.type == "log"
+    assert [t.name for t in figure.data] == ["exact", "naive"]
+    assert list(figure.data[0].y) == [charts.LOG_FLOOR, 1e-7]
+    assert list(figure.data[0].customdata) == [0.0, 1e-7]  # hover shows the real value
+    assert figure.data[1].y[1] is None
+    assert figure.layout.shapes  # the tolerance line
+    assert is_empty_state(charts.equivalence_figure([]))
+
+
+def test_memory_plan_figure_predicted_vs_measured():
+    predicted = {1: 100e6, 2: 150e6, 4: 250e6}
+    figure = charts.memory_plan_figure(predicted, [(2, 160e6)], budget_bytes=200e6)
+    assert [t.name for t in figure.data] == ["predicted", "measured"]
+    assert list(figure.data[0].x) == [1, 2, 4] and list(figure.data[0].y) == [100.0, 150.0, 250.0]
+    assert list(figure.data[1].y) == [160.0]
+    assert figure.layout.xaxis.title.text == "Micro-batch size"
+    assert figure.layout.yaxis.title.text == "Peak memory (MB)"
+    assert is_empty_state(charts.memory_plan_figure({}, None))
+
+
+def test_figures_serialise_to_json():
+    # What st.plotly_chart does with them; catches non-JSON values such as NaN in a bad place.
+    for figure in (charts.loss_figure(run_events()), charts.memory_figure(run_events()),
+                   charts.eval_figure(run_events())):
+        assert figure.to_json()
+    nan_loss = run_events()
+    nan_loss[1] = {**nan_loss[1], "loss": math.nan}
+    assert charts.loss_figure(nan_loss).to_json()

@@ -48,10 +48,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="skip activation/RSS measurement (for overhead comparisons)")
     train.add_argument("--metrics-out", default=None, help="also write every event to this JSONL file")
     train.add_argument("--json", action="store_true", help="print each event as one JSON object per line")
+    train.add_argument("--config", default=None, dest="config_file",
+                       help="a RunConfig as a JSON file; replaces the other run options (the app's launcher uses it)")
+    train.add_argument("--sync-each-micro-batch", action="store_true",
+                       help="several processes: all-reduce gradients after every micro-batch (no no_sync), "
+                            "to measure what no_sync saves")
 
     check = commands.add_parser("check", help="gradient equivalence: naive vs exact normalisation")
     _add_run_options(check)
-    check.add_argument("--samples", type=int, default=None, help="examples in the window (default m×k)")
+    check.add_argument("--samples", type=int, default=None, help="examples in the window (default m×k×processes)")
     check.add_argument("--json", action="store_true")
 
     try:
@@ -78,8 +83,21 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
-    values = {k: v for k, v in vars(args).items() if v is not None or k in ("max_steps",)}
-    return RunConfig.from_dict(values)
+    """The run's config; ``num_processes`` is always the launch's (accelerate launch / torchrun set it)."""
+    from gradacc import distributed
+
+    warning = distributed.launch_warning()
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
+    if getattr(args, "config_file", None):
+        try:
+            with open(args.config_file, encoding="utf-8") as file:
+                values = json.load(file)
+        except (OSError, ValueError) as error:
+            raise GradaccError(f"Could not read the config file {args.config_file!r}: {error}", "config") from None
+    else:
+        values = {k: v for k, v in vars(args).items() if v is not None or k in ("max_steps",)}
+    return RunConfig.from_dict(values).replace(num_processes=distributed.world_size())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,7 +125,7 @@ def _train(args) -> int:
     from gradacc import distributed
     from gradacc.engine import train
 
-    config = config_from_args(args).replace(num_processes=distributed.world_size())
+    config = config_from_args(args)
     config.validate()
     _apply_limits(config)
     writes = distributed.is_main_process()  # only rank 0 prints and writes events
@@ -124,7 +142,7 @@ def _train(args) -> int:
 
     stop = threading.Event()
     try:
-        ended = train(config, on_event, stop)
+        ended = train(config, on_event, stop, sync_each_micro_batch=args.sync_each_micro_batch)
     except KeyboardInterrupt:  # Ctrl-C: the engine stops within one micro-batch on its own next check
         stop.set()
         raise
@@ -132,8 +150,9 @@ def _train(args) -> int:
         if metrics_file:
             metrics_file.close()
     if ended["status"] == events.FAILED:
-        if writes:
-            print(f"error: {ended['reason']}", file=sys.stderr)
+        # Every rank says why it failed: a launcher reports the failed rank's last error line.
+        where = f"rank {distributed.rank()}: " if distributed.world_size() > 1 else ""
+        print(f"error: {where}{ended['reason']}", file=sys.stderr)
         return EXIT_BAD_INPUT if ended.get("field") else EXIT_FAILED
     return EXIT_OK
 
@@ -181,19 +200,30 @@ class _Progress:
 
 
 def _check(args) -> int:
-    from gradacc import equivalence
+    from gradacc import distributed, equivalence
 
-    config = config_from_args(args)
+    config = config_from_args(args)  # under accelerate launch / torchrun: the check runs on every rank
     report = equivalence.check(config, samples=args.samples)
+    if not distributed.is_main_process():
+        return EXIT_OK
     if args.json:
         print(json.dumps(report))
         return EXIT_OK
-    print(f"{report['backend']}: micro-batch {report['micro_batch_size']}, k={report['grad_accum_steps']}; "
-          "relative error of the accumulated gradient against the full-batch gradient")
+    processes = report["num_processes"]
+    print(f"{report['backend']}: micro-batch {report['micro_batch_size']}, k={report['grad_accum_steps']}"
+          + (f", {processes} processes" if processes > 1 else "")
+          + "; relative error of the accumulated gradient against the full-batch gradient")
     print(f"{'case':<20}{'items per micro-batch':<26}{'naive':>11}{'exact':>11}")
     for case, result in report["cases"].items():
         items = ",".join(str(i) for i in result["micro_batch_items"])
         print(f"{case:<20}{items:<26}{result['naive_rel_error']:>11.2e}{result['exact_rel_error']:>11.2e}"
               + (f"   library default {result['library_default_rel_error']:.2e}"
                  if "library_default_rel_error" in result else ""))
+    if processes > 1:
+        rounds = report["sync_rounds"]
+        print(f"gradient all-reduces per optimizer step (steps 1, 2; k={report['grad_accum_steps']}): "
+              f"{', '.join(map(str, rounds['no_sync']))} with no_sync, "
+              f"{', '.join(map(str, rounds['without_no_sync']))} without; exact error "
+              f"{rounds['no_sync_rel_error']:.2e} and {rounds['without_no_sync_rel_error']:.2e}")
+        print("(DDP all-reduces every gradient in one bucket until its first sync, then rebuilds its buckets)")
     return EXIT_OK

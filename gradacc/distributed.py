@@ -1,4 +1,9 @@
-"""Where this process stands in a data-parallel launch (accelerate launch / torchrun set these)."""
+"""Where this process stands in a data-parallel launch, and the few collectives gradacc needs.
+
+``accelerate launch`` and ``torchrun`` start one process per rank and set RANK, WORLD_SIZE, LOCAL_RANK,
+MASTER_ADDR and MASTER_PORT; everything here reads those. torch is imported only inside functions: the
+CLI asks for the world size before anything heavy is loaded.
+"""
 
 from __future__ import annotations
 
@@ -13,5 +18,104 @@ def rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def local_world_size() -> int:
+    """Processes of the launch on this machine."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+
+
 def is_main_process() -> bool:
     return rank() == 0
+
+
+def launch_warning() -> str | None:
+    """A sentence when ``accelerate launch --cpu --num_processes N`` started one process instead of N.
+
+    Accelerate's ``--cpu`` launcher runs several processes only through MPI (``--mpirun_hostfile``); without
+    it, it starts one process and sets MASTER_ADDR (only done for N > 1) but no WORLD_SIZE.
+    """
+    if ("WORLD_SIZE" not in os.environ and "MASTER_ADDR" in os.environ
+            and os.environ.get("ACCELERATE_USE_CPU", "").lower() == "true"):
+        return ("accelerate launch --cpu started a single process (Accelerate starts several CPU processes only "
+                "through MPI); use accelerate launch --multi_gpu --num_processes N, which trains on the CPU when "
+                "there is no GPU, or torchrun --nproc_per_node N.")
+    return None
+
+
+def init_process_group(device) -> None:
+    """Join the launch's process group (gloo on CPU, nccl on CUDA) unless Accelerate already did."""
+    import torch.distributed as dist
+
+    if world_size() > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+
+
+def is_distributed() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def unwrap(model):
+    """The module inside DistributedDataParallel (evaluation runs on it: no collectives in its forward)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def sum_over_ranks(values: list[float], device) -> list[float]:
+    """Element-wise sum of ``values`` over all ranks (one all-reduce); the values themselves on one process."""
+    if not is_distributed():
+        return list(values)
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor)
+    return tensor.tolist()
+
+
+def from_main_process(value):
+    """Rank 0's ``value`` on every rank (a picklable object; one broadcast)."""
+    if not is_distributed():
+        return value
+    import torch.distributed as dist
+
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+class SyncProbe:
+    """Counts DDP's gradient all-reduces: a communication hook that counts each bucket, then all-reduces it
+    exactly as DDP's default does (average over ranks).
+
+    DDP groups gradients into buckets and all-reduces each bucket during backward(); inside ``no_sync()`` it
+    all-reduces nothing. So the count per optimizer step is buckets × (1 with no_sync, k without).
+    """
+
+    def __init__(self, ddp_model):
+        self.rounds = 0
+        ddp_model.register_comm_hook(state=self, hook=_counting_allreduce)
+
+    @classmethod
+    def attach(cls, model) -> "SyncProbe | None":
+        """A probe on ``model`` when it is DDP-wrapped; None otherwise (one process: nothing to count)."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        return cls(model) if isinstance(model, DistributedDataParallel) else None
+
+    def take(self) -> int:
+        """All-reduce rounds since the last call."""
+        rounds, self.rounds = self.rounds, 0
+        return rounds
+
+
+def _counting_allreduce(probe: SyncProbe, bucket):
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    probe.rounds += 1
+    return allreduce_hook(None, bucket)  # None: the default (world) process group

@@ -8,6 +8,11 @@ compare it with the gradient of the mean loss over all W items in one batch, at 
 
 Cases: ``equal_windows`` (W = m·k), ``short_last_window`` (W < m·k, its last micro-batch partial, like the
 end of an epoch) and ``token_level`` (a per-token loss: micro-batches hold different numbers of tokens).
+
+Under ``accelerate launch`` / ``torchrun`` with P processes (``config.num_processes``) the same check runs on
+every rank: the window is m·k·P examples, each rank accumulates its own micro-batches with DDP, and the
+gradient after the sync is compared with the full-batch gradient of the whole window computed in this one
+process. It also reports the gradient all-reduces of the window, with ``no_sync`` and without.
 """
 
 from __future__ import annotations
@@ -22,8 +27,12 @@ CASES = ("equal_windows", "short_last_window", "token_level")
 NORMALIZATIONS = ("naive", "exact")
 
 
-def window_size(case: str, micro_batch_size: int, grad_accum_steps: int) -> int:
-    full = micro_batch_size * grad_accum_steps
+def window_size(case: str, micro_batch_size: int, grad_accum_steps: int, num_processes: int = 1) -> int:
+    full = micro_batch_size * grad_accum_steps * num_processes
+    if case == "short_last_window" and num_processes > 1:
+        # Several processes: Accelerate (and so every backend here) fills a partial micro-batch with repeated
+        # examples, so a window comes up short in micro-batches only: about half of them.
+        return micro_batch_size * num_processes * max(1, grad_accum_steps // 2)
     if case == "short_last_window":
         # About half the micro-batches, the last one half full: both ways a window comes up short.
         return max(1, micro_batch_size * max(0, math.ceil(grad_accum_steps / 2) - 1) + math.ceil(micro_batch_size / 2))
@@ -31,20 +40,25 @@ def window_size(case: str, micro_batch_size: int, grad_accum_steps: int) -> int:
 
 
 def check(config: RunConfig, samples: int | None = None, cases=CASES) -> dict:
-    """Relative errors for the main window (``samples`` examples, default m·k) and each case."""
+    """Relative errors for the main window (``samples`` examples, default m·k·processes) and each case."""
     config = config.replace(dropout=0.0, max_grad_norm=0.0, epochs=1, max_steps=1, eval_samples=8,
                             instrument=False).validate()
-    full = config.micro_batch_size * config.grad_accum_steps
+    processes = config.num_processes
+    full = config.effective_batch
     samples = full if samples is None else samples
     if isinstance(samples, bool) or not isinstance(samples, int) or not 1 <= samples <= full:
-        raise GradaccError(f"samples must be a whole number from 1 to m×k = {full} (one accumulation window); "
+        product = "m×k" if processes == 1 else "m×k×processes"
+        raise GradaccError(f"samples must be a whole number from 1 to {product} = {full} (one accumulation window); "
                            f"got {samples!r}.", "samples")
-    results = {case: _case(config, window_size(case, config.micro_batch_size, config.grad_accum_steps),
+    results = {case: _case(config, window_size(case, config.micro_batch_size, config.grad_accum_steps, processes),
                            token_level=case == "token_level") for case in cases}
     main = results["equal_windows"] if samples == full and "equal_windows" in results else _case(config, samples)
-    return {"backend": config.backend, "model": config.model, "micro_batch_size": config.micro_batch_size,
-            "grad_accum_steps": config.grad_accum_steps, "samples": samples,
-            **main, "cases": results}
+    report = {"backend": config.backend, "model": config.model, "micro_batch_size": config.micro_batch_size,
+              "grad_accum_steps": config.grad_accum_steps, "num_processes": processes, "samples": samples,
+              **main, "cases": results}
+    if processes > 1:
+        report["sync_rounds"] = sync_rounds(config)
+    return report
 
 
 def rows(report: dict) -> list[dict]:
@@ -63,44 +77,80 @@ def _case(config: RunConfig, window: int, token_level: bool = False) -> dict:
     config = config.replace(train_samples=window)
     reference = full_batch_gradient(config, token_level)
     result = {"window_examples": window, "items": reference["items"], "micro_batch_items": reference["batch_items"]}
+    if reference["repeated_examples"]:
+        result["repeated_examples"] = reference["repeated_examples"]
     variants = {n: {"loss_normalization": n} for n in NORMALIZATIONS}
     if config.backend == "trainer":
         variants["library_default"] = {"trainer_library_default": True}
     for name, options in variants.items():
-        gradient = accumulated_gradient(config.replace(loss_normalization=options.get("loss_normalization", "naive")),
-                                        token_level, options.get("trainer_library_default", False))
-        result[f"{name}_rel_error"] = relative_error(gradient, reference["gradient"])
+        run = accumulated_gradient(config.replace(loss_normalization=options.get("loss_normalization", "naive")),
+                                   token_level, options.get("trainer_library_default", False))
+        result[f"{name}_rel_error"] = relative_error(run["gradient"], reference["gradient"])
     return result
 
 
-def full_batch_gradient(config: RunConfig, token_level: bool) -> dict:
-    """The gradient of the mean loss over the whole window in one forward/backward pass."""
+def sync_rounds(config: RunConfig) -> dict:
+    """Gradient all-reduces per optimizer step over two full windows, with ``no_sync`` and without.
+
+    Two steps, because DDP puts every gradient in one bucket until its first sync and then rebuilds its
+    buckets: from the second step on, a window costs one round per bucket with no_sync, k per bucket without.
+    The first step's gradient equals the full-batch gradient either way: no_sync changes the communication only.
+    """
+    config = config.replace(train_samples=2 * config.effective_batch, max_steps=2, loss_normalization="exact")
+    reference = full_batch_gradient(config, token_level=False, first_windows=1)
+    report = {}
+    for name, sync_each in (("no_sync", False), ("without_no_sync", True)):
+        run = accumulated_gradient(config, token_level=False, sync_each_micro_batch=sync_each)
+        report[name] = run["sync_rounds"]
+        report[f"{name}_rel_error"] = relative_error(run["gradient"], reference["gradient"])
+    return report
+
+
+def full_batch_gradient(config: RunConfig, token_level: bool, first_windows: int | None = None) -> dict:
+    """The gradient of the mean loss over the whole window in one forward/backward pass, in this process.
+
+    The window is every rank's micro-batches together (on one process, simply all the examples); with
+    ``first_windows``, only the micro-batches of the first that many accumulation windows.
+    """
+    from gradacc import windows
     from gradacc.backends.common import to_device
     from gradacc.engine import quiet_libraries
     from gradacc.job import prepare
 
     quiet_libraries()
     job = prepare(config, lambda event: None, threading.Event(), token_level=token_level, whole_micro_batch=False)
+    plan = windows.shard(len(job.train_examples), config.micro_batch_size, config.num_processes)
+    # Global micro-batch order: rank 0's first, rank 1's first, ..., rank 0's second, ...
+    micro_batches = [batch for round_ in zip(*plan) for batch in round_]
+    if first_windows is not None:
+        micro_batches = micro_batches[:first_windows * config.grad_accum_steps * config.num_processes]
+    indices = [i for batch in micro_batches for i in batch]
     job.model.train()
-    batch = to_device(job.collate(job.train_examples), job.device)
+    batch = to_device(job.collate([job.train_examples[i] for i in indices]), job.device)
     job.model(**batch).loss.backward()
-    return {"gradient": _gradients(job.model), "items": sum(job.batch_items), "batch_items": job.batch_items}
+    batch_items = windows.batch_item_counts(job.train_examples, micro_batches)
+    return {"gradient": _gradients(job.model), "items": sum(batch_items), "batch_items": batch_items,
+            "repeated_examples": max(0, len(indices) - len(job.train_examples))}
 
 
-def accumulated_gradient(config: RunConfig, token_level: bool, trainer_library_default: bool = False) -> dict:
+def accumulated_gradient(config: RunConfig, token_level: bool, trainer_library_default: bool = False,
+                         sync_each_micro_batch: bool = False) -> dict:
+    """The gradient a backend holds right before its first optimizer step, and each step's all-reduces."""
     from gradacc.engine import train
+    from gradacc.events import Recorder
 
     captured = {}
 
     def capture(model):
-        if not captured:  # the first (and only) optimizer step
+        if not captured:  # the first optimizer step
             captured.update(_gradients(model))
 
-    ended = train(config, before_optimizer_step=capture, token_level=token_level, whole_micro_batch=False,
-                  trainer_library_default=trainer_library_default)
+    recorder = Recorder()
+    ended = train(config, recorder, before_optimizer_step=capture, token_level=token_level, whole_micro_batch=False,
+                  trainer_library_default=trainer_library_default, sync_each_micro_batch=sync_each_micro_batch)
     if ended["status"] != "completed" or not captured:
         raise GradaccError(f"The equivalence run did not complete: {ended['reason']}", "backend")
-    return captured
+    return {"gradient": captured, "sync_rounds": [step["sync_rounds"] for step in recorder.of("step")]}
 
 
 def _gradients(model) -> dict:

@@ -28,10 +28,12 @@ def run_started(*, config: dict, effective_batch: int, total_steps: int, steps_p
 
 
 def step(*, step: int, epoch: int, samples_seen: int, tokens_seen: int, micro_batches: int, loss: float,
-         grad_norm: float | None, lr: float, elapsed_s: float, memory: dict) -> dict:
+         grad_norm: float | None, lr: float, elapsed_s: float, memory: dict, sync_rounds: int | None = None) -> dict:
+    """``sync_rounds``: DDP gradient all-reduces (one per bucket) in this window; None on one process."""
     return _event(STEP, step=step, epoch=epoch, samples_seen=samples_seen, tokens_seen=tokens_seen,
                   micro_batches=micro_batches, loss=loss, grad_norm=grad_norm, lr=lr, elapsed_s=elapsed_s,
-                  samples_per_s=samples_seen / elapsed_s if elapsed_s > 0 else 0.0, **memory)
+                  samples_per_s=samples_seen / elapsed_s if elapsed_s > 0 else 0.0, sync_rounds=sync_rounds,
+                  **memory)
 
 
 def eval_(*, epoch: int, step: int, eval_loss: float, eval_accuracy: float, eval_f1: float) -> dict:

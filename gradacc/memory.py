@@ -93,6 +93,7 @@ def reset_cuda_peak(device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def snapshot(activation_bytes: int | None, device) -> dict:
-    """The memory fields of a ``step`` event."""
-    return {"activation_bytes": activation_bytes, "rss_bytes": rss_bytes(), "cuda_peak_bytes": cuda_peak_bytes(device)}
+def snapshot(activation_bytes: int | None, device, with_rss: bool = True) -> dict:
+    """The memory fields of a ``step`` event; ``with_rss=False`` (an un-instrumented run) skips reading RSS."""
+    return {"activation_bytes": activation_bytes, "rss_bytes": rss_bytes() if with_rss else None,
+            "cuda_peak_bytes": cuda_peak_bytes(device)}

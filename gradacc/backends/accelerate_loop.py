@@ -4,6 +4,9 @@
 the usual forward, ``accelerator.backward(loss)``, ``optimizer.step()``, ``lr_scheduler.step()``,
 ``optimizer.zero_grad()`` — Accelerate skips the step (and the gradient sync) until the window's last
 micro-batch, or the end of the dataloader.
+
+On several processes ``prepare`` wraps the model in DDP and shards the dataloader (rank r takes micro-batches
+r, r+P, ...), and ``accumulate`` runs every micro-batch but the window's last inside ``no_sync``.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import contextlib
 from torch.utils.data import DataLoader
 
 from gradacc.backends.common import StepReporter, check_finite, evaluate, make_optimizer, make_scheduler
+from gradacc.distributed import SyncProbe
 from gradacc.memory import ActivationMeter
 from gradacc.windows import loss_weight
 
@@ -20,10 +24,14 @@ from gradacc.windows import loss_weight
 def new_accelerator(job):
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState
+    from accelerate.utils import GradientAccumulationPlugin
 
     # A fresh accumulation state per run (these are process-wide singletons); the process group stays.
     AcceleratorState._reset_state(reset_partial_state=False)
     GradientState._reset_state()
+    if job.sync_each_micro_batch:  # all-reduce after every micro-batch: what no_sync saves, measured
+        plugin = GradientAccumulationPlugin(num_steps=job.config.grad_accum_steps, sync_each_batch=True)
+        return Accelerator(gradient_accumulation_plugin=plugin, cpu=job.device.type == "cpu")
     return Accelerator(gradient_accumulation_steps=job.config.grad_accum_steps, cpu=job.device.type == "cpu")
 
 
@@ -34,11 +42,12 @@ def train(job) -> None:
     dataloader = DataLoader(job.train_examples, batch_size=config.micro_batch_size, shuffle=False,
                             collate_fn=job.collate)
     optimizer = make_optimizer(job.model, config)
-    # AcceleratedScheduler steps once per process per optimizer step: size it to match.
-    lr_scheduler = make_scheduler(optimizer, config, job.total_steps * accelerator.num_processes)
+    # AcceleratedScheduler steps once per process per optimizer step: size it (warmup too) to match.
+    lr_scheduler = make_scheduler(optimizer, config, job.total_steps, calls_per_step=accelerator.num_processes)
     model, optimizer, dataloader, lr_scheduler = accelerator.prepare(job.model, optimizer, dataloader, lr_scheduler)
     meter = ActivationMeter(model)
     report = StepReporter(job, accelerator.num_processes)
+    report.sync_probe = SyncProbe.attach(model)  # None unless prepare wrapped the model in DDP
 
     step, window_loss, micro_batches, activation_bytes = 0, 0.0, 0, None
     for epoch in range(1, config.epochs + 1):
@@ -53,7 +62,8 @@ def train(job) -> None:
                 loss = outputs.loss
                 check_finite(loss, step + 1)
                 # accelerator.backward divides by k itself (even in a short last window); exact weights undo that.
-                weight = loss_weight(config.loss_normalization, job.batch_items[index], job.window_items[index], k)
+                weight = loss_weight(config.loss_normalization, job.batch_items[index], job.window_items[index], k,
+                                     accelerator.num_processes)
                 accelerator.backward(loss * weight * k)
                 window_loss += loss.item() * weight
                 micro_batches += 1

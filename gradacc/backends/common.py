@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from gradacc import events, memory
+from gradacc import distributed, events, memory
 from gradacc.errors import RunFailed
 from gradacc.metrics import classification_metrics
 
@@ -34,10 +34,13 @@ def warmup_steps(config, total_steps: int) -> int:
     return math.ceil(config.warmup_ratio * total_steps)
 
 
-def make_scheduler(optimizer, config, total_steps: int):
+def make_scheduler(optimizer, config, total_steps: int, calls_per_step: int = 1):
+    """Linear warmup and decay over ``total_steps`` optimizer steps, for a scheduler whose ``step()`` is called
+    ``calls_per_step`` times per optimizer step (Accelerate's prepared scheduler: once per process)."""
     from transformers import get_linear_schedule_with_warmup
 
-    return get_linear_schedule_with_warmup(optimizer, warmup_steps(config, total_steps), total_steps)
+    return get_linear_schedule_with_warmup(optimizer, warmup_steps(config, total_steps) * calls_per_step,
+                                           total_steps * calls_per_step)
 
 
 def grad_norm(model: torch.nn.Module, max_norm: float) -> float:
@@ -56,9 +59,20 @@ def to_device(batch: dict, device) -> dict:
     return {key: value.to(device) for key, value in batch.items()}
 
 
-@torch.no_grad()
 def evaluate(model: torch.nn.Module, job) -> dict:
-    """Example-weighted eval loss, accuracy and F1 over the eval set (as Trainer computes them)."""
+    """Example-weighted eval loss, accuracy and F1 over the eval set (as Trainer computes them).
+
+    On several processes rank 0 evaluates the whole eval set on the unwrapped model and sends the numbers to
+    the others: every example counts once (sharding would pad the last batch with repeats, which
+    ``gather_for_metrics`` must drop again), token labels need no cross-rank padding, and eval sets here are
+    small enough that splitting them would not pay. (Trainer shards and uses ``gather_for_metrics``.)
+    """
+    metrics = _evaluate(distributed.unwrap(model), job) if distributed.is_main_process() else None
+    return distributed.from_main_process(metrics)
+
+
+@torch.no_grad()
+def _evaluate(model: torch.nn.Module, job) -> dict:
     was_training = model.training
     model.eval()
     total_loss, predictions, labels = 0.0, [], []
@@ -77,26 +91,34 @@ def evaluate(model: torch.nn.Module, job) -> dict:
 
 
 class StepReporter:
-    """Counts what went through the model and emits ``step`` and ``eval`` events."""
+    """Counts what went through the model and emits ``step`` and ``eval`` events.
+
+    On several processes every rank calls ``step`` at the same optimizer step: one all-reduce turns each
+    rank's counts and window loss into the run's (samples and tokens summed, loss averaged over ranks).
+    """
 
     def __init__(self, job, num_processes: int = 1):
         self.job = job
         self.num_processes = num_processes
-        self.samples_seen = 0
+        self.samples_seen = 0  # this rank's
         self.tokens_seen = 0
+        # Set when the model is DDP-wrapped: counts the gradient all-reduces of each window.
+        self.sync_probe: distributed.SyncProbe | None = None
         self.started = time.perf_counter()
 
     def micro_batch(self, batch: dict) -> None:
-        # Each process sees its own micro-batch of the same shape; count all of them.
-        self.samples_seen += int(batch["input_ids"].shape[0]) * self.num_processes
-        self.tokens_seen += int(batch["attention_mask"].sum()) * self.num_processes
+        self.samples_seen += int(batch["input_ids"].shape[0])
+        self.tokens_seen += int(batch["attention_mask"].sum())
 
     def step(self, *, step: int, epoch: int, micro_batches: int, loss: float, grad_norm: float | None, lr: float,
              activation_bytes: int | None) -> None:
-        self.job.emit(events.step(step=step, epoch=epoch, samples_seen=self.samples_seen,
-                                  tokens_seen=self.tokens_seen, micro_batches=micro_batches, loss=loss,
+        samples, tokens, loss_sum = distributed.sum_over_ranks([self.samples_seen, self.tokens_seen, loss],
+                                                               self.job.device)
+        self.job.emit(events.step(step=step, epoch=epoch, samples_seen=int(samples), tokens_seen=int(tokens),
+                                  micro_batches=micro_batches, loss=loss_sum / self.num_processes,
                                   grad_norm=grad_norm, lr=lr, elapsed_s=time.perf_counter() - self.started,
-                                  memory=memory.snapshot(activation_bytes, self.job.device)))
+                                  memory=memory.snapshot(activation_bytes, self.job.device, self.job.config.instrument),
+                                  sync_rounds=self.sync_probe.take() if self.sync_probe else None))
         memory.reset_cuda_peak(self.job.device)
 
     def evaluation(self, *, epoch: int, step: int, metrics: dict) -> None:

@@ -2,6 +2,10 @@
 
 Forward, scale the loss, ``backward()``; every k micro-batches (and at the end of the epoch) clip,
 ``optimizer.step()``, ``lr_scheduler.step()``, ``optimizer.zero_grad()``. Nothing hidden.
+
+On several processes (``accelerate launch`` / ``torchrun``) the model is wrapped in
+``DistributedDataParallel`` and every micro-batch but the window's last runs inside ``model.no_sync()``:
+gradients add up locally and the ranks all-reduce once per optimizer step instead of once per micro-batch.
 """
 
 from __future__ import annotations
@@ -9,8 +13,10 @@ from __future__ import annotations
 import contextlib
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
+from gradacc import distributed
 from gradacc.backends.common import (StepReporter, check_finite, evaluate, grad_norm, make_optimizer,
                                      make_scheduler, to_device)
 from gradacc.memory import ActivationMeter
@@ -20,13 +26,18 @@ from gradacc.windows import loss_weight
 def train(job) -> None:
     config = job.config
     gradient_accumulation_steps = config.grad_accum_steps
+    num_processes = config.num_processes
     model = job.model
-    dataloader = DataLoader(job.train_examples, batch_size=config.micro_batch_size, shuffle=False,
-                            collate_fn=job.collate)
+    # This rank's own micro-batches (on one process: consecutive micro-batches of m, in the seeded order).
+    dataloader = DataLoader(job.train_examples, batch_sampler=job.micro_batches, collate_fn=job.collate)
     optimizer = make_optimizer(model, config)
     lr_scheduler = make_scheduler(optimizer, config, job.total_steps)
     meter = ActivationMeter(model)
-    report = StepReporter(job)
+    report = StepReporter(job, num_processes)
+    if num_processes > 1:
+        distributed.init_process_group(job.device)
+        model = DistributedDataParallel(model, device_ids=[job.device.index] if job.device.type == "cuda" else None)
+        report.sync_probe = distributed.SyncProbe(model)
 
     step, window_loss, micro_batches, activation_bytes = 0, 0.0, 0, None
     for epoch in range(1, config.epochs + 1):
@@ -35,20 +46,25 @@ def train(job) -> None:
             job.check_stop()
             batch = to_device(batch, job.device)
             report.micro_batch(batch)
-            # Activations are measured on the first micro-batch of each window (the hooks cost time).
-            measuring = config.instrument and micro_batches == 0
-            with meter.measure() if measuring else contextlib.nullcontext():
-                outputs = model(**batch)
-            loss = outputs.loss
-            check_finite(loss, step + 1)
-            loss = loss * loss_weight(config.loss_normalization, job.batch_items[index], job.window_items[index],
-                                      gradient_accumulation_steps)
-            loss.backward()
+            last_of_window = (index + 1) % gradient_accumulation_steps == 0 or index + 1 == len(dataloader)
+            # DDP all-reduces gradients during backward(); inside no_sync() they only add up on this rank.
+            # Forward and backward both go inside: DDP decides at forward time whether backward syncs.
+            skip_sync = num_processes > 1 and not last_of_window and not job.sync_each_micro_batch
+            with model.no_sync() if skip_sync else contextlib.nullcontext():
+                # Activations are measured on the first micro-batch of each window (the hooks cost time).
+                measuring = config.instrument and micro_batches == 0
+                with meter.measure() if measuring else contextlib.nullcontext():
+                    outputs = model(**batch)
+                loss = outputs.loss
+                check_finite(loss, step + 1)
+                loss = loss * loss_weight(config.loss_normalization, job.batch_items[index], job.window_items[index],
+                                          gradient_accumulation_steps, num_processes)
+                loss.backward()
             window_loss += loss.item()
             micro_batches += 1
             activation_bytes = meter.bytes if measuring else activation_bytes
 
-            if (index + 1) % gradient_accumulation_steps == 0 or index + 1 == len(dataloader):
+            if last_of_window:
                 if job.before_optimizer_step:
                     job.before_optimizer_step(model)
                 norm = grad_norm(model, config.max_grad_norm)

@@ -7,6 +7,10 @@ Pitfall handled here (transformers 5): a model whose ``forward`` takes ``**kwarg
 Trainer believe the model divides by ``num_items_in_batch`` and skip its own ÷k, so losses and gradients
 come out k× too large. gradacc passes a ``compute_loss_func`` that really uses ``num_items_in_batch``
 (``exact``) or divides each micro-batch mean by k (``naive``).
+
+On several processes Trainer prepares (DDP-wraps) the model and shards the data through Accelerate, runs
+every micro-batch but the window's last inside ``accelerator.no_sync``, sums ``num_items_in_batch`` over
+ranks and multiplies each loss by the number of processes to undo DDP's average.
 """
 
 from __future__ import annotations
@@ -19,13 +23,18 @@ import torch.nn.functional as F
 from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
 
 from gradacc.backends.common import EVAL_BATCH_SIZE, StepReporter, warmup_steps
+from gradacc.distributed import SyncProbe
 from gradacc.errors import RunFailed, RunStopped
 from gradacc.memory import ActivationMeter
 from gradacc.metrics import classification_metrics
 
 
-def make_loss_function(normalization: str, k: int):
-    """Trainer's ``compute_loss_func``: summed cross-entropy over the window's items, or each mean ÷ k."""
+def make_loss_function(normalization: str, k: int, num_processes: int = 1):
+    """Trainer's ``compute_loss_func``: summed cross-entropy over the window's items, or each mean ÷ k.
+
+    ``num_items_in_batch`` counts the window on all ranks, and Trainer multiplies the returned loss by the
+    number of processes (DDP then averages over them): right for ``exact``, undone for ``naive``.
+    """
 
     def compute_loss(outputs, labels, num_items_in_batch=None):
         logits = outputs["logits"]
@@ -33,7 +42,7 @@ def make_loss_function(normalization: str, k: int):
                                  reduction="sum")
         if normalization == "exact":
             return summed / num_items_in_batch
-        return summed / (labels != -100).sum() / k
+        return summed / (labels != -100).sum() / k / num_processes
 
     return compute_loss
 
@@ -74,6 +83,10 @@ class EventCallback(TrainerCallback):
         self.report = report
         self.trainer: GradaccTrainer | None = None
         self.lr = 0.0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        # Trainer has just DDP-wrapped the model (on several processes): count its gradient all-reduces.
+        self.report.sync_probe = SyncProbe.attach(self.trainer.model_wrapped)
 
     def on_substep_end(self, args, state, control, **kwargs):
         if self.job.stop.is_set():
@@ -144,6 +157,9 @@ def train(job) -> None:
             use_cpu=job.device.type == "cpu",
             disable_tqdm=True,
             dataloader_num_workers=0,
+            # Several processes: all-reduce after every micro-batch when asked to (what no_sync saves, measured).
+            accelerator_config={"gradient_accumulation_kwargs": {"sync_each_batch": True}}
+            if job.sync_each_micro_batch else None,
         )
         callback = EventCallback(job, report)
 
@@ -161,7 +177,7 @@ def train(job) -> None:
             processing_class=job.tokenizer,
             compute_metrics=compute_metrics,
             compute_loss_func=None if job.trainer_library_default else make_loss_function(
-                config.loss_normalization, config.grad_accum_steps),
+                config.loss_normalization, config.grad_accum_steps, config.num_processes),
             callbacks=[callback],
             job=job,
             meter=meter,

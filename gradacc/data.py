@@ -69,8 +69,9 @@ def _read_file(source: str):
     try:
         if path.suffix.lower() == ".csv":
             # Everything as text: labels are mapped below, and no cell is ever evaluated.
-            return pd.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8")
-        return pd.read_json(path, lines=path.suffix.lower() == ".jsonl", dtype=False, encoding="utf-8")
+            # utf-8-sig: "CSV UTF-8" from Excel starts with a byte-order mark, which must not stick to a name.
+            return pd.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8-sig")
+        return pd.read_json(path, lines=path.suffix.lower() == ".jsonl", dtype=False, encoding="utf-8-sig")
     except UnicodeDecodeError:
         raise GradaccError(f"{path.name!r} is not UTF-8 text; save it as UTF-8 and try again.", "dataset") from None
     except (ValueError, pd.errors.ParserError) as error:
@@ -93,12 +94,20 @@ def _pick_column(columns, given: str | None, candidates, what: str, field_name: 
                        f"columns are {', '.join(map(str, columns))}. Name it explicitly.", field_name)
 
 
+def _pick_columns(columns, config: RunConfig) -> tuple[str, str]:
+    text_col = _pick_column(columns, config.text_column, TEXT_COLUMNS, "text", "text_column")
+    label_col = _pick_column(columns, config.label_column, LABEL_COLUMNS, "label", "label_column")
+    if text_col == label_col:  # every text would be its own class: a run that learns nothing, silently
+        raise GradaccError(f"The text and the label column are both {text_col!r}; pick a different label column.",
+                           "label_column")
+    return text_col, label_col
+
+
 def _from_table(frame, config: RunConfig) -> TextData:
     """A single table: pick columns, map labels, split off a deterministic eval part."""
     if len(frame) == 0:
         raise GradaccError("The data has no rows.", "dataset")
-    text_col = _pick_column(list(frame.columns), config.text_column, TEXT_COLUMNS, "text", "text_column")
-    label_col = _pick_column(list(frame.columns), config.label_column, LABEL_COLUMNS, "label", "label_column")
+    text_col, label_col = _pick_columns(list(frame.columns), config)
     texts, labels, label_names, notes, _ = _clean(list(frame[text_col]), list(frame[label_col]))
     order = list(range(len(texts)))
     random.Random(config.seed).shuffle(order)
@@ -183,8 +192,7 @@ def _from_hf(loaded, config: RunConfig) -> TextData:
         if eval_name is None:
             return _from_table(loaded["train"].to_pandas(), config)
         train, evaluation = loaded["train"].to_pandas(), loaded[eval_name].to_pandas()
-        text_col = _pick_column(list(train.columns), config.text_column, TEXT_COLUMNS, "text", "text_column")
-        label_col = _pick_column(list(train.columns), config.label_column, LABEL_COLUMNS, "label", "label_column")
+        text_col, label_col = _pick_columns(list(train.columns), config)
         names = loaded["train"].features[label_col].names if hasattr(loaded["train"].features[label_col], "names") \
             else None
         return _two_splits(train, evaluation, text_col, label_col, names, eval_name)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from urllib.parse import urlparse
 
 from gradacc.errors import GradaccError
@@ -24,11 +25,21 @@ def hub_reachable(timeout: float = CONNECT_TIMEOUT_S) -> bool:
         return False
     endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
     port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
-    try:
-        with socket.create_connection((endpoint.hostname, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
+    answer: list[bool] = []
+
+    def probe() -> None:
+        try:
+            with socket.create_connection((endpoint.hostname, port), timeout=timeout):
+                answer.append(True)
+        except (OSError, UnicodeError):
+            answer.append(False)
+
+    # The socket timeout does not cover the name lookup, which can hang for many seconds on a broken
+    # network (a conference Wi-Fi): wait for the probe at most ``timeout``, and leave a slow one behind.
+    thread = threading.Thread(target=probe, name="gradacc-hub-probe", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return bool(answer and answer[0])
 
 
 def require_online(name: str, field: str) -> None:

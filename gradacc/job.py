@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from gradacc import data as data_module
-from gradacc import models, windows
+from gradacc import distributed, models, windows
 from gradacc.config import RunConfig, optimizer_steps_per_epoch, total_optimizer_steps
 from gradacc.errors import GradaccError, RunStopped
 from gradacc.events import EventSink
@@ -32,7 +32,9 @@ class Job:
     device: object
     steps_per_epoch: int
     total_steps: int
-    # For each training micro-batch of an epoch: the items of its accumulation window (exact weights).
+    # This rank's micro-batches of an epoch (example indices; all of them on one process).
+    micro_batches: list[list[int]]
+    # For each of them: the items of its accumulation window on all ranks (exact weights), and its own items.
     window_items: list[int]
     batch_items: list[int]
     token_level: bool = False
@@ -41,6 +43,9 @@ class Job:
     before_optimizer_step: Callable | None = None
     # Trainer only: leave Trainer's own loss scaling untouched (shows the library default, pitfall included).
     trainer_library_default: bool = False
+    # Several processes: all-reduce gradients after every micro-batch instead of once per window (no no_sync),
+    # to measure what no_sync saves.
+    sync_each_micro_batch: bool = False
 
     def check_stop(self) -> None:
         if self.stop.is_set():
@@ -52,13 +57,28 @@ class Job:
 
 
 def pick_device():
-    """CUDA when present (and not disabled by GRADACC_DEVICE=cpu), else the CPU."""
+    """CUDA when present (and not disabled by GRADACC_DEVICE=cpu), else the CPU.
+
+    A launched rank takes the GPU of its LOCAL_RANK; with fewer GPUs than processes on this machine every
+    rank trains on the CPU (all ranks must agree: gloo on CPU, nccl on GPUs).
+    """
     import torch
 
     wanted = os.environ.get("GRADACC_DEVICE", "").strip().lower()
     if wanted == "cpu" or not torch.cuda.is_available():
         return torch.device("cpu")
+    if distributed.world_size() > 1:
+        if distributed.local_world_size() > torch.cuda.device_count():
+            return torch.device("cpu")
+        return torch.device("cuda", distributed.local_rank())
     return torch.device(wanted or "cuda")
+
+
+def _stop_requested(stop: threading.Event) -> None:
+    """Checked between the slow phases of preparing (loading data, loading a model, tokenising): a run stopped
+    or out of time while preparing ends at the next phase, not after all of them."""
+    if stop.is_set():
+        raise RunStopped()
 
 
 def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, token_level: bool = False,
@@ -69,20 +89,35 @@ def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, token_lev
     wrong then; the equivalence check builds such windows on purpose).
     """
     config.validate()
+    if config.num_processes != distributed.world_size():
+        raise GradaccError(f"num processes is {config.num_processes}, but this is a {distributed.world_size()}-process "
+                           f"launch; start a {config.num_processes}-process run with accelerate launch or torchrun "
+                           "(the app does it through gradacc.launch).", "num_processes")
+    _stop_requested(stop)  # e.g. the run's time ran out while torch was still importing
     text_data = data_module.load_text_data(config)
     if whole_micro_batch and config.micro_batch_size > len(text_data.train_texts):
         raise GradaccError(f"micro batch size {config.micro_batch_size} is larger than the "
                            f"{len(text_data.train_texts)} training examples.", "micro_batch_size")
+    _stop_requested(stop)
     loaded = models.load(config, text_data.num_labels, text_data.label_names, token_level)
+    _stop_requested(stop)
     train_examples, train_cut = data_module.tokenize(loaded.tokenizer, text_data.train_texts, text_data.train_labels,
                                                      config.max_seq_length, token_level)
     eval_examples, eval_cut = data_module.tokenize(loaded.tokenizer, text_data.eval_texts, text_data.eval_labels,
                                                    config.max_seq_length, token_level)
+    _stop_requested(stop)
     notes = list(text_data.notes)
     if train_cut or eval_cut:
         notes.append(f"{train_cut + eval_cut} text(s) longer than {config.max_seq_length} tokens were truncated.")
     train_examples = data_module.shuffled(train_examples, config.seed)
-    batch_items = windows.batch_item_counts(train_examples, config.micro_batch_size)
+    # Every rank knows every rank's micro-batches, so window totals over all ranks need no communication.
+    plan = windows.shard(len(train_examples), config.micro_batch_size, config.num_processes)
+    rank_items = [windows.batch_item_counts(train_examples, batches) for batches in plan]
+    rank = distributed.rank()
+    repeated = sum(len(batch) for batches in plan for batch in batches) - len(train_examples)
+    if repeated:
+        notes.append(f"{repeated} example(s) from the start of the data are repeated at the end of each epoch so "
+                     f"that all {config.num_processes} processes get full micro-batches (as Accelerate does).")
     device = pick_device()
     return Job(config=config, model=loaded.model.to(device), tokenizer=loaded.tokenizer,
                train_examples=train_examples, eval_examples=eval_examples, label_names=text_data.label_names,
@@ -90,5 +125,5 @@ def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, token_lev
                steps_per_epoch=optimizer_steps_per_epoch(len(train_examples), config.micro_batch_size,
                                                          config.grad_accum_steps, config.num_processes),
                total_steps=total_optimizer_steps(config, len(train_examples)),
-               window_items=windows.window_totals(batch_items, config.grad_accum_steps),
-               batch_items=batch_items, token_level=token_level, notes=notes)
+               micro_batches=plan[rank], window_items=windows.window_totals(rank_items, config.grad_accum_steps),
+               batch_items=rank_items[rank], token_level=token_level, notes=notes)

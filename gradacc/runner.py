@@ -10,6 +10,7 @@ Importing this module must stay cheap: torch and transformers are imported by th
 
 from __future__ import annotations
 
+import atexit
 import collections
 import importlib
 import logging
@@ -17,6 +18,7 @@ import os
 import threading
 import time
 import uuid
+import weakref
 from typing import Callable
 
 from gradacc import events as ev
@@ -190,6 +192,7 @@ class RunManager:
         self._closed = False
         if recover:
             _recover_once(store)
+        _open_managers.add(self)
 
     # --- submitting and stopping -----------------------------------------------------------
 
@@ -357,8 +360,9 @@ class RunManager:
 
     def _work(self, state: RunState, worker: _Worker) -> None:
         try:
-            train = self._train_fn or _engine_train()
-            result = train(RunConfig.from_dict(state.config), lambda event: self._record(state, event), worker.stop)
+            config = RunConfig.from_dict(state.config)
+            train = self._train_fn or _engine_train(config)
+            result = train(config, lambda event: self._record(state, event), worker.stop)
             if state.ended is None:
                 ended = result if isinstance(result, dict) and result.get("event") == ev.RUN_ENDED else None
                 self._record(state, ended or self._ended_event(state, worker, ev.FAILED, NO_RUN_ENDED))
@@ -402,6 +406,22 @@ class RunManager:
             self._changed.notify_all()
 
 
+# At interpreter exit (SIGTERM from docker stop or a Space restart included), stop every run within its
+# micro-batch and record it: a daemon thread still inside torch while Python finalises aborts the process
+# ("terminate called without an active exception") and leaves its run to be found interrupted.
+EXIT_SHUTDOWN_SECONDS = 5.0
+_open_managers: "weakref.WeakSet[RunManager]" = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_at_exit() -> None:
+    for manager in list(_open_managers):
+        try:
+            manager.shutdown(timeout=EXIT_SHUTDOWN_SECONDS)
+        except Exception:  # exiting anyway; one manager must not keep the others from stopping
+            log.exception("could not shut a run manager down at exit")
+
+
 _recover_lock = threading.Lock()
 _recovered_stores: set[str] = set()
 
@@ -425,7 +445,11 @@ def _hit_limit(state: RunState, stop: threading.Event, reason: str) -> None:
     stop.set()
 
 
-def _engine_train() -> TrainFn:
+def _engine_train(config: RunConfig | None = None) -> TrainFn:
+    if config is not None and config.num_processes > 1:
+        from gradacc.launch import train  # one process per rank, started through accelerate launch
+
+        return train
     from gradacc.engine import train  # lazy: imports torch
 
     return train

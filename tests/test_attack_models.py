@@ -1,0 +1,181 @@
+"""Hostile or broken models through the CLI and the app: a hub id while offline (even when name lookups hang),
+a folder that is not a model, custom code, a pickle-only checkpoint (with a payload that must never run), a
+path outside GRADACC_MODEL_DIRS (directly or through a symlink), a classifier with the wrong label count.
+
+The loaders' own refusals are tested in test_sources.py; here each must reach a person as one ``error:`` line
+(exit 2) or as the run's status in the app, in seconds, with the page still usable.
+"""
+
+import json
+import pickle
+import socket
+import threading
+import time
+
+import pytest
+from app_support import alerts, app_home, open_app, run_until  # noqa: F401
+from attack_support import TINY, TINY_ARGS, assert_one_error_line, cli, one_torch_thread  # noqa: F401
+
+from gradacc import hub
+
+RUN_TIMEOUT_S = 120
+OTHER_MODEL = "other: hub id or local folder"
+
+
+class Payload:
+    """Unpickling this writes a file: proof that a checkpoint's code ran."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+@pytest.fixture(scope="module")
+def model_folders(tmp_path_factory):
+    """Every kind of model folder, built once: models/ is the allowed folder, outside/ is not."""
+    from gradacc.models import tiny_bert, tiny_bert_tokenizer
+
+    root = tmp_path_factory.mktemp("model-attacks")
+    allowed, outside = root / "models", root / "outside"
+    allowed.mkdir()
+    outside.mkdir()
+    markers = root / "markers"
+    markers.mkdir()
+
+    def save(folder, num_labels=2):
+        tiny_bert(num_labels, {i: str(i) for i in range(num_labels)}, seed=0, dropout=0.0).save_pretrained(str(folder))
+        tiny_bert_tokenizer().save_pretrained(str(folder))
+        return folder
+
+    (allowed / "not-a-model").mkdir()
+    (allowed / "not-a-model" / "notes.txt").write_text("just a folder\n")
+
+    custom = save(allowed / "custom-code")
+    config = json.loads((custom / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForSequenceClassification": "modeling_evil.EvilModel"}
+    (custom / "config.json").write_text(json.dumps(config))
+    (custom / "modeling_evil.py").write_text(f"open({str(markers / 'custom-code-ran')!r}, 'w')\n")
+
+    pickled = save(allowed / "pickle-only")
+    for weights in pickled.glob("*.safetensors"):
+        weights.unlink()
+    (pickled / "pytorch_model.bin").write_bytes(pickle.dumps(Payload(markers / "pickle-ran")))
+
+    save(allowed / "three-labels", num_labels=3)
+    save(outside / "elsewhere")
+    (allowed / "escape").symlink_to(outside / "elsewhere", target_is_directory=True)
+    save(allowed / "good")
+    return {"allowed": allowed, "outside": outside, "markers": markers}
+
+
+@pytest.fixture
+def model_dirs(model_folders, monkeypatch):
+    monkeypatch.setenv("GRADACC_MODEL_DIRS", str(model_folders["allowed"]))
+    yield model_folders
+    assert not list(model_folders["markers"].iterdir()), "code from a model folder ran"
+
+
+# (model path relative to the fixture, what the refusal says)
+REFUSALS = [
+    ("allowed/not-a-model", "'not-a-model' is not a model folder: it has no config.json"),
+    ("allowed/custom-code", "'custom-code' needs custom code to load; gradacc never runs remote or custom code."),
+    ("allowed/pickle-only", "'pickle-only' has only pickle weights (pytorch_model.bin); gradacc loads safetensors only"),
+    ("allowed/three-labels", "The model's classifier has 3 labels but the data has 2"),
+    ("outside/elsewhere", "is outside the allowed folders"),
+    ("allowed/escape", "is outside the allowed folders"),  # a symlink is followed before the check
+]
+
+
+def model_path(folders, relative):
+    where, name = relative.split("/")
+    return str(folders[where] / name)
+
+
+# ---- the command line ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("relative,message", REFUSALS, ids=[r[0] for r in REFUSALS])
+def test_cli_refuses_a_bad_model_folder_with_one_error_line(relative, message, model_dirs, capsys, one_torch_thread):
+    code, out, err = cli(capsys, "train", *TINY_ARGS, "--model", model_path(model_dirs, relative))
+    assert_one_error_line(code, out, err, 2, message)
+    assert "failed after 0 optimizer steps" in out  # refused while preparing: nothing trained
+
+
+def test_cli_trains_a_good_model_folder(model_dirs, capsys, one_torch_thread):
+    """The control: the same loader accepts a proper safetensors folder inside the allowed folder."""
+    code, out, err = cli(capsys, "train", *TINY_ARGS, "-m", "8", "-k", "2", "--model", str(model_dirs["allowed"] / "good"))
+    assert code == 0, err
+    assert "completed after 3 optimizer steps" in out
+
+
+def test_cli_refuses_a_hub_id_offline_in_seconds(capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    started = time.perf_counter()
+    code, out, err = cli(capsys, "train", *TINY_ARGS, "--model", "someone/no-such-model")
+    assert_one_error_line(code, out, err, 2, "Cannot reach the Hugging Face Hub to fetch model 'someone/no-such-model'")
+    assert time.perf_counter() - started < 10
+
+
+def test_cli_refuses_a_hub_id_when_hub_ids_are_disabled(capsys, monkeypatch):
+    monkeypatch.setenv("GRADACC_ALLOW_HUB", "0")
+    code, out, err = cli(capsys, "train", *TINY_ARGS, "--model", "someone/no-such-model")
+    assert_one_error_line(code, out, err, 2, "Hub ids are disabled on this deployment")
+
+
+@pytest.fixture
+def hanging_name_lookup(monkeypatch):
+    """A network whose DNS never answers (captive Wi-Fi): getaddrinfo blocks until the test ends."""
+    release = threading.Event()
+
+    def hang(*args, **kwargs):
+        release.wait(60)
+        raise socket.gaierror("name lookup gave up")
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(socket, "getaddrinfo", hang)
+    yield
+    release.set()
+
+
+def test_a_hub_id_is_refused_in_seconds_even_when_name_lookups_hang(hanging_name_lookup, capsys):
+    started = time.perf_counter()
+    code, out, err = cli(capsys, "train", *TINY_ARGS, "--model", "someone/no-such-model")
+    took = time.perf_counter() - started
+    assert_one_error_line(code, out, err, 2, "Cannot reach the Hugging Face Hub")
+    assert took < hub.CONNECT_TIMEOUT_S + 5, f"took {took:.1f} s"
+
+
+# ---- the app -------------------------------------------------------------------------------------
+
+def start_with_model(at, name):
+    at.selectbox(key="form.train.model_choice").set_value(OTHER_MODEL).run()
+    at.text_input(key="form.train.model_custom").set_value(name).run()
+    for field, value in TINY.items():
+        at.number_input(key=f"form.train.{field}").set_value(value)
+    at.run()
+    assert not at.button(key="start").disabled, alerts(at)
+    at.button(key="start").click().run()
+    return run_until(at, lambda at: bool(at.error), RUN_TIMEOUT_S, "the run to fail")
+
+
+@pytest.mark.parametrize("relative,message", REFUSALS, ids=[r[0] for r in REFUSALS])
+def test_app_shows_why_a_model_folder_was_refused_and_stays_usable(relative, message, model_dirs, app_home,
+                                                                    one_torch_thread):
+    at = start_with_model(open_app(), model_path(model_dirs, relative))
+    status = at.error[0].value
+    assert status.startswith("Failed: ") and message in status, status
+    assert not at.exception
+    assert not at.button(key="start").disabled, "the visitor can fix the model and start again"
+
+
+def test_app_refuses_a_hub_id_offline_in_seconds(app_home, one_torch_thread):
+    at = open_app()
+    started = time.perf_counter()
+    start_with_model(at, "someone/no-such-model")
+    assert "Cannot reach the Hugging Face Hub to fetch model 'someone/no-such-model'" in at.error[0].value
+    assert time.perf_counter() - started < 30  # includes loading torch on a cold process; the refusal is instant
+    ended = at.session_state["run_id"]
+    from gradacc import ui
+
+    assert ui.run_manager().get(ended).ended["wall_s"] < 5

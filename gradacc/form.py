@@ -1,0 +1,126 @@
+"""The Train form's logic without Streamlit: every problem of a config at once, uploads, counts.
+
+Pages stay thin: they draw widgets and show what this module says.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from gradacc import data as data_module
+from gradacc import paths
+from gradacc.config import BUILTIN_DATASETS, RunConfig, total_optimizer_steps
+from gradacc.errors import GradaccError
+from gradacc.limits import Limits
+
+# Uploads kept on disk; older ones are removed so a public server's disk does not fill up.
+KEEP_UPLOADS = 100
+# The built-in dataset's size when train_samples is not set (gradacc.data uses the same).
+BUILTIN_DEFAULT_TRAIN = 2000
+GENERAL = "config"  # errors that belong to no single widget
+
+
+def all_errors(config: RunConfig, limits: Limits | None = None, train_examples: int | None = None) -> dict[str, str]:
+    """Every field ``RunConfig.validate`` or the deployment limits refuse, as {field: one sentence}.
+
+    ``validate`` stops at the first bad value; to show each message next to its own widget, a bad field
+    is reset to its default and validation repeated until the rest pass.
+    """
+    candidate = RunConfig.from_dict(config.to_dict())
+    defaults = RunConfig()
+    errors: dict[str, str] = {}
+    for _ in range(len(candidate.to_dict()) + 1):
+        try:
+            candidate.validate()
+            break
+        except GradaccError as error:
+            field = error.field if error.field and hasattr(defaults, error.field) else GENERAL
+            if field in errors:  # resetting did not help; report and stop
+                break
+            errors[field] = error.message
+            if field == GENERAL:
+                break
+            setattr(candidate, field, getattr(defaults, field))
+    for field, message in (limits or Limits()).errors(candidate).items():
+        errors.setdefault(field, message)
+    if train_examples is not None and "micro_batch_size" not in errors \
+            and candidate.micro_batch_size > train_examples:
+        errors["micro_batch_size"] = (f"micro batch size {candidate.micro_batch_size} is larger than the "
+                                      f"{train_examples} training examples.")
+    return errors
+
+
+def optimizer_steps(config: RunConfig, train_examples: int | None) -> int | None:
+    """Optimizer steps the run will take; None when the data size is not known before loading."""
+    if train_examples is None:
+        return None
+    return total_optimizer_steps(config, train_examples)
+
+
+def known_train_examples(config: RunConfig) -> int | None:
+    """Training examples of the built-in data without loading anything; None for other sources."""
+    if config.dataset in BUILTIN_DATASETS:
+        return config.train_samples or BUILTIN_DEFAULT_TRAIN
+    return None
+
+
+def count_train_examples(config: RunConfig) -> int:
+    """Training examples after the eval split and the sample limit (reads a file; GradaccError if unusable)."""
+    known = known_train_examples(config)
+    if known is not None:
+        return known
+    return len(data_module.load_text_data(config).train_texts)
+
+
+def run_label(config: RunConfig) -> str:
+    """A short name for the run in Compare: backend, m×k, model."""
+    return (f"{config.backend} m{config.micro_batch_size}×k{config.grad_accum_steps} "
+            f"{config.loss_normalization} · {Path(config.model).name}")
+
+
+# ---- uploads --------------------------------------------------------------------------------------
+
+def save_upload(filename: str, content: bytes, limits: Limits) -> Path:
+    """Keep an uploaded data file under the uploads folder; the same content reuses the same file."""
+    suffix = Path(filename).suffix.lower()
+    if suffix not in data_module.FILE_SUFFIXES:
+        raise GradaccError(f"{filename!r} is not a CSV or JSONL file.", "dataset")
+    if len(content) > limits.max_upload_bytes:
+        raise GradaccError(f"{filename!r} is {len(content) / 1e6:.1f} MB; this deployment accepts uploads up to "
+                           f"{limits.max_upload_mb:g} MB.", "dataset")
+    if not content:
+        raise GradaccError(f"{filename!r} is empty.", "dataset")
+    # Never trust the visitor's file name as a path: keep safe characters, add the content hash.
+    stem = re.sub(r"[^A-Za-z0-9_-]+", "_", Path(filename).stem)[:40].strip("_") or "data"
+    folder = paths.uploads_home()
+    target = folder / f"{stem}-{hashlib.sha256(content).hexdigest()[:16]}{suffix}"
+    if not target.exists():
+        handle, staging = tempfile.mkstemp(dir=folder, prefix=".upload-")
+        with os.fdopen(handle, "wb") as file:
+            file.write(content)
+        os.replace(staging, target)  # a reader never sees half a file
+        _prune_uploads(folder, KEEP_UPLOADS)
+    return target
+
+
+def _prune_uploads(folder: Path, keep: int) -> None:
+    files = sorted((p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")),
+                   key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in files[keep:]:
+        old.unlink(missing_ok=True)
+
+
+def table_columns(path: str | Path) -> list[str]:
+    """Column names of a CSV/JSONL file (GradaccError when it cannot be read)."""
+    frame = data_module._read_file(str(path))  # the loader's own reader: same checks, same messages
+    return [str(c) for c in frame.columns]
+
+
+def guess_column(columns: list[str], candidates) -> str | None:
+    """The column the loader would pick by name (text, label, ...), or None."""
+    lowered = {c.lower(): c for c in columns}
+    return next((lowered[name] for name in candidates if name in lowered), None)

@@ -1,0 +1,130 @@
+"""Deployment limits, read from the environment once per request: what a visitor may ask of this server.
+
+    GRADACC_MAX_EPOCHS          most epochs a run may train (unset: no limit beyond the config's own)
+    GRADACC_MAX_TRAIN_SAMPLES   most training examples a run may use; also caps eval examples
+    GRADACC_MAX_RUN_SECONDS     wall-clock limit of a run, after which it is stopped (default 600; 0: none)
+    GRADACC_MAX_UPLOAD_MB       largest data file a visitor may upload (default 5)
+    GRADACC_ALLOW_HUB           0/false/no: refuse hub model and dataset ids (default: allowed)
+
+The app and the CLI both call ``Limits.from_env().check(config)``; a bad value raises ``GradaccError``
+naming the field, like ``RunConfig.validate``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from gradacc.config import BUILTIN_DATASETS, BUILTIN_MODELS, RunConfig
+from gradacc.errors import GradaccError
+from gradacc.runner import DEFAULT_MAX_RUN_SECONDS
+
+DEFAULT_MAX_UPLOAD_MB = 5.0
+_FALSE_WORDS = ("0", "false", "no")  # as gradacc.hub.hub_allowed reads it
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_epochs: int | None = None
+    max_train_samples: int | None = None
+    # None: no time limit.
+    max_run_seconds: float | None = DEFAULT_MAX_RUN_SECONDS
+    max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB
+    allow_hub: bool = True
+
+    @classmethod
+    def from_env(cls, environ: dict | None = None) -> "Limits":
+        env = os.environ if environ is None else environ
+        run_seconds = _number(env, "GRADACC_MAX_RUN_SECONDS", DEFAULT_MAX_RUN_SECONDS, allow_zero=True)
+        return cls(max_epochs=_whole(env, "GRADACC_MAX_EPOCHS"),
+                   max_train_samples=_whole(env, "GRADACC_MAX_TRAIN_SAMPLES"),
+                   max_run_seconds=run_seconds or None,
+                   max_upload_mb=_number(env, "GRADACC_MAX_UPLOAD_MB", DEFAULT_MAX_UPLOAD_MB),
+                   allow_hub=env.get("GRADACC_ALLOW_HUB", "1").strip().lower() not in _FALSE_WORDS)
+
+    @property
+    def max_upload_bytes(self) -> int:
+        return int(self.max_upload_mb * 1_000_000)
+
+    def errors(self, config: RunConfig) -> dict[str, str]:
+        """Every limit ``config`` breaks, as {field: one sentence}."""
+        found = {}
+        if self.max_epochs is not None and config.epochs > self.max_epochs:
+            found["epochs"] = f"This deployment allows at most {self.max_epochs} epoch(s); got {config.epochs}."
+        if self.max_train_samples is not None:
+            for name in ("train_samples", "eval_samples"):
+                value = getattr(config, name)
+                if value is None or value > self.max_train_samples:
+                    what = "all of them" if value is None else value
+                    found[name] = (f"This deployment allows at most {self.max_train_samples} "
+                                   f"{name.split('_')[0]} samples; got {what}.")
+        if not self.allow_hub:
+            if is_hub_model(config.model):
+                found["model"] = (f"Hub ids are disabled on this deployment; {config.model!r} is not a built-in "
+                                  f"model ({', '.join(BUILTIN_MODELS)}).")
+            if is_hub_dataset(config.dataset):
+                found["dataset"] = (f"Hub ids are disabled on this deployment; {config.dataset!r} is not a built-in "
+                                    "dataset or an uploaded file.")
+        return found
+
+    def check(self, config: RunConfig) -> RunConfig:
+        """Raise GradaccError for the first limit ``config`` breaks; return ``config``."""
+        for field, message in self.errors(config).items():
+            raise GradaccError(message, field)
+        return config
+
+    def describe(self) -> list[str]:
+        """Short phrases for the page: what this deployment allows."""
+        return [
+            f"at most {self.max_epochs} epoch(s)" if self.max_epochs else "no epoch limit",
+            f"at most {self.max_train_samples:,} training samples" if self.max_train_samples else "no sample limit",
+            f"runs stop after {self.max_run_seconds:g} s" if self.max_run_seconds else "no time limit",
+            f"uploads up to {self.max_upload_mb:g} MB",
+            "hub ids allowed" if self.allow_hub else "hub ids disabled",
+        ]
+
+
+# Mirrors how gradacc.models and gradacc.data tell a hub id from a built-in name or a local path.
+def is_hub_model(name: str) -> bool:
+    name = (name or "").strip()
+    if not name or name in BUILTIN_MODELS:
+        return False
+    path = Path(name).expanduser()
+    return not (path.exists() or path.is_absolute() or name.startswith("."))
+
+
+def is_hub_dataset(name: str) -> bool:
+    name = (name or "").strip()
+    if not name or name in BUILTIN_DATASETS:
+        return False
+    path = Path(name).expanduser()
+    return not (path.suffix.lower() in (".csv", ".jsonl", ".json") or path.exists() or path.is_absolute())
+
+
+def _whole(env, name: str) -> int | None:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise GradaccError(f"{name} must be a whole number of at least 1; got {raw!r}.")
+    return value
+
+
+def _number(env, name: str, default: float, allow_zero: bool = False) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (value >= 0 if allow_zero else value > 0) or math.isinf(value):
+        bound = "0 or more" if allow_zero else "greater than 0"
+        raise GradaccError(f"{name} must be a number {bound}; got {raw!r}.")
+    return value

@@ -1,0 +1,146 @@
+"""Memory planner: measure a model once, then say which micro-batch fits a budget and which k reaches a target.
+
+Peak training memory is modelled as
+
+    static (parameters + gradients + AdamW state)  +  activations(m)
+    activations(m) = fixed + per_example · m          (a straight line, fitted to measured forward passes)
+
+Activations are what autograd saves for backward during the forward pass (``memory.ActivationMeter``);
+framework overhead, the allocator's slack and temporary buffers are not in the model, so leave headroom.
+Gradient accumulation is why this works: k does not change memory, only m does.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from gradacc.config import MAX_MICRO_BATCH, RunConfig, effective_batch
+from gradacc.errors import GradaccError
+
+MEASURED_SIZES = (1, 2, 4, 8)
+MB = 1_000_000
+
+
+@dataclass(frozen=True)
+class ActivationFit:
+    """activations(m) = fixed_bytes + bytes_per_example · m."""
+
+    fixed_bytes: float
+    bytes_per_example: float
+
+    def predict(self, micro_batch_size: int) -> float:
+        return self.fixed_bytes + self.bytes_per_example * micro_batch_size
+
+
+def fit_activations(points: dict[int, float]) -> ActivationFit:
+    """Least-squares line through (micro-batch size, activation bytes); one point: through the origin."""
+    if not points:
+        raise GradaccError("No activation measurements to fit.")
+    sizes, values = list(points), [float(points[s]) for s in points]
+    if len(set(sizes)) == 1:
+        return ActivationFit(0.0, sum(values) / len(values) / sizes[0])
+    n = len(sizes)
+    mean_m, mean_b = sum(sizes) / n, sum(values) / n
+    slope = sum((m - mean_m) * (b - mean_b) for m, b in zip(sizes, values)) / sum((m - mean_m) ** 2 for m in sizes)
+    slope = max(slope, 0.0)  # more examples never save memory; noise must not say otherwise
+    return ActivationFit(max(mean_b - slope * mean_m, 0.0), slope)
+
+
+@dataclass(frozen=True)
+class Plan:
+    micro_batch_size: int
+    grad_accum_steps: int
+    effective_batch: int
+    static_bytes: int
+    activation_bytes: float
+    largest_fitting_micro_batch: int
+
+    @property
+    def peak_bytes(self) -> float:
+        return self.static_bytes + self.activation_bytes
+
+
+def recommend(static_bytes: int, fit: ActivationFit, budget_bytes: float, target_effective_batch: int,
+              num_processes: int = 1) -> Plan:
+    """The fewest accumulation steps k that reach ``target_effective_batch`` with micro-batches that fit
+    ``budget_bytes``, and the micro-batch m for that k; GradaccError when even m = 1 does not fit."""
+    if isinstance(target_effective_batch, bool) or not isinstance(target_effective_batch, int) \
+            or target_effective_batch < 1:
+        raise GradaccError(f"The target effective batch must be a whole number of at least 1; "
+                           f"got {target_effective_batch!r}.", "target_effective_batch")
+    if not budget_bytes or budget_bytes <= 0 or math.isnan(budget_bytes):
+        raise GradaccError("The memory budget must be more than 0 MB.", "budget_mb")
+    room = budget_bytes - static_bytes - fit.fixed_bytes
+    if room < fit.bytes_per_example or room <= 0:
+        need = static_bytes + fit.predict(1)
+        raise GradaccError(f"{budget_bytes / MB:,.1f} MB is too small: even a micro-batch of 1 needs about "
+                           f"{need / MB:,.1f} MB (parameters, gradients and optimizer state alone are "
+                           f"{static_bytes / MB:,.1f} MB).", "budget_mb")
+    fitting = MAX_MICRO_BATCH if fit.bytes_per_example <= 0 else min(MAX_MICRO_BATCH,
+                                                                      int(room // fit.bytes_per_example))
+    per_process_target = math.ceil(target_effective_batch / num_processes)
+    # The fewest micro-batches per step that reach the target, then the smallest m that still does:
+    # m = 239 fits but m = 128, k = 2 reaches 256 exactly where 239 × 2 would overshoot to 478.
+    k = math.ceil(per_process_target / min(fitting, per_process_target))
+    micro_batch = math.ceil(per_process_target / k)
+    return Plan(micro_batch_size=micro_batch, grad_accum_steps=k,
+                effective_batch=effective_batch(micro_batch, k, num_processes), static_bytes=int(static_bytes),
+                activation_bytes=fit.predict(micro_batch), largest_fitting_micro_batch=fitting)
+
+
+def predicted_peaks(static_bytes: int, fit: ActivationFit, sizes) -> dict[int, float]:
+    return {int(m): static_bytes + fit.predict(m) for m in sizes}
+
+
+def chart_sizes(plan: Plan | None, measured=MEASURED_SIZES) -> list[int]:
+    """Powers of two from 1 past the recommended micro-batch: where the prediction line is drawn."""
+    top = max(max(measured), 2 * plan.micro_batch_size if plan else 16)
+    sizes, m = [], 1
+    while m <= top:
+        sizes.append(m)
+        m *= 2
+    return sorted({*sizes, *measured, *([plan.micro_batch_size] if plan else [])})
+
+
+# ---- measuring (imports torch) --------------------------------------------------------------------
+
+@dataclass
+class Measurement:
+    model: str
+    max_seq_length: int
+    static: dict  # parameters, gradients, optimizer_state, total (bytes)
+    activations: dict[int, int] = field(default_factory=dict)  # micro-batch size -> bytes
+
+    @property
+    def fit(self) -> ActivationFit:
+        return fit_activations(self.activations)
+
+
+def measure(model: str, max_seq_length: int, sizes=MEASURED_SIZES, seed: int = 42) -> Measurement:
+    """Load ``model`` (CPU), count static bytes, and count activation bytes of one training-mode forward
+    pass per micro-batch size with every sequence padded to ``max_seq_length`` tokens."""
+    import torch
+
+    from gradacc import builtin_data, memory, models
+    from gradacc.backends.common import make_optimizer
+    from gradacc.engine import quiet_libraries
+
+    config = RunConfig(model=model, max_seq_length=max_seq_length, seed=seed).validate()
+    quiet_libraries()
+    loaded = models.load(config, len(builtin_data.LABEL_NAMES), list(builtin_data.LABEL_NAMES))
+    network = loaded.model
+    network.train()  # dropout masks are activations too
+    static = memory.static_bytes(network, make_optimizer(network, config))
+    texts, labels = builtin_data.make_sentiment(max(sizes), seed)
+    meter = memory.ActivationMeter(network)
+    activations = {}
+    for size in sorted(set(sizes)):
+        batch = loaded.tokenizer(texts[:size], padding="max_length", truncation=True, max_length=max_seq_length,
+                                 return_tensors="pt")
+        batch["labels"] = torch.tensor(labels[:size])
+        with meter.measure():
+            outputs = network(**batch)
+        activations[size] = meter.bytes
+        del outputs  # frees the graph before the next, larger pass
+    return Measurement(model=model, max_seq_length=max_seq_length, static=static, activations=activations)

@@ -1,0 +1,54 @@
+"""Code: the training loop each backend really runs, read from gradacc's own source, settings filled in."""
+
+import streamlit as st
+
+from gradacc import codeview, ui
+from gradacc.backends import DESCRIPTIONS, MODULES
+from gradacc.config import BACKENDS, LOSS_NORMALIZATIONS, RunConfig
+from gradacc.errors import GradaccError
+
+K = f"{ui.FORM}code."
+TRAIN = f"{ui.FORM}train."
+
+ui.run_manager()
+st.title("The code behind each backend")
+st.caption("Not a sketch: this is the `train` function gradacc runs, read from its own source file when the page "
+           "draws, so it cannot drift. The values of your settings are filled in where the loop reads them.")
+
+# Start from the Train page's settings, if the visitor has been there.
+base = RunConfig()
+ui.defaults({K + name: st.session_state.get(TRAIN + name, getattr(base, name))
+             for name in ("backend", "micro_batch_size", "grad_accum_steps", "loss_normalization")})
+errors = ui.FieldErrors()
+backend_column, m_column, k_column, normalization_column = st.columns([2, 1, 1, 2])
+with backend_column:
+    backend = st.radio("Backend", BACKENDS, key=K + "backend", persist_state="session",
+                       format_func=ui.BACKEND_NAMES.get, horizontal=True)
+with m_column:
+    micro_batch_size = st.number_input("Micro-batch size (m)", step=1, key=K + "micro_batch_size",
+                                       persist_state="session")
+    errors.slot("micro_batch_size")
+with k_column:
+    grad_accum_steps = st.number_input("Accumulation steps (k)", step=1, key=K + "grad_accum_steps",
+                                       persist_state="session")
+    errors.slot("grad_accum_steps")
+with normalization_column:
+    loss_normalization = st.radio("Loss normalisation", LOSS_NORMALIZATIONS, key=K + "loss_normalization",
+                                  persist_state="session", horizontal=True)
+
+train_settings = {name: st.session_state[TRAIN + name] for name in ("epochs", "learning_rate", "seed")
+                  if TRAIN + name in st.session_state}
+try:
+    config = base.replace(backend=backend, micro_batch_size=micro_batch_size, grad_accum_steps=grad_accum_steps,
+                          loss_normalization=loss_normalization, **train_settings).validate()
+except GradaccError as error:
+    errors.show({error.field or "config": error.message}, st.container())
+    st.stop()
+
+st.info(DESCRIPTIONS[backend])
+module_name = MODULES[backend]
+st.markdown(codeview.module_docstring(module_name))
+st.code(codeview.backend_code(config), language="python")
+with st.expander("Helpers this loop calls"):
+    for name, source in codeview.helpers(module_name):
+        st.code(source, language="python")

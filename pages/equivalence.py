@@ -1,0 +1,80 @@
+"""Equivalence: is the accumulated gradient the full-batch gradient? Naive vs exact, three cases."""
+
+import time
+
+import streamlit as st
+
+from gradacc import charts, equivalence_view, ui
+from gradacc.backends import DESCRIPTIONS
+from gradacc.config import BACKENDS
+from gradacc.errors import GradaccError
+
+K = f"{ui.FORM}equivalence."
+
+ui.run_manager()  # warms the libraries up if this is the first page a visitor opens
+runner = ui.check_runner()
+
+st.title("Is accumulation the full-batch gradient?")
+st.markdown("One accumulation window, trained one optimizer step with the chosen backend; the gradient just "
+            "before `optimizer.step()` is compared with the gradient of the mean loss over the whole window in "
+            "one batch: relative error = ‖g_accumulated − g_full‖ / ‖g_full‖ (tiny-bert, dropout off, "
+            "no clipping). Three windows: **equal windows** (m × k examples), a **short last window** (the end of "
+            "an epoch) and a **token-level loss** (micro-batches hold different numbers of tokens).")
+
+ui.defaults({K + "backend": "pytorch", K + "micro_batch_size": 4, K + "grad_accum_steps": 4})
+errors = ui.FieldErrors()
+backend_column, m_column, k_column = st.columns([2, 1, 1])
+with backend_column:
+    backend = st.radio("Backend", BACKENDS, key=K + "backend", persist_state="session",
+                       format_func=ui.BACKEND_NAMES.get, horizontal=True)
+    st.caption(DESCRIPTIONS[backend])
+with m_column:
+    micro_batch_size = st.number_input("Micro-batch size (m)", step=1, key=K + "micro_batch_size",
+                                       persist_state="session")
+    errors.slot("micro_batch_size")
+with k_column:
+    grad_accum_steps = st.number_input("Accumulation steps (k)", step=1, key=K + "grad_accum_steps",
+                                       persist_state="session")
+    errors.slot("grad_accum_steps")
+
+general = st.container()
+try:
+    config = equivalence_view.check_config(backend, micro_batch_size, grad_accum_steps)
+except GradaccError as error:
+    config = None
+    errors.show({error.field or "config": error.message}, general)
+
+if st.button("Run the check", type="primary", key="run_check", disabled=config is None,
+             help="Seconds with PyTorch or Accelerate; Trainer's setup makes it about half a minute."):
+    runner.submit(config)
+current = runner.get(config) if config is not None else None
+pending = current is not None and not current.done
+
+
+@st.fragment(run_every=ui.POLL_SECONDS if pending else None)
+def result():
+    check = runner.get(config) if config is not None else None
+    if check is None:
+        st.info("Press **Run the check** to measure these settings.")
+        return
+    if not check.done:
+        ahead = runner.waiting_before(check)
+        waited = time.monotonic() - check.submitted
+        where = f"waiting for {ahead} other check(s) to finish" if ahead and not check.running else "running"
+        st.status(f"Equivalence check {where}… {waited:.0f} s so far.", state="running")
+        return
+    if pending:
+        st.rerun()  # it just finished: redraw once without polling
+    if check.error:
+        st.error(f"The check failed: {check.error}")
+        return
+    report = check.report
+    for sentence in equivalence_view.explanation(report):
+        st.markdown(f"- {sentence}")
+    st.plotly_chart(charts.equivalence_figure(equivalence_view.rows(report)), key="equivalence_chart")
+    st.dataframe(equivalence_view.table(report), hide_index=True,
+                 column_config={name: st.column_config.NumberColumn(format="%.2e")
+                                for name in ("naive", "exact", "Trainer library default")})
+
+
+result()

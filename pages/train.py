@@ -1,0 +1,180 @@
+"""Train: pick a model, data and accumulation settings, press Start, watch loss, memory and F1 live."""
+
+import streamlit as st
+
+from gradacc import charts, form, runview, ui
+from gradacc.backends import DESCRIPTIONS
+from gradacc.config import BACKENDS, LOSS_NORMALIZATIONS, RunConfig
+from gradacc.errors import GradaccError
+
+NORMALIZATION_NAMES = {"exact": "exact (weight by items in the window)", "naive": "naive (each mean ÷ k)"}
+K = f"{ui.FORM}train."
+
+manager = ui.run_manager()
+limits = ui.limits()
+owner = ui.owner_id()
+
+st.title("Gradient accumulation, live")
+ui.warm_up_status(manager)
+st.caption("This deployment: " + " · ".join(limits.describe()) + ".")
+
+
+def within(value: int, limit: int | None) -> int:
+    return min(value, limit) if limit else value
+
+
+base = RunConfig()
+ui.defaults({K + "backend": base.backend, K + "micro_batch_size": base.micro_batch_size,
+             K + "grad_accum_steps": base.grad_accum_steps, K + "epochs": within(base.epochs, limits.max_epochs),
+             K + "learning_rate": base.learning_rate, K + "seed": base.seed,
+             K + "loss_normalization": base.loss_normalization, K + "dropout": base.dropout,
+             K + "train_samples": within(base.train_samples, limits.max_train_samples),
+             K + "eval_samples": within(base.eval_samples, limits.max_train_samples),
+             K + "max_seq_length": base.max_seq_length, K + "num_processes": base.num_processes})
+
+errors = ui.FieldErrors()
+data_column, settings_column = st.columns(2, gap="large")
+with data_column:
+    st.subheader("Model and data")
+    model = ui.model_input("train", errors)
+    dataset, text_column, label_column, dataset_problem = ui.dataset_input("train", errors, limits)
+    backend = st.radio("Backend", BACKENDS, key=K + "backend", persist_state="session",
+                       format_func=ui.BACKEND_NAMES.get, captions=[DESCRIPTIONS[b] for b in BACKENDS])
+    errors.slot("backend")
+
+with settings_column:
+    st.subheader("Accumulation and training")
+    left, right = st.columns(2)
+    with left:
+        micro_batch_size = st.number_input("Micro-batch size (m)", step=1, key=K + "micro_batch_size",
+                                           persist_state="session",
+                                           help="Examples per forward/backward pass: what must fit in memory.")
+        errors.slot("micro_batch_size")
+        epochs = st.number_input("Epochs", step=1, key=K + "epochs", persist_state="session")
+        errors.slot("epochs")
+        seed = st.number_input("Seed", step=1, key=K + "seed", persist_state="session")
+        errors.slot("seed")
+    with right:
+        grad_accum_steps = st.number_input("Accumulation steps (k)", step=1, key=K + "grad_accum_steps",
+                                           persist_state="session",
+                                           help="Micro-batches whose gradients add up before one optimizer step.")
+        errors.slot("grad_accum_steps")
+        learning_rate = st.number_input("Learning rate", step=1e-4, format="%.1e", key=K + "learning_rate",
+                                        persist_state="session")
+        errors.slot("learning_rate")
+        dropout = st.number_input("Dropout", step=0.05, format="%.2f", key=K + "dropout", persist_state="session",
+                                  help="0 makes the three backends draw the same loss curve.")
+        errors.slot("dropout")
+    loss_normalization = st.radio("Loss normalisation", LOSS_NORMALIZATIONS, key=K + "loss_normalization",
+                                  persist_state="session", format_func=NORMALIZATION_NAMES.get, horizontal=True)
+    errors.slot("loss_normalization")
+    num_processes = st.selectbox("Processes", [1, 2], key=K + "num_processes", persist_state="session",
+                                 help="Data parallelism: 2 processes (started with accelerate launch) each train on "
+                                      "their own micro-batches; gradients are all-reduced once per window (no_sync).")
+    errors.slot("num_processes")
+    with st.expander("Advanced: data size and sequence length"):
+        train_samples = st.number_input("Training samples", step=100, key=K + "train_samples", persist_state="session")
+        errors.slot("train_samples")
+        eval_samples = st.number_input("Eval samples", step=50, key=K + "eval_samples", persist_state="session")
+        errors.slot("eval_samples")
+        max_seq_length = st.number_input("Max sequence length (tokens)", step=16, key=K + "max_seq_length",
+                                         persist_state="session")
+        errors.slot("max_seq_length")
+
+config = RunConfig(backend=backend, model=model, dataset=dataset, text_column=text_column,
+                   label_column=label_column, micro_batch_size=micro_batch_size, grad_accum_steps=grad_accum_steps,
+                   epochs=epochs, learning_rate=learning_rate, seed=seed, loss_normalization=loss_normalization,
+                   dropout=dropout, train_samples=train_samples, eval_samples=eval_samples,
+                   max_seq_length=max_seq_length, num_processes=num_processes)
+train_examples, data_problems = ui.train_examples(config)
+problems = form.all_errors(config, limits, train_examples)
+if dataset_problem:
+    problems["dataset"] = dataset_problem
+for field, message in data_problems.items():
+    problems.setdefault(field, message)
+
+# What the settings mean, updated as the visitor types.
+effective, steps, examples = st.columns(3)
+sizes_ok = not {"micro_batch_size", "grad_accum_steps"} & problems.keys()
+effective.metric("Effective batch", config.effective_batch if sizes_ok else "—",
+                 help="m × k × processes: the examples behind one optimizer step.")
+if sizes_ok:
+    effective.caption(f"{micro_batch_size} × {grad_accum_steps} × {config.num_processes} "
+                      f"process{'es' if config.num_processes > 1 else ''}")
+step_count = form.optimizer_steps(config, train_examples) if not problems else None
+steps.metric("Optimizer steps", step_count if step_count is not None else "—",
+             help="ceil(ceil(N / processes / m) / k) per epoch: the short last window is a step too.")
+examples.metric("Training examples", train_examples if train_examples is not None else "—",
+                help="Known before Start for the built-in data and uploads; a hub dataset is counted when it loads.")
+
+general = st.container()
+errors.show(problems, general)
+
+# The run this session watches: the last it started, or the one in the URL after a reload.
+run_id = st.session_state.get("run_id") or st.query_params.get("run")
+run = manager.get(run_id) if run_id else None
+live = run is not None and run.is_live
+own_live = live and run.owner == owner  # one live run per visitor; another's run (from a link) is only watched
+
+start_column, stop_column, _ = st.columns([1, 1, 5])
+if start_column.button("Start", type="primary", key="start", disabled=bool(problems) or own_live,
+                       help="Fix the settings marked in red first." if problems else None):
+    try:
+        run_id = manager.submit(config, owner, label=form.run_label(config))
+    except GradaccError as error:
+        general.error(error.message)
+    else:
+        st.session_state["run_id"] = run_id
+        st.query_params["run"] = run_id
+        st.rerun()  # redraw with the live panel polling
+if own_live and stop_column.button("Stop", key="stop"):
+    manager.stop(run_id, owner)
+    st.toast("Stopping after the current micro-batch…")
+
+st.divider()
+
+
+@st.fragment(run_every=ui.POLL_SECONDS if live else None)
+def run_status():
+    current = manager.get(run_id) if run_id else None
+    if current is None:
+        st.info("Press Start to train; loss, memory and F1 appear here as the run goes.")
+        return
+    if live and not current.is_live:
+        st.rerun()  # the run ended: one full rerun turns polling off and re-enables Start
+    kind, sentence = runview.status_message(current, manager.queue_position(run_id))
+    getattr(st, kind)(sentence)
+    fraction, progress_text = runview.progress(current)
+    st.progress(fraction, text=progress_text)
+    for note in runview.notes(current):
+        st.caption(f"ℹ️ {note}")
+    latest = runview.latest_eval(current)
+    f1, accuracy, memory = st.columns(3)
+    f1.metric("Eval F1", f"{latest['eval_f1']:.3f}" if latest else "—")
+    accuracy.metric("Eval accuracy", f"{latest['eval_accuracy']:.3f}" if latest else "—")
+    static = (current.started or {}).get("static_memory") or {}
+    memory.metric("Params + grads + optimizer", ui.format_bytes(static.get("total")))
+
+
+# Charts poll less often than the status: building plotly figures holds the GIL that the training
+# thread needs, and on a 2-CPU server twice a second would slow the run it draws.
+@st.fragment(run_every=ui.CHART_POLL_SECONDS if live else None)
+def run_charts():
+    current = manager.get(run_id) if run_id else None
+    if current is None or current.started is None:
+        return
+    x_axis = st.radio("Loss against", ["step", "samples_seen"], format_func=charts.X_TITLES.get, horizontal=True,
+                      key="loss_x")
+    run_events = current.events
+    curves = [("this run", run_events)]
+    loss_figure, memory_figure, eval_figure = ui.cached(
+        "train.figures", (run_id, len(run_events), x_axis),
+        lambda: (charts.loss_figure(curves, x=x_axis), charts.memory_figure(curves), charts.eval_figure(curves)))
+    loss_chart, eval_chart = st.columns(2)
+    loss_chart.plotly_chart(loss_figure, key="loss_chart")
+    eval_chart.plotly_chart(eval_figure, key="eval_chart")
+    st.plotly_chart(memory_figure, key="memory_chart")  # full width: its two panels need the room
+
+
+run_status()
+run_charts()

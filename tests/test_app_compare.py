@@ -1,0 +1,55 @@
+"""The Compare page: any session's runs overlaid, a table of configs and results, CSV and JSON downloads."""
+
+from app_support import app_home, chart, open_app  # noqa: F401
+
+from gradacc import events as ev
+from gradacc.config import RunConfig
+from gradacc.store import RunStore
+
+
+def store_run(store: RunStore, run_id: str, label: str, backend: str, m: int, k: int, f1: float) -> None:
+    """A finished run as the run manager would have stored it (3 steps, one eval)."""
+    config = RunConfig(backend=backend, micro_batch_size=m, grad_accum_steps=k).to_dict()
+    store.create_run(run_id, "another-visitor", config, label)
+    store.append_event(run_id, ev.run_started(config=config, effective_batch=m * k, total_steps=3, steps_per_epoch=3,
+                                              train_examples=3 * m * k, eval_examples=10, device="cpu",
+                                              static_memory={"parameters": 1e6, "gradients": 1e6,
+                                                             "optimizer_state": 2e6, "total": 4e6}))
+    for step in range(1, 4):
+        store.append_event(run_id, ev.step(step=step, epoch=1, samples_seen=step * m * k, tokens_seen=step * 100,
+                                           micro_batches=k, loss=1.0 / step, grad_norm=1.0, lr=1e-3,
+                                           elapsed_s=step * 0.5, memory={"activation_bytes": m * 1000 + step,
+                                                                         "rss_bytes": 5e8, "cuda_peak_bytes": None}))
+    store.append_event(run_id, ev.eval_(epoch=1, step=3, eval_loss=0.5, eval_accuracy=0.8, eval_f1=f1))
+    store.append_event(run_id, ev.run_ended(status="completed", reason=None, steps=3, wall_s=1.5))
+
+
+def test_without_runs_the_page_says_where_to_start(app_home):
+    at = open_app("compare")
+    assert "No runs yet" in at.info[0].value
+
+
+def test_runs_are_overlaid_tabled_and_exported(app_home):
+    store = RunStore(app_home / "runs.sqlite3")
+    store_run(store, "20250101-120000-aaaaaa", "pytorch m8×k4", "pytorch", 8, 4, 0.75)
+    store_run(store, "20250101-120100-bbbbbb", "=HYPERLINK(\"x\")", "accelerate", 4, 8, 0.5)
+    store.close()
+
+    at = open_app("compare")
+    assert len(at.multiselect(key="compare_runs").value) == 2
+    assert len(chart(at, "Training loss")["data"]) == 2
+    assert len(chart(at, "Evaluation after each epoch")["data"]) == 4  # F1 and accuracy per run
+    assert chart(at, "Memory")["data"]
+
+    table = at.dataframe[0].value
+    assert list(table["backend"]) == ["accelerate", "pytorch"]  # newest first
+    assert list(table["effective batch"]) == [32, 32]
+    assert list(table["final F1"]) == [0.5, 0.75]
+    assert list(table["samples/s"]) == [64.0, 64.0]
+    assert list(table["peak activation bytes"]) == [4003, 8003]
+    assert [b.label for b in at.get("download_button")] == ["Download CSV", "Download JSON"]
+
+    # Down to one run: the charts and the table follow.
+    at.multiselect(key="compare_runs").set_value(["20250101-120000-aaaaaa"]).run()
+    assert len(at.dataframe[0].value) == 1
+    assert len(chart(at, "Training loss")["data"]) == 1

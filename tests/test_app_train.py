@@ -1,0 +1,205 @@
+"""The Train page: live numbers, refusals next to the field, a run to the end, Stop, the queue, limits, uploads."""
+
+import re
+import subprocess
+import sys
+import textwrap
+
+from app_support import (APP, LONG_RUN, ROOT, SMALL_RUN, alerts, app_home, chart, error_after, metric,  # noqa: F401
+                         open_app, points, run_until, set_numbers)
+from streamlit.testing.v1 import AppTest
+
+RUN_TIMEOUT_S = 90  # the first run in the process also imports torch and transformers
+
+
+def start(at):
+    at.button(key="start").click()
+    return at.run()
+
+
+def status(at) -> str:
+    return " | ".join(alerts(at))
+
+
+def test_page_shows_effective_batch_and_steps_as_settings_change(app_home):
+    at = open_app()
+    assert at.title[0].value == "Gradient accumulation, live"
+    assert metric(at, "Effective batch") == "32"  # 8 × 4 × 1
+    set_numbers(at, "train", {"micro_batch_size": 4, "grad_accum_steps": 2, "train_samples": 100, "epochs": 3})
+    assert metric(at, "Effective batch") == "8"
+    # ceil(ceil(100 / 4) / 2) = 13 steps per epoch (the short last window is a step), × 3 epochs.
+    assert metric(at, "Optimizer steps") == "39"
+    backend = at.radio(key="form.train.backend")
+    assert backend.options == ["PyTorch loop", "🤗 Accelerate", "🤗 Trainer"]
+    assert "accelerator.accumulate(model)" in " ".join(backend.proto.captions)  # the one-line description
+    captions = " ".join(c.value for c in at.caption)
+    assert "Warming up the training libraries" in captions or "Training libraries ready" in captions
+    assert "uploads up to 5 MB" in captions
+
+
+def test_bad_values_are_refused_next_to_their_field_and_start_is_disabled(app_home):
+    at = open_app()
+    set_numbers(at, "train", {"micro_batch_size": 0, "grad_accum_steps": -1, "learning_rate": 0.0})
+    assert not at.exception
+    assert "micro batch size must be from 1" in error_after(at, "form.train.micro_batch_size")
+    assert "grad accum steps must be from 1" in error_after(at, "form.train.grad_accum_steps")
+    assert "learning rate must be greater than 0" in error_after(at, "form.train.learning_rate")
+    assert at.button(key="start").disabled
+    assert metric(at, "Effective batch") == "—"
+
+    set_numbers(at, "train", {"micro_batch_size": 8, "grad_accum_steps": 4, "learning_rate": 1e-3,
+                              "train_samples": 4})
+    assert "larger than the 4 training examples" in error_after(at, "form.train.micro_batch_size")
+    set_numbers(at, "train", {"train_samples": 64})
+    assert not at.error and not at.button(key="start").disabled
+
+
+def test_a_run_goes_from_start_to_completed_with_curves_and_f1(app_home):
+    at = open_app()
+    set_numbers(at, "train", SMALL_RUN)
+    start(at)
+    assert at.button(key="start").disabled  # one live run per visitor
+    run_until(at, lambda at: at.success and at.success[0].value.startswith("Completed"), RUN_TIMEOUT_S,
+              "the run to complete")
+    assert "Completed: 4 optimizer steps" in status(at)  # ceil(ceil(64/8)/2) = 4
+    assert metric(at, "Eval F1") != "—" and metric(at, "Eval accuracy") != "—"
+    assert points(chart(at, "Training loss")) == 4
+    assert points(chart(at, "Memory")) >= 4
+    assert points(chart(at, "Evaluation after each epoch")) == 2  # F1 and accuracy after epoch 1
+    assert at.progress[0].value == 100
+    assert not at.button(key="start").disabled  # polling is off and a new run may start
+
+
+def test_stop_ends_the_run_within_a_micro_batch(app_home):
+    at = open_app()
+    set_numbers(at, "train", LONG_RUN)
+    start(at)
+    run_until(at, lambda at: at.progress and re.search(r"optimizer step [1-9]", at.progress[0].text), RUN_TIMEOUT_S,
+              "the first optimizer step")
+    at.button(key="stop").click().run()
+    run_until(at, lambda at: bool(at.warning), 30, "the run to stop")
+    assert "Stopped after" in at.warning[0].value and "stopped by its owner" in at.warning[0].value
+    steps_done = int(re.search(r"after (\d+) optimizer steps", at.warning[0].value).group(1))
+    assert 1 <= steps_done < 1000  # 2000 samples × 5 epochs at m=8 would be 1250 steps
+    assert not at.button(key="start").disabled
+
+
+def test_a_second_session_queues_behind_the_first_and_only_the_owner_can_stop(app_home):
+    first, second = open_app(), open_app()
+    set_numbers(first, "train", LONG_RUN)
+    start(first)
+    set_numbers(second, "train", SMALL_RUN)
+    start(second)
+    assert "Queued: position 1 in the queue" in status(second)
+    assert "Queued" not in status(first)
+    # A third visitor with the first run's link sees it, but gets no Stop button: it is not theirs.
+    onlooker = AppTest.from_file(APP, default_timeout=60)
+    onlooker.query_params["run"] = first.session_state["run_id"]
+    onlooker.run()
+    assert "Running" in status(onlooker) or "loading" in status(onlooker)
+    assert not [b for b in onlooker.button if b.key == "stop"]
+    second.button(key="stop").click().run()
+    run_until(second, lambda at: bool(at.warning), 10, "the queued run to be dropped")
+    assert "stopped before it started" in second.warning[0].value
+    first.button(key="stop").click().run()
+    run_until(first, lambda at: bool(at.warning), 30, "the first run to stop")
+
+
+def test_deployment_limits_are_shown_and_enforced(app_home, monkeypatch):
+    monkeypatch.setenv("GRADACC_MAX_EPOCHS", "1")
+    monkeypatch.setenv("GRADACC_MAX_TRAIN_SAMPLES", "100")
+    monkeypatch.setenv("GRADACC_ALLOW_HUB", "0")
+    at = open_app()
+    captions = " ".join(c.value for c in at.caption)
+    assert "at most 1 epoch(s)" in captions and "at most 100 training samples" in captions
+    assert "hub ids disabled" in captions
+    # The form starts inside the limits...
+    assert at.number_input(key="form.train.epochs").value == 1
+    assert at.number_input(key="form.train.train_samples").value == 100
+    assert not at.error
+    # ...and refuses to leave them.
+    set_numbers(at, "train", {"epochs": 2, "train_samples": 5000})
+    assert "at most 1 epoch" in error_after(at, "form.train.epochs")
+    assert "at most 100 train samples" in error_after(at, "form.train.train_samples")
+    at.selectbox(key="form.train.model_choice").set_value("other: hub id or local folder").run()
+    at.text_input(key="form.train.model_custom").set_value("prajjwal1/bert-tiny").run()
+    assert "Hub ids are disabled" in " ".join(e.value for e in at.error)
+    assert at.button(key="start").disabled
+
+
+def test_an_uploaded_csv_gets_column_pickers_and_a_size_cap(app_home, monkeypatch):
+    rows = "\n".join(f"review number {i} was {'great' if i % 2 else 'awful'},{'pos' if i % 2 else 'neg'}"
+                     for i in range(50))
+    content = f"review,stars\n{rows}\n".encode()
+    at = open_app()
+    at.selectbox(key="form.train.dataset_choice").set_value("upload a CSV / JSONL file").run()
+    assert "Upload a CSV or JSONL file" in " ".join(e.value for e in at.error)
+    assert at.button(key="start").disabled
+    at.file_uploader[0].set_value(("reviews.csv", content, "text/csv")).run()
+    assert not at.exception
+    text_picker, label_picker = at.selectbox[2], at.selectbox[3]
+    assert (text_picker.label, text_picker.value) == ("Text column", "review")
+    assert (label_picker.label, label_picker.value) == ("Label column", "stars")
+    assert metric(at, "Training examples") == "40"  # 20% held out for evaluation
+    assert not at.error and not at.button(key="start").disabled
+    saved = list((app_home / "uploads").iterdir())
+    assert len(saved) == 1 and saved[0].name.startswith("reviews-") and saved[0].read_bytes() == content
+    # It trains, and the run's notes (from run_started) are shown.
+    set_numbers(at, "train", {**SMALL_RUN, "grad_accum_steps": 1})
+    start(at)
+    run_until(at, lambda at: bool(at.success), RUN_TIMEOUT_S, "the run on the uploaded file to complete")
+    assert "10 of 50 rows held out for evaluation" in " ".join(c.value for c in at.caption)
+
+    monkeypatch.setenv("GRADACC_MAX_UPLOAD_MB", "0.0001")  # 100 bytes
+    at = open_app()
+    at.selectbox(key="form.train.dataset_choice").set_value("upload a CSV / JSONL file").run()
+    at.file_uploader[0].set_value(("reviews.csv", content, "text/csv")).run()
+    assert "accepts uploads up to 0.0001 MB" in error_after(at, "train.upload")
+    assert at.button(key="start").disabled
+
+
+def test_pages_paint_without_importing_torch_or_transformers():
+    """Cold imports take 5–15 s: app.py and every page must paint first (warm-up is off here)."""
+    script = textwrap.dedent(f"""
+        import os, sys, tempfile
+        os.environ["GRADACC_HOME"] = tempfile.mkdtemp()
+        import gradacc.runner
+        gradacc.runner.warm_up = lambda: None  # the background import would load torch on purpose
+        from streamlit.testing.v1 import AppTest
+        at = AppTest.from_file({str(ROOT / 'app.py')!r}, default_timeout=60).run()
+        for page in ("compare", "equivalence", "planner", "code", "train"):
+            at.switch_page(f"pages/{{page}}.py").run()
+            assert not at.exception, (page, [e.value for e in at.exception])
+        heavy = [name for name in ("torch", "transformers", "accelerate") if name in sys.modules]
+        assert not heavy, heavy
+        print("ok")
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+
+
+def test_a_run_that_fails_says_why_in_one_line(app_home):
+    at = open_app()  # HF_HUB_OFFLINE=1: a hub id passes the form but cannot load
+    at.selectbox(key="form.train.model_choice").set_value("other: hub id or local folder").run()
+    at.text_input(key="form.train.model_custom").set_value("someone/some-model").run()
+    set_numbers(at, "train", SMALL_RUN)
+    start(at)
+    run_until(at, lambda at: bool(at.error), RUN_TIMEOUT_S, "the run to fail")
+    assert at.error[0].value.startswith("Failed: Cannot reach the Hugging Face Hub")
+    assert "\n" not in at.error[0].value
+
+
+def test_the_deployment_time_limit_stops_a_run(app_home, monkeypatch):
+    monkeypatch.setenv("GRADACC_MAX_RUN_SECONDS", "1")
+    at = open_app()
+    assert "runs stop after 1 s" in " ".join(c.value for c in at.caption)
+    set_numbers(at, "train", LONG_RUN)
+    start(at)
+    run_until(at, lambda at: bool(at.warning), RUN_TIMEOUT_S, "the time limit")
+    assert "reached the deployment's limit of 1 s" in at.warning[0].value
+
+
+def test_a_misconfigured_server_says_so_instead_of_a_traceback(app_home, monkeypatch):
+    monkeypatch.setenv("GRADACC_MAX_EPOCHS", "lots")
+    at = open_app()
+    assert "This server is misconfigured: GRADACC_MAX_EPOCHS must be a whole number" in at.error[0].value

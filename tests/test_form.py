@@ -1,0 +1,64 @@
+"""The Train form's logic: every error at once with its field, counts, uploads."""
+
+import pytest
+
+from gradacc import form
+from gradacc.config import RunConfig
+from gradacc.errors import GradaccError
+from gradacc.limits import Limits
+
+
+def test_every_bad_field_is_reported_not_just_the_first():
+    errors = form.all_errors(RunConfig(micro_batch_size=0, grad_accum_steps=-2, learning_rate=0.0, dropout=2.0))
+    assert set(errors) == {"micro_batch_size", "grad_accum_steps", "learning_rate", "dropout"}
+    assert errors["dropout"].startswith("dropout must be at least 0 and at most 0.9")
+
+
+def test_a_good_config_has_no_errors_and_limits_and_data_size_are_checked_too():
+    assert form.all_errors(RunConfig()) == {}
+    errors = form.all_errors(RunConfig(epochs=5, micro_batch_size=64), Limits(max_epochs=2), train_examples=10)
+    assert set(errors) == {"epochs", "micro_batch_size"}
+    assert "larger than the 10 training examples" in errors["micro_batch_size"]
+
+
+def test_a_field_with_no_widget_goes_to_the_general_slot():
+    errors = form.all_errors(RunConfig(backend="jax"))
+    assert "backend" in errors  # a RunConfig field, even if the page has no widget for it
+
+
+def test_steps_and_examples_are_known_before_loading_for_built_in_data():
+    config = RunConfig(micro_batch_size=4, grad_accum_steps=2, epochs=3, train_samples=100)
+    assert form.known_train_examples(config) == 100
+    assert form.optimizer_steps(config, 100) == 39  # ceil(ceil(100/4)/2) = 13 per epoch
+    assert form.optimizer_steps(config, None) is None
+    assert form.known_train_examples(RunConfig(dataset="imdb")) is None
+
+
+def test_an_upload_is_saved_once_under_a_safe_name_and_its_columns_are_read(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRADACC_HOME", str(tmp_path))
+    content = b"Sentence,Label\nvery good,pos\nrather bad,neg\nfine,pos\nawful,neg\nnice,pos\n"
+    path = form.save_upload("../../etc/my reviews!.csv", content, Limits())
+    assert path.parent == tmp_path / "uploads" and path.name.startswith("my_reviews-") and path.suffix == ".csv"
+    assert form.save_upload("again.csv", content, Limits()).read_bytes() == content
+    columns = form.table_columns(path)
+    assert columns == ["Sentence", "Label"]
+    assert form.guess_column(columns, ("text", "sentence")) == "Sentence"
+    assert form.count_train_examples(RunConfig(dataset=str(path))) == 4  # one of five held out
+
+
+@pytest.mark.parametrize("name, content, message", [("data.txt", b"a", "not a CSV or JSONL"),
+                                                    ("big.csv", b"x" * 2_000, "accepts uploads up to 0.001 MB"),
+                                                    ("empty.csv", b"", "is empty")])
+def test_bad_uploads_are_refused(tmp_path, monkeypatch, name, content, message):
+    monkeypatch.setenv("GRADACC_HOME", str(tmp_path))
+    with pytest.raises(GradaccError, match=message) as raised:
+        form.save_upload(name, content, Limits(max_upload_mb=0.001))
+    assert raised.value.field == "dataset"
+
+
+def test_old_uploads_are_pruned(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRADACC_HOME", str(tmp_path))
+    monkeypatch.setattr(form, "KEEP_UPLOADS", 3)
+    for i in range(5):
+        form.save_upload(f"f{i}.csv", f"text,label\n{i},1\n".encode(), Limits())
+    assert len(list((tmp_path / "uploads").iterdir())) == 3

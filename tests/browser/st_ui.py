@@ -1,0 +1,115 @@
+"""How a person drives a Streamlit page, in Playwright terms: find widgets by their visible label."""
+
+from __future__ import annotations
+
+import re
+
+from playwright.sync_api import Locator, Page, expect
+
+# Time for Streamlit to finish a script run after an interaction (the first one imports a lot).
+RERUN_TIMEOUT_MS = 30_000
+
+
+def open_app(page: Page, path: str = "/") -> None:
+    page.goto(path)
+    wait_for_app(page)
+    expect_no_exception(page)
+
+
+def main(page: Page) -> Locator:
+    """The page body, without the sidebar and header (the header has a Stop button of its own)."""
+    return page.get_by_test_id("stMain")
+
+
+def button(page: Page, name: str) -> Locator:
+    return main(page).get_by_role("button", name=name, exact=True)
+
+
+def wait_for_app(page: Page, timeout_ms: int = RERUN_TIMEOUT_MS) -> None:
+    """Until the app is connected and no script run is going on."""
+    app = page.locator("[data-testid=stApp]")
+    expect(app).to_have_attribute("data-test-connection-state", "CONNECTED", timeout=timeout_ms)
+    expect(app).to_have_attribute("data-test-script-state", re.compile("notRunning"), timeout=timeout_ms)
+
+
+def number_input(page: Page, label: str) -> Locator:
+    return page.locator("[data-testid=stNumberInput] input[type=number]").and_(page.get_by_label(label, exact=True))
+
+
+def set_number(page: Page, label: str, value: int | float, shown: str | None = None) -> None:
+    """Fill a number input and commit it with Tab, as a person would; wait for the rerun.
+
+    ``shown``: how the input displays the value once committed (a format like "%.1e"), if not str(value).
+    """
+    field = number_input(page, label)
+    field.fill(str(value))
+    field.press("Tab")
+    expect(field).to_have_value(shown or str(value))
+    wait_for_app(page)
+
+
+def choose(page: Page, label: str, option: str) -> None:
+    """Pick an option of an st.selectbox by its visible text."""
+    box = page.locator("[data-testid=stSelectbox]").filter(has=page.get_by_text(label, exact=True))
+    box.locator("input").first.click()
+    page.get_by_role("option", name=option, exact=True).click()
+    wait_for_app(page)
+
+
+def click(page: Page, name: str) -> None:
+    button(page, name).click()
+
+
+def open_expander(page: Page, title: str) -> bool:
+    """Open an st.expander by its title; False when the page has none of that name."""
+    summary = page.locator("[data-testid=stExpander] summary").filter(has_text=title)
+    if summary.count() == 0:
+        return False
+    details = summary.first.locator("xpath=..")
+    if details.get_attribute("open") is None:
+        summary.first.click()
+    return True
+
+
+def sidebar_links(page: Page) -> Locator:
+    return page.locator("[data-testid=stSidebarNav] a[data-testid=stSidebarNavLink]")
+
+
+def expect_no_exception(page: Page) -> None:
+    """No Streamlit traceback box anywhere on the page; if there is one, fail with its text."""
+    boxes = page.locator("[data-testid=stException]")
+    if boxes.count():
+        raise AssertionError(f"the page shows an exception:\n{boxes.first.inner_text()}")
+
+
+def plot(page: Page, title: str) -> Locator:
+    """The plotly chart whose title text is ``title``."""
+    return page.locator(".js-plotly-plot").filter(has=page.locator(".gtitle", has_text=title))
+
+
+def traces(chart: Locator) -> Locator:
+    """Drawn data series: scatter lines/markers or bars."""
+    return chart.locator(".scatterlayer .trace, .barlayer .trace")
+
+
+def metric_value(page: Page, label: str) -> Locator:
+    return page.locator("[data-testid=stMetric]").filter(has_text=label).locator("[data-testid=stMetricValue]")
+
+
+def alert(page: Page, text: str | re.Pattern) -> Locator:
+    """An st.success/info/warning/error box containing ``text``."""
+    return page.locator("[data-testid=stAlert]").filter(has_text=text)
+
+
+def screenshot(page: Page, path, max_height: int = 3000) -> None:
+    """The whole page: Streamlit scrolls inside its main area, so Playwright's full_page alone shows only
+    the viewport. Grow the viewport to the content's height for the picture, then put it back."""
+    viewport = page.viewport_size
+    height = page.get_by_test_id("stMain").evaluate("main => main.scrollHeight")
+    page.set_viewport_size({"width": viewport["width"], "height": min(max(height, viewport["height"]), max_height)})
+    try:
+        # Two animation frames: Streamlit and plotly lay out again at the new size first.
+        page.evaluate("() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)))")
+        page.screenshot(path=str(path), animations="disabled")
+    finally:
+        page.set_viewport_size(viewport)

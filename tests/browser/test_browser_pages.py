@@ -1,0 +1,23 @@
+"""Every page opens from the sidebar, as a person would reach it, and shows no traceback."""
+
+from playwright.sync_api import expect
+
+import st_ui
+
+PAGES = ["Train", "Compare runs", "Equivalence", "Memory planner", "Code"]
+
+
+def test_every_page_opens_from_the_sidebar(page, artifacts):
+    st_ui.open_app(page)
+    links = st_ui.sidebar_links(page)
+    names = [text.split("\n")[-1].strip() for text in links.all_inner_texts()]
+    assert names == PAGES, f"sidebar shows {names}"
+
+    for name in reversed(PAGES):  # ends back on Train, the home page
+        links.filter(has_text=name).click()
+        st_ui.wait_for_app(page)
+        expect(links.filter(has_text=name)).to_have_attribute("aria-current", "page")
+        expect(st_ui.main(page).locator("h1").first).to_be_visible()
+        st_ui.expect_no_exception(page)
+        slug = name.lower().replace(" ", "-")
+        st_ui.screenshot(page, artifacts / f"page-{slug}.png")

@@ -1,0 +1,79 @@
+"""The Train page, end to end: settings, Start, live charts, eval F1, Stop, and a bad value."""
+
+import os
+import re
+from pathlib import Path
+
+from playwright.sync_api import expect
+
+import st_ui
+import train_page
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def test_run_draws_loss_memory_and_f1(page, artifacts):
+    st_ui.open_app(page)
+    expect(page.get_by_role("heading", name="Gradient accumulation, live")).to_be_visible()
+    # 256 samples at a higher learning rate: seconds on a CPU, and an F1 in the README's picture that is not 0.
+    train_page.configure(page, micro_batch=8, accum_steps=2, epochs=1, train_samples=256, eval_samples=64)
+    st_ui.set_number(page, "Learning rate", 0.003, shown="3.0e-3")
+    expect(st_ui.metric_value(page, "Optimizer steps")).to_have_text("16")  # ceil(ceil(256/8)/2)
+
+    warm_up = train_page.wait_for_libraries(page)
+    times = train_page.start_and_time_first_loss(page)
+
+    expect(st_ui.metric_value(page, "Eval F1")).to_have_text(re.compile(r"^[01]\.\d{3}$"),
+                                                            timeout=train_page.RUN_TIMEOUT_MS)
+    train_page.wait_until_ended(page, "Completed")
+    train_page.record_latency(artifacts, "first run", {"waited_for_libraries_s": round(warm_up, 3), **times,
+                                                       "run_wall_s": train_page.run_seconds(page)})
+    # Every chart has drawn data: loss and memory as lines, eval as markers.
+    for title in ("Training loss", "Memory", "Evaluation after each epoch"):
+        chart = st_ui.plot(page, title)
+        expect(chart).to_have_count(1)
+        expect(st_ui.traces(chart)).not_to_have_count(0)
+    expect(st_ui.plot(page, "Training loss").locator(".scatterlayer path.js-line")).not_to_have_count(0)
+    expect(page.get_by_text("optimizer step 16 of 16")).to_be_visible()
+    st_ui.expect_no_exception(page)
+
+    st_ui.screenshot(page, artifacts / "train-completed.png")
+    # The README's picture: only when missing or asked for, so a test run leaves the committed file alone.
+    readme_picture = DOCS / "screenshot.png"
+    if not readme_picture.exists() or os.environ.get("GRADACC_UPDATE_SCREENSHOT") == "1":
+        DOCS.mkdir(exist_ok=True)
+        st_ui.screenshot(page, readme_picture)
+
+
+def test_stop_ends_a_run(page, artifacts):
+    st_ui.open_app(page)
+    # 2000 samples at m=8, k=2: over a hundred steps, so the run is still going when Stop is pressed.
+    train_page.configure(page, micro_batch=8, accum_steps=2, epochs=1, train_samples=2000, eval_samples=32)
+    st_ui.click(page, "Start")
+    expect(st_ui.alert(page, re.compile(r"^Running on"))).to_be_visible(timeout=train_page.FIRST_LOSS_TIMEOUT_MS)
+
+    st_ui.click(page, "Stop")
+    train_page.wait_until_ended(page, "Stopped", timeout_ms=30_000)
+    expect(st_ui.alert(page, "stopped by its owner")).to_be_visible()
+    expect(st_ui.button(page, "Stop")).to_have_count(0)
+    st_ui.expect_no_exception(page)
+    st_ui.screenshot(page, artifacts / "train-stopped.png")
+
+
+def test_bad_value_gives_one_line_reason(page, artifacts):
+    st_ui.open_app(page)
+    st_ui.set_number(page, "Micro-batch size (m)", 0)
+
+    reason = page.locator("[data-testid=stAlert]").filter(has_text="micro batch size")
+    expect(reason).to_have_count(1)
+    text = reason.inner_text().strip()
+    assert "\n" not in text and len(text) < 200, f"not a one-line reason: {text!r}"
+    expect(st_ui.button(page, "Start")).to_be_disabled()
+    expect(st_ui.metric_value(page, "Effective batch")).to_have_text("—")
+    st_ui.expect_no_exception(page)
+    st_ui.screenshot(page, artifacts / "train-bad-value.png")
+
+    # Fixing the value clears the reason and enables Start again.
+    st_ui.set_number(page, "Micro-batch size (m)", 4)
+    expect(reason).to_have_count(0)
+    expect(st_ui.button(page, "Start")).to_be_enabled()

@@ -1,0 +1,80 @@
+"""Steps on gradacc's Train page, written the way a person would do them."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+from playwright.sync_api import Page, expect
+
+import st_ui
+
+ADVANCED = "Advanced: data size and sequence length"
+# Runs take seconds on a quiet machine; these leave room for a busy one (a shared 2-core CI box).
+FIRST_LOSS_TIMEOUT_MS = 90_000
+RUN_TIMEOUT_MS = 180_000
+
+
+def configure(page: Page, micro_batch: int, accum_steps: int, epochs: int = 1,
+              train_samples: int | None = None, eval_samples: int | None = None) -> None:
+    st_ui.set_number(page, "Micro-batch size (m)", micro_batch)
+    st_ui.set_number(page, "Accumulation steps (k)", accum_steps)
+    st_ui.set_number(page, "Epochs", epochs)
+    if train_samples is not None or eval_samples is not None:
+        assert st_ui.open_expander(page, ADVANCED), f"no {ADVANCED!r} section on the Train page"
+        if train_samples is not None:
+            st_ui.set_number(page, "Training samples", train_samples)
+        if eval_samples is not None:
+            st_ui.set_number(page, "Eval samples", eval_samples)
+    expect(st_ui.metric_value(page, "Effective batch")).to_have_text(str(micro_batch * accum_steps))
+
+
+def loss_traces(page: Page):
+    return st_ui.traces(st_ui.plot(page, "Training loss"))
+
+
+def wait_for_libraries(page: Page) -> float:
+    """Until the page says torch and transformers are imported; returns the seconds waited."""
+    waited = time.monotonic()
+    expect(page.get_by_text("Training libraries ready")).to_be_visible(timeout=FIRST_LOSS_TIMEOUT_MS)
+    return time.monotonic() - waited
+
+
+def start_and_time_first_loss(page: Page) -> dict:
+    """Click Start; return seconds until the run is running (model and data loaded) and until the
+    loss chart holds its first point."""
+    start = st_ui.button(page, "Start")
+    expect(start).to_be_enabled()
+    clicked = time.monotonic()
+    start.click()
+    # wait_for polls on every animation frame: a tighter clock than expect's back-off.
+    st_ui.alert(page, re.compile(r"^Running on")).first.wait_for(timeout=FIRST_LOSS_TIMEOUT_MS)
+    running = time.monotonic() - clicked
+    loss_traces(page).first.wait_for(state="attached", timeout=FIRST_LOSS_TIMEOUT_MS)
+    return {"click_to_running_s": round(running, 3), "click_to_first_loss_s": round(time.monotonic() - clicked, 3)}
+
+
+def wait_until_ended(page: Page, status: str, timeout_ms: int = RUN_TIMEOUT_MS) -> None:
+    """Until the status line says the run is ``status`` (Completed, Stopped, Failed)."""
+    expect(st_ui.alert(page, re.compile(rf"^{status}\b"))).to_be_visible(timeout=timeout_ms)
+    expect(st_ui.button(page, "Start")).to_be_enabled()
+
+
+def run_seconds(page: Page) -> float | None:
+    """The run's own wall time, from the status line ("Completed: 16 optimizer steps in 4.2 s.")."""
+    found = re.search(r" in ([\d.]+) s\b", st_ui.alert(page, re.compile(r"^(Completed|Stopped)")).first.inner_text())
+    return float(found.group(1)) if found else None
+
+
+def record_latency(artifacts: Path, name: str, times: dict) -> None:
+    """Add one run's timings to test-artifacts/latency.json (read by the latency benchmark)."""
+    path = artifacts / "latency.json"
+    data = json.loads(path.read_text()) if path.exists() else {}
+    runs = data.setdefault("runs", [])
+    runs.append({"test": name, **times})
+    data["unit"] = "seconds; click_to_first_loss_s: from clicking Start to the first point on the loss chart"
+    data["first_run_click_to_first_loss_s"] = runs[0]["click_to_first_loss_s"]
+    data["max_click_to_first_loss_s"] = max(r["click_to_first_loss_s"] for r in runs)
+    path.write_text(json.dumps(data, indent=2) + "\n")

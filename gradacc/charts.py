@@ -86,6 +86,11 @@ def _color(index: int) -> str:
 
 # --- training curves --------------------------------------------------------------------------
 
+def _line_mode(points: list) -> str:
+    """A line through one point draws nothing: show markers until there are two (the first live step)."""
+    return "lines" if len(points) > 1 else "lines+markers"
+
+
 def loss_figure(runs, x: str = "step") -> go.Figure:
     """Training loss per optimizer step (or against samples seen), one line per run."""
     figure = _figure("Training loss", X_TITLES.get(x, x), "Loss")
@@ -95,7 +100,7 @@ def loss_figure(runs, x: str = "step") -> go.Figure:
         if steps:
             drawn = True
             figure.add_trace(go.Scatter(x=[r.get(x) for r in steps], y=[r["loss"] for r in steps], name=label,
-                                        mode="lines", line=dict(color=_color(index))))
+                                        mode=_line_mode(steps), line=dict(color=_color(index))))
     return figure if drawn else _empty(figure, "No training steps yet")
 
 
@@ -148,7 +153,7 @@ def memory_figure(runs, x: str = "step") -> go.Figure:
             ys = [_mb(r.get(field)) for r in steps]
             if any(y is not None for y in ys):  # CUDA peak is None on CPU: no empty line in the legend
                 drawn = True
-                figure.add_trace(go.Scatter(x=xs, y=ys, name=f"{label} · {name}", mode="lines",
+                figure.add_trace(go.Scatter(x=xs, y=ys, name=f"{label} · {name}", mode=_line_mode(steps),
                                             line=dict(color=_color(index), dash=dash)), row=row, col=1)
         static = _static_total(rows)
         if static is not None and xs:

@@ -112,6 +112,27 @@ class FieldErrors:
 
 # ---- inputs shared by pages -----------------------------------------------------------------------
 
+def accumulation_inputs(prefix: str, errors: FieldErrors, widths: list) -> tuple[str, int, int, list]:
+    """Backend, micro-batch size and accumulation steps in a row of columns; returns them and the columns.
+
+    ``widths`` has at least three entries; columns past the third are returned for the page's own widgets.
+    """
+    from gradacc.config import BACKENDS
+
+    backend_column, m_column, k_column, *extra_columns = st.columns(widths)
+    with backend_column:
+        backend = st.radio("Backend", BACKENDS, key=prefix + "backend", persist_state="session",
+                           format_func=BACKEND_NAMES.get, horizontal=True)
+    with m_column:
+        micro_batch_size = st.number_input("Micro-batch size (m)", step=1, key=prefix + "micro_batch_size",
+                                           persist_state="session")
+        errors.slot("micro_batch_size")
+    with k_column:
+        grad_accum_steps = st.number_input("Accumulation steps (k)", step=1, key=prefix + "grad_accum_steps",
+                                           persist_state="session")
+        errors.slot("grad_accum_steps")
+    return backend, micro_batch_size, grad_accum_steps, [backend_column, *extra_columns]
+
 def model_input(prefix: str, errors: FieldErrors) -> str:
     defaults({f"{FORM}{prefix}.model_choice": BUILTIN_MODELS[0], f"{FORM}{prefix}.model_custom": ""})
     choice = st.selectbox("Model", [*BUILTIN_MODELS, OTHER_MODEL], key=f"{FORM}{prefix}.model_choice",

@@ -4,7 +4,7 @@ import streamlit as st
 
 from gradacc import codeview, ui
 from gradacc.backends import DESCRIPTIONS, MODULES
-from gradacc.config import BACKENDS, LOSS_NORMALIZATIONS, RunConfig
+from gradacc.config import LOSS_NORMALIZATIONS, RunConfig
 from gradacc.errors import GradaccError
 
 K = f"{ui.FORM}code."
@@ -20,18 +20,8 @@ base = RunConfig()
 ui.defaults({K + name: st.session_state.get(TRAIN + name, getattr(base, name))
              for name in ("backend", "micro_batch_size", "grad_accum_steps", "loss_normalization")})
 errors = ui.FieldErrors()
-backend_column, m_column, k_column, normalization_column = st.columns([2, 1, 1, 2])
-with backend_column:
-    backend = st.radio("Backend", BACKENDS, key=K + "backend", persist_state="session",
-                       format_func=ui.BACKEND_NAMES.get, horizontal=True)
-with m_column:
-    micro_batch_size = st.number_input("Micro-batch size (m)", step=1, key=K + "micro_batch_size",
-                                       persist_state="session")
-    errors.slot("micro_batch_size")
-with k_column:
-    grad_accum_steps = st.number_input("Accumulation steps (k)", step=1, key=K + "grad_accum_steps",
-                                       persist_state="session")
-    errors.slot("grad_accum_steps")
+backend, micro_batch_size, grad_accum_steps, (_, normalization_column) = ui.accumulation_inputs(
+    K, errors, [2, 1, 1, 2])
 with normalization_column:
     loss_normalization = st.radio("Loss normalisation", LOSS_NORMALIZATIONS, key=K + "loss_normalization",
                                   persist_state="session", horizontal=True)

@@ -6,7 +6,6 @@ import streamlit as st
 
 from gradacc import charts, equivalence_view, ui
 from gradacc.backends import DESCRIPTIONS
-from gradacc.config import BACKENDS
 from gradacc.errors import GradaccError
 
 K = f"{ui.FORM}equivalence."
@@ -23,19 +22,8 @@ st.markdown("One accumulation window, trained one optimizer step with the chosen
 
 ui.defaults({K + "backend": "pytorch", K + "micro_batch_size": 4, K + "grad_accum_steps": 4})
 errors = ui.FieldErrors()
-backend_column, m_column, k_column = st.columns([2, 1, 1])
-with backend_column:
-    backend = st.radio("Backend", BACKENDS, key=K + "backend", persist_state="session",
-                       format_func=ui.BACKEND_NAMES.get, horizontal=True)
-    st.caption(DESCRIPTIONS[backend])
-with m_column:
-    micro_batch_size = st.number_input("Micro-batch size (m)", step=1, key=K + "micro_batch_size",
-                                       persist_state="session")
-    errors.slot("micro_batch_size")
-with k_column:
-    grad_accum_steps = st.number_input("Accumulation steps (k)", step=1, key=K + "grad_accum_steps",
-                                       persist_state="session")
-    errors.slot("grad_accum_steps")
+backend, micro_batch_size, grad_accum_steps, (backend_column,) = ui.accumulation_inputs(K, errors, [2, 1, 1])
+backend_column.caption(DESCRIPTIONS[backend])
 
 general = st.container()
 try:

@@ -3,47 +3,19 @@
 import pytest
 import torch
 
-from gradacc import models
 from gradacc.config import RunConfig
 from gradacc.engine import train
 from gradacc.events import Recorder
+from attack_support import nan_loss, sabotage
 
 BACKENDS = ["pytorch", "accelerate", "trainer"]
 SMALL = dict(train_samples=96, eval_samples=16, epochs=2, micro_batch_size=8, grad_accum_steps=2,
              max_seq_length=32, dropout=0.0)
 
 
-def sabotage(monkeypatch, after_forwards: int, fault):
-    """Make the tiny BERT's forward misbehave from its n-th training call on."""
-    original = models.tiny_bert
-    calls = {"n": 0}
-
-    def faulty_tiny_bert(*args, **kwargs):
-        model = original(*args, **kwargs)
-
-        def hook(module, inputs, output):
-            if module.training:
-                calls["n"] += 1
-                if calls["n"] > after_forwards:
-                    return fault(output)
-            return output
-
-        model.register_forward_hook(hook)
-        return model
-
-    monkeypatch.setattr(models, "tiny_bert", faulty_tiny_bert)
-
-
-def nan_logits(output):
-    output.logits = output.logits * float("nan")
-    if output.loss is not None:
-        output.loss = output.loss * float("nan")
-    return output
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_nan_loss_fails_the_run_naming_the_step_and_keeps_earlier_points(backend, monkeypatch):
-    sabotage(monkeypatch, after_forwards=6, fault=nan_logits)  # micro-batch 7 = the 4th window
+    sabotage(monkeypatch, after_forwards=6, fault=nan_loss)  # micro-batch 7 = the 4th window
     recorder = Recorder()
     ended = train(RunConfig(backend=backend, **SMALL), recorder)
     assert ended["status"] == "failed"

@@ -58,13 +58,16 @@ class GradaccTrainer(Trainer):
         self.window_loss = 0.0
         self.window_micro_batches = 0
         self.activation_bytes = None
+        self.measuring = False
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         self.job.check_stop()  # within one micro-batch, even mid-window
         self.report.micro_batch(inputs)
-        measuring = self.job.config.instrument and self.window_micro_batches == 0
-        with self.meter.measure() if measuring else contextlib.nullcontext():
+        measuring = self.measuring = self.job.config.instrument and self.window_micro_batches == 0
+        try:
             loss = super().training_step(model, inputs, num_items_in_batch)
+        finally:
+            self.measuring = False
         if not torch.isfinite(loss):
             kind = "NaN" if torch.isnan(loss) else "inf"
             raise RunFailed(f"loss became {kind} at step {self.state.global_step + 1}")
@@ -73,6 +76,11 @@ class GradaccTrainer(Trainer):
         if measuring:
             self.activation_bytes = self.meter.bytes
         return loss
+
+    def compute_loss(self, model, inputs, *args, **kwargs):
+        # The forward pass only: hooks left open across backward cost about twice as much (measured).
+        with self.meter.measure() if self.measuring else contextlib.nullcontext():
+            return super().compute_loss(model, inputs, *args, **kwargs)
 
 
 class EventCallback(TrainerCallback):

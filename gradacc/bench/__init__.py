@@ -1,0 +1,65 @@
+"""``python -m gradacc bench SUITE [--quick] [--json] [--out DIR]``: measured figures, one suite at a time.
+
+    overhead  optimizer steps/s with gradacc's events and memory probes on vs off, vs a bare PyTorch loop
+    memory    activation bytes per micro-batch across m at a fixed effective batch, and across k at fixed m
+    sweep     time per effective batch and final eval F1 for (m, k) pairs with the same effective batch
+    latency   seconds to the first step event (cold subprocess, warm in-process) and in the browser
+
+Each suite module has ``run(quick, threads) -> dict``, ``figure(result)`` and ``table(result)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+
+SUITES = ("overhead", "memory", "sweep", "latency")
+DEFAULT_OUT = "bench-out"
+# One intra-op thread by default: on a small shared machine two OpenMP threads wait on each other
+# whenever another process takes a core (we measured 3-30x slower steps under load), which drowns
+# every ratio in noise. --threads 0 leaves torch's own default.
+DEFAULT_THREADS = 1
+
+
+def add_parser(subcommands) -> None:
+    parser = subcommands.add_parser("bench", help="benchmark suites: overhead, memory, sweep, latency",
+                                    description=__doc__.split("\n\n")[1],
+                                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("suite", choices=SUITES)
+    parser.add_argument("--quick", action="store_true", help="small sizes: seconds, not minutes (tests use it)")
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    parser.add_argument("--out", default=DEFAULT_OUT, help=f"folder for SUITE.json/.html/.png (default {DEFAULT_OUT})")
+    parser.add_argument("--threads", type=int, default=DEFAULT_THREADS,
+                        help="torch intra-op threads while measuring (0: torch's default)")
+    parser.set_defaults(run=run)
+
+
+def run(args) -> int:
+    import torch
+
+    from gradacc.bench import report
+    from gradacc.errors import RunFailed
+
+    suite = importlib.import_module(f"gradacc.bench.{args.suite}")
+    threads_before = torch.get_num_threads()
+    threads = args.threads or threads_before
+    torch.set_num_threads(threads)
+    try:
+        result = suite.run(quick=args.quick, threads=threads)
+    except RunFailed as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    finally:
+        torch.set_num_threads(threads_before)  # in-process callers (tests) get their setting back
+    files = report.write(result, suite.figure(result), Path(args.out))
+    if args.json:
+        print(json.dumps(result, default=str))
+        return 0
+    headers, rows = suite.table(result)
+    report.print_table(headers, rows)
+    report.print_goals(result)
+    report.print_files(files)
+    return 0

@@ -1,0 +1,103 @@
+"""The benchmark suites in --quick form: they run, and their results are well formed.
+
+No timing is asserted (this is a shared 2-core machine); only that every figure is there, positive and
+finite, and that the files are written.
+"""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from gradacc.cli import main
+from gradacc.config import BACKENDS
+
+# plotly hands kaleido options that a running kaleido server ignores, and says so each time.
+pytestmark = pytest.mark.filterwarnings("ignore:The kopts argument:UserWarning")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_chrome_for_all_figures():
+    """kaleido starts a Chrome per PNG (seconds each); one for the whole module keeps the file fast."""
+    try:
+        import kaleido
+
+        kaleido.start_sync_server(silence_warnings=True)
+    except Exception:  # noqa: BLE001 - without it each export starts its own, or reports PNG skipped
+        yield
+        return
+    yield
+    kaleido.stop_sync_server(silence_warnings=True)
+
+
+def bench(suite, out: Path, capsys, as_json=True) -> dict:
+    code = main(["bench", suite, "--quick", "--out", str(out)] + (["--json"] if as_json else []))
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    if as_json:
+        result = json.loads(captured.out)  # one JSON object, nothing else on stdout
+    else:  # a table, the goals, and where the files went
+        assert "wrote " in captured.out and "goal " in captured.out
+        result = json.loads((out / f"{suite}.json").read_text())
+        result["printed"] = captured.out
+    assert result["suite"] == suite and result["quick"] is True
+    files = result["files"]
+    assert json.loads(Path(files["json"]).read_text())["suite"] == suite
+    assert Path(files["html"]).stat().st_size > 0
+    assert files["png"] is None and files["png_skipped"] or Path(files["png"]).stat().st_size > 0
+    return result
+
+
+def positive(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def test_overhead(tmp_path, capsys):
+    result = bench("overhead", tmp_path, capsys)
+    for backend in BACKENDS:
+        for key in ("instrumented_vs_plain", "backend_vs_reference"):
+            ratio = result[backend][key]
+            assert positive(ratio["median"]) and ratio["min"] <= ratio["median"] <= ratio["max"]
+            assert len(ratio["values"]) == result["settings"]["rounds"]
+        for clock in ("cpu", "wall"):
+            assert positive(result[backend][clock]["instrumented_vs_plain"]["median"])
+            assert all(positive(result["steps_per_s"][clock][backend][v]["median"])
+                       for v in ("instrumented", "plain", "reference"))
+    assert set(result["goals"]) == {f"{b} instrumented/plain" for b in BACKENDS}
+
+
+def test_memory(tmp_path, capsys):
+    result = bench("memory", tmp_path, capsys, as_json=False)
+    assert result["printed"].splitlines()[0].split()[:2] == ["m", "k"]
+    by_m = result["activation_bytes"]
+    assert list(by_m) == ["1", "2", "4", "8", "16", "32"]
+    assert all(positive(v) for v in by_m.values())
+    assert list(result["activation_bytes_by_k"]) == ["1", "2", "4"]
+    assert all(positive(v) for v in result["activation_bytes_by_k"].values())
+    assert positive(result["activation_ratio_m8_m32"]) and math.isfinite(result["activation_spread_across_k"])
+    assert positive(result["static_bytes"]["total"])
+    assert all(positive(p["rss_peak_bytes"]) for p in result["points"])
+    assert any("fixed sequence length" in note for note in result["notes"])
+
+
+def test_sweep(tmp_path, capsys):
+    result = bench("sweep", tmp_path, capsys)
+    pairs = [(p["micro_batch_size"], p["grad_accum_steps"]) for p in result["pairs"]]
+    assert pairs == [(8, 1), (4, 2), (2, 4), (1, 8)]
+    for pair in result["pairs"]:
+        assert positive(pair["seconds_per_effective_batch"]) and positive(pair["samples_per_s"])
+        assert 0 <= pair["final_eval_f1"] <= 1 and math.isfinite(pair["max_loss_difference_vs_k1"])
+    assert math.isfinite(result["final_eval_f1_range"])
+
+
+def test_latency(tmp_path, capsys):
+    result = bench("latency", tmp_path, capsys)
+    for backend in BACKENDS:
+        warm = result["warm"][backend]
+        assert positive(warm["to_first_step_s"]) and warm["to_run_started_s"] <= warm["to_first_step_s"]
+    cold = result["cold"]["pytorch"]
+    assert positive(cold["to_first_step_s"]) and cold["to_run_started_s"] <= cold["to_first_step_s"]
+    browser = result["browser"]
+    assert browser["measured"] is False and browser["reason"] or "source" in browser
+

@@ -37,6 +37,15 @@ def test_page_shows_effective_batch_and_steps_as_settings_change(app_home):
     assert "uploads up to 5 MB" in captions
 
 
+def test_charts_are_drawn_empty_before_a_run(app_home):
+    # Drawn before Start so the browser has loaded plotly by the time the first loss arrives.
+    at = open_app()
+    for title in ("Training loss", "Evaluation after each epoch", "Memory"):
+        figure = chart(at, title)
+        assert points(figure) == 0
+        assert figure["layout"]["annotations"], f"{title}: an empty chart says why it is empty"
+
+
 def test_bad_values_are_refused_next_to_their_field_and_start_is_disabled(app_home):
     at = open_app()
     set_numbers(at, "train", {"micro_batch_size": 0, "grad_accum_steps": -1, "learning_rate": 0.0})

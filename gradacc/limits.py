@@ -12,11 +12,11 @@ naming the field, like ``RunConfig.validate``.
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from gradacc import env as env_numbers
 from gradacc.config import BUILTIN_DATASETS, BUILTIN_MODELS, RunConfig
 from gradacc.errors import GradaccError
 from gradacc.runner import DEFAULT_MAX_RUN_SECONDS
@@ -37,11 +37,11 @@ class Limits:
     @classmethod
     def from_env(cls, environ: dict | None = None) -> "Limits":
         env = os.environ if environ is None else environ
-        run_seconds = _number(env, "GRADACC_MAX_RUN_SECONDS", DEFAULT_MAX_RUN_SECONDS, allow_zero=True)
-        return cls(max_epochs=_whole(env, "GRADACC_MAX_EPOCHS"),
-                   max_train_samples=_whole(env, "GRADACC_MAX_TRAIN_SAMPLES"),
+        run_seconds = env_numbers.number(env, "GRADACC_MAX_RUN_SECONDS", DEFAULT_MAX_RUN_SECONDS, allow_zero=True)
+        return cls(max_epochs=env_numbers.whole_number(env, "GRADACC_MAX_EPOCHS"),
+                   max_train_samples=env_numbers.whole_number(env, "GRADACC_MAX_TRAIN_SAMPLES"),
                    max_run_seconds=run_seconds or None,
-                   max_upload_mb=_number(env, "GRADACC_MAX_UPLOAD_MB", DEFAULT_MAX_UPLOAD_MB),
+                   max_upload_mb=env_numbers.number(env, "GRADACC_MAX_UPLOAD_MB", DEFAULT_MAX_UPLOAD_MB),
                    allow_hub=env.get("GRADACC_ALLOW_HUB", "1").strip().lower() not in _FALSE_WORDS)
 
     @property
@@ -101,30 +101,3 @@ def is_hub_dataset(name: str) -> bool:
         return False
     path = Path(name).expanduser()
     return not (path.suffix.lower() in (".csv", ".jsonl", ".json") or path.exists() or path.is_absolute())
-
-
-def _whole(env, name: str) -> int | None:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise GradaccError(f"{name} must be a whole number of at least 1; got {raw!r}.")
-    return value
-
-
-def _number(env, name: str, default: float, allow_zero: bool = False) -> float:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (value >= 0 if allow_zero else value > 0) or math.isinf(value):
-        bound = "0 or more" if allow_zero else "greater than 0"
-        raise GradaccError(f"{name} must be a number {bound}; got {raw!r}.")
-    return value

@@ -21,6 +21,7 @@ import uuid
 import weakref
 from typing import Callable
 
+from gradacc import env as env_numbers
 from gradacc import events as ev
 from gradacc.config import RunConfig
 from gradacc.errors import GradaccError, RunStopped
@@ -461,30 +462,12 @@ def new_run_id() -> str:
 
 
 def _env_max_concurrent() -> int:
-    raw = os.environ.get("GRADACC_MAX_CONCURRENT_RUNS", "").strip()
-    if not raw:
-        return DEFAULT_MAX_CONCURRENT
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise GradaccError(f"GRADACC_MAX_CONCURRENT_RUNS must be a whole number of at least 1; got {raw!r}.")
-    return value
+    return env_numbers.whole_number(os.environ, "GRADACC_MAX_CONCURRENT_RUNS") or DEFAULT_MAX_CONCURRENT
 
 
 def _env_max_run_seconds() -> float:
     """GRADACC_MAX_RUN_SECONDS; 0 turns the limit off."""
-    raw = os.environ.get("GRADACC_MAX_RUN_SECONDS", "").strip()
-    if not raw:
-        return DEFAULT_MAX_RUN_SECONDS
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value >= 0 or value == float("inf"):
-        raise GradaccError(f"GRADACC_MAX_RUN_SECONDS must be a number of seconds (0 for no limit); got {raw!r}.")
-    return value
+    return env_numbers.number(os.environ, "GRADACC_MAX_RUN_SECONDS", DEFAULT_MAX_RUN_SECONDS, allow_zero=True)
 
 
 # --- warm-up: process-wide, because imports are -------------------------------------------

@@ -377,3 +377,18 @@ def test_warm_up_is_idempotent_and_ends_warm(monkeypatch, store):
     manager.warm_up()
     assert manager.warm_state() in ("warming", "warm")
     wait_until(lambda: manager.warm_state() == "warm", what="warm")  # a failed import does not block it
+
+
+@pytest.mark.parametrize("name, raw", [("GRADACC_MAX_CONCURRENT_RUNS", "0"), ("GRADACC_MAX_CONCURRENT_RUNS", "two"),
+                                       ("GRADACC_MAX_RUN_SECONDS", "-5"), ("GRADACC_MAX_RUN_SECONDS", "inf")])
+def test_a_bad_environment_value_is_refused_with_the_variable_named(store, monkeypatch, name, raw):
+    monkeypatch.setenv(name, raw)
+    with pytest.raises(GradaccError, match=rf"^{name} must be a .*; got '{raw}'\.$"):
+        RunManager(store, train_fn=fake_train)
+
+
+def test_environment_sets_the_slots_and_the_run_limit(make_manager, monkeypatch):
+    monkeypatch.setenv("GRADACC_MAX_CONCURRENT_RUNS", "3")
+    monkeypatch.setenv("GRADACC_MAX_RUN_SECONDS", "0")  # 0: no limit
+    manager = make_manager()
+    assert (manager.max_concurrent, manager.max_run_seconds) == (3, 0)

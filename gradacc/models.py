@@ -52,7 +52,7 @@ def load(config: RunConfig, num_labels: int, label_names: list[str], token_level
 # ---- the built-in tiny BERT ---------------------------------------------------------------------
 
 def tiny_bert(num_labels: int, id2label: dict, seed: int, dropout: float, token_level: bool = False):
-    """A ~250k-parameter BERT classifier, randomly initialised from the seed (milliseconds)."""
+    """A BERT classifier of ~190k parameters, randomly initialised from the seed (milliseconds)."""
     import torch
     from transformers import BertConfig, BertForSequenceClassification, BertForTokenClassification
 

@@ -137,7 +137,7 @@ def model_input(prefix: str, errors: FieldErrors) -> str:
     defaults({f"{FORM}{prefix}.model_choice": BUILTIN_MODELS[0], f"{FORM}{prefix}.model_custom": ""})
     choice = st.selectbox("Model", [*BUILTIN_MODELS, OTHER_MODEL], key=f"{FORM}{prefix}.model_choice",
                           persist_state="session",
-                          help="tiny-bert: a 250k-parameter BERT, random init (fast). all-MiniLM-L6-v2: pretrained, "
+                          help="tiny-bert: a 190k-parameter BERT, random init (fast). all-MiniLM-L6-v2: pretrained, "
                                "packaged (22M parameters).")
     name = choice
     if choice == OTHER_MODEL:

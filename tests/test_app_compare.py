@@ -53,3 +53,19 @@ def test_runs_are_overlaid_tabled_and_exported(app_home):
     at.multiselect(key="compare_runs").set_value(["20250101-120000-aaaaaa"]).run()
     assert len(at.dataframe[0].value) == 1
     assert len(chart(at, "Training loss")["data"]) == 1
+
+
+def test_a_new_run_from_another_visitor_keeps_my_picks(app_home):
+    store = RunStore(app_home / "runs.sqlite3")
+    for letter in "abc":
+        store_run(store, f"20250101-12000{letter}-{letter * 6}", letter, "pytorch", 8, 4, 0.75)
+    at = open_app("compare")
+    at.multiselect(key="compare_runs").set_value(["20250101-12000a-aaaaaa"]).run()
+
+    store_run(store, "20250101-12000d-dddddd", "d", "pytorch", 8, 4, 0.75)  # while this visitor looks
+    store.close()
+    at.run()
+    picker = at.multiselect(key="compare_runs")
+    assert len(picker.options) == 4  # the new run can be picked...
+    assert picker.value == ["20250101-12000a-aaaaaa"]  # ...and the visitor's choice stays
+    assert len(chart(at, "Training loss")["data"]) == 1

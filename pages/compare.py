@@ -7,6 +7,7 @@ from gradacc import charts, compare, ui
 DEFAULT_PICKS = 3
 
 manager = ui.run_manager()
+owner = ui.owner_id()
 st.title("Compare runs")
 st.caption("Every run on this server, yours and other visitors'. Loss is drawn against samples seen, so runs "
            "with different effective batches line up.")
@@ -16,7 +17,9 @@ if not runs:
     st.info("No runs yet: start one on the Train page, then come back.")
     st.stop()
 
-chosen_ids = st.multiselect("Runs", list(runs), default=list(runs)[:DEFAULT_PICKS],
+# Pre-picked: this visitor's newest runs (what they came to compare), else the server's newest.
+own_ids = [run_id for run_id, run in runs.items() if run.owner == owner]
+chosen_ids = st.multiselect("Runs", list(runs), default=(own_ids or list(runs))[:DEFAULT_PICKS],
                             format_func=lambda run_id: compare.title(runs[run_id]), key="compare_runs")
 if not chosen_ids:
     st.info("Pick one or more runs above.")

@@ -1,16 +1,18 @@
 """The Compare page: any session's runs overlaid, a table of configs and results, CSV and JSON downloads."""
 
-from app_support import app_home, chart, open_app  # noqa: F401
+from app_support import APP, SCRIPT_TIMEOUT_S, app_home, chart, open_app  # noqa: F401
+from streamlit.testing.v1 import AppTest
 
 from gradacc import events as ev
 from gradacc.config import RunConfig
 from gradacc.store import RunStore
 
 
-def store_run(store: RunStore, run_id: str, label: str, backend: str, m: int, k: int, f1: float) -> None:
+def store_run(store: RunStore, run_id: str, label: str, backend: str, m: int, k: int, f1: float,
+              owner: str = "another-visitor") -> None:
     """A finished run as the run manager would have stored it (3 steps, one eval)."""
     config = RunConfig(backend=backend, micro_batch_size=m, grad_accum_steps=k).to_dict()
-    store.create_run(run_id, "another-visitor", config, label)
+    store.create_run(run_id, owner, config, label)
     store.append_event(run_id, ev.run_started(config=config, effective_batch=m * k, total_steps=3, steps_per_epoch=3,
                                               train_examples=3 * m * k, eval_examples=10, device="cpu",
                                               static_memory={"parameters": 1e6, "gradients": 1e6,
@@ -69,3 +71,19 @@ def test_a_new_run_from_another_visitor_keeps_my_picks(app_home):
     assert len(picker.options) == 4  # the new run can be picked...
     assert picker.value == ["20250101-12000a-aaaaaa"]  # ...and the visitor's choice stays
     assert len(chart(at, "Training loss")["data"]) == 1
+
+
+def test_the_visitors_own_runs_are_picked_first(app_home):
+    at = AppTest.from_file(APP, default_timeout=SCRIPT_TIMEOUT_S).run()  # the Train page gives the session its id
+    me = at.session_state["owner"]
+    store = RunStore(app_home / "runs.sqlite3")
+    store_run(store, "20250101-120000-mine01", "mine, m32×k1", "pytorch", 32, 1, 0.75, owner=me)
+    store_run(store, "20250101-120100-mine02", "mine, m8×k4", "pytorch", 8, 4, 0.75, owner=me)
+    for letter in "abc":  # newer runs of other visitors
+        store_run(store, f"20250101-12020{letter}-{letter * 6}", letter, "pytorch", 8, 4, 0.5)
+    store.close()
+
+    at.switch_page("pages/compare.py").run()
+    picker = at.multiselect(key="compare_runs")
+    assert len(picker.options) == 5
+    assert picker.value == ["20250101-120100-mine02", "20250101-120000-mine01"]

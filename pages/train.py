@@ -142,18 +142,21 @@ def run_status():
         return
     if live and not current.is_live:
         st.rerun()  # the run ended: one full rerun turns polling off and re-enables Start
-    kind, sentence = runview.status_message(current, manager.queue_position(run_id))
-    getattr(st, kind)(sentence)
-    fraction, progress_text = runview.progress(current)
-    st.progress(fraction, text=progress_text)
-    for note in runview.notes(current):
-        st.caption(f"ℹ️ {note}")
-    latest = runview.latest_eval(current)
-    f1, accuracy, memory = st.columns(3)
-    f1.metric("Eval F1", f"{latest['eval_f1']:.3f}" if latest else "—")
-    accuracy.metric("Eval accuracy", f"{latest['eval_accuracy']:.3f}" if latest else "—")
-    static = (current.started or {}).get("static_memory") or {}
-    memory.metric("Params + grads + optimizer", ui.format_bytes(static.get("total")))
+    # Keyed by the run: the browser (and a browser test) can tell this run's panel from the last one's.
+    with st.container(key=f"run-{current.run_id}-status"):
+        st.caption(f"Run {current.run_id} · {current.name}")
+        kind, sentence = runview.status_message(current, manager.queue_position(run_id))
+        getattr(st, kind)(sentence)
+        fraction, progress_text = runview.progress(current)
+        st.progress(fraction, text=progress_text)
+        for note in runview.notes(current):
+            st.caption(f"ℹ️ {note}")
+        latest = runview.latest_eval(current)
+        f1, accuracy, memory = st.columns(3)
+        f1.metric("Eval F1", f"{latest['eval_f1']:.3f}" if latest else "—")
+        accuracy.metric("Eval accuracy", f"{latest['eval_accuracy']:.3f}" if latest else "—")
+        static = (current.started or {}).get("static_memory") or {}
+        memory.metric("Params + grads + optimizer", ui.format_bytes(static.get("total")))
 
 
 # Charts poll less often than the status: building plotly figures holds the GIL that the training
@@ -164,16 +167,17 @@ def run_charts():
     # Before a run has started the charts are drawn empty: the page keeps its layout, and the browser
     # loads plotly while the visitor chooses settings instead of after Start (about 1.3 s here).
     run_events = current.events if current is not None and current.started is not None else []
-    x_axis = st.radio("Loss against", ["step", "samples_seen"], format_func=charts.X_TITLES.get, horizontal=True,
-                      key="loss_x")
-    curves = [("this run", run_events)]
-    loss_figure, memory_figure, eval_figure = ui.cached(
-        "train.figures", (run_id if run_events else None, len(run_events), x_axis),
-        lambda: (charts.loss_figure(curves, x=x_axis), charts.memory_figure(curves), charts.eval_figure(curves)))
-    loss_chart, eval_chart = st.columns(2)
-    loss_chart.plotly_chart(loss_figure, key="loss_chart")
-    eval_chart.plotly_chart(eval_figure, key="eval_chart")
-    st.plotly_chart(memory_figure, key="memory_chart")  # full width: its two panels need the room
+    with st.container(key=f"run-{run_id or 'none'}-charts"):
+        x_axis = st.radio("Loss against", ["step", "samples_seen"], format_func=charts.X_TITLES.get, horizontal=True,
+                          key="loss_x")
+        curves = [("this run", run_events)]
+        loss_figure, memory_figure, eval_figure = ui.cached(
+            "train.figures", (run_id if run_events else None, len(run_events), x_axis),
+            lambda: (charts.loss_figure(curves, x=x_axis), charts.memory_figure(curves), charts.eval_figure(curves)))
+        loss_chart, eval_chart = st.columns(2)
+        loss_chart.plotly_chart(loss_figure, key="loss_chart")
+        eval_chart.plotly_chart(eval_figure, key="eval_chart")
+        st.plotly_chart(memory_figure, key="memory_chart")  # full width: its two panels need the room
 
 
 run_status()

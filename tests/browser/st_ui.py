@@ -75,6 +75,14 @@ def sidebar_links(page: Page) -> Locator:
     return page.locator("[data-testid=stSidebarNav] a[data-testid=stSidebarNavLink]")
 
 
+def go_to(page: Page, name: str) -> None:
+    """Open another page of the app from the sidebar, as a person would, and wait until it has drawn."""
+    link = sidebar_links(page).filter(has_text=name)
+    link.click()
+    wait_for_app(page)
+    expect(link).to_have_attribute("aria-current", "page")
+
+
 def expect_no_exception(page: Page) -> None:
     """No Streamlit traceback box anywhere on the page; if there is one, fail with its text."""
     boxes = page.locator("[data-testid=stException]")
@@ -96,9 +104,9 @@ def metric_value(page: Page, label: str) -> Locator:
     return page.locator("[data-testid=stMetric]").filter(has_text=label).locator("[data-testid=stMetricValue]")
 
 
-def alert(page: Page, text: str | re.Pattern) -> Locator:
-    """An st.success/info/warning/error box containing ``text``."""
-    return page.locator("[data-testid=stAlert]").filter(has_text=text)
+def alert(within: Page | Locator, text: str | re.Pattern) -> Locator:
+    """An st.success/info/warning/error box containing ``text`` (on the page, or inside a locator)."""
+    return within.locator("[data-testid=stAlert]").filter(has_text=text)
 
 
 def screenshot(page: Page, path, max_height: int = 3000) -> None:

@@ -14,9 +14,7 @@ def test_every_page_opens_from_the_sidebar(page, artifacts):
     assert names == PAGES, f"sidebar shows {names}"
 
     for name in reversed(PAGES):  # ends back on Train, the home page
-        links.filter(has_text=name).click()
-        st_ui.wait_for_app(page)
-        expect(links.filter(has_text=name)).to_have_attribute("aria-current", "page")
+        st_ui.go_to(page, name)
         expect(st_ui.main(page).locator("h1").first).to_be_visible()
         st_ui.expect_no_exception(page)
         slug = name.lower().replace(" ", "-")

@@ -50,8 +50,9 @@ def test_stop_ends_a_run(page, artifacts):
     # 2000 samples at m=8, k=2 for 3 epochs: 375 steps, tens of seconds even on a fast machine, so the run
     # is still going when Stop is pressed.
     train_page.configure(page, micro_batch=8, accum_steps=2, epochs=3, train_samples=2000, eval_samples=32)
-    st_ui.click(page, "Start")
-    expect(st_ui.alert(page, re.compile(r"^Running on"))).to_be_visible(timeout=train_page.FIRST_LOSS_TIMEOUT_MS)
+    train_page.start(page)
+    running = st_ui.alert(train_page.status_panel(page), re.compile(r"^Running on"))
+    expect(running).to_be_visible(timeout=train_page.FIRST_LOSS_TIMEOUT_MS)
 
     st_ui.click(page, "Stop")
     train_page.wait_until_ended(page, "Stopped", timeout_ms=30_000)

@@ -7,7 +7,7 @@ import re
 import time
 from pathlib import Path
 
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Locator, Page, expect
 
 import st_ui
 
@@ -31,8 +31,26 @@ def configure(page: Page, micro_batch: int, accum_steps: int, epochs: int = 1,
     expect(st_ui.metric_value(page, "Effective batch")).to_have_text(str(micro_batch * accum_steps))
 
 
-def loss_traces(page: Page):
-    return st_ui.traces(st_ui.plot(page, "Training loss"))
+def run_in_url(url: str) -> str | None:
+    found = re.search(r"[?&]run=([\w-]+)", url)
+    return found.group(1) if found else None
+
+
+def current_run(page: Page) -> str | None:
+    """The id of the run the page shows: Start puts it in the URL (?run=...)."""
+    return run_in_url(page.url)
+
+
+def status_panel(page: Page) -> Locator:
+    """The status panel of the page's current run: after a second Start the last run's panel may still be on
+    screen for a moment, so everything is looked up inside the panel keyed by the run's id."""
+    return page.locator(f".st-key-run-{current_run(page)}-status")
+
+
+def loss_traces(page: Page) -> Locator:
+    """The loss chart's drawn series, of the current run only."""
+    return st_ui.traces(page.locator(f".st-key-run-{current_run(page)}-charts").locator(".js-plotly-plot").filter(
+        has=page.locator(".gtitle", has_text="Training loss")))
 
 
 def wait_for_libraries(page: Page) -> float:
@@ -42,18 +60,26 @@ def wait_for_libraries(page: Page) -> float:
     return time.monotonic() - waited
 
 
+def start(page: Page) -> str:
+    """Click Start; returns the new run's id once the URL names it."""
+    before = current_run(page)
+    button = st_ui.button(page, "Start")
+    expect(button).to_be_enabled()
+    button.click()
+    page.wait_for_url(lambda url: run_in_url(url) != before, timeout=st_ui.RERUN_TIMEOUT_MS)
+    return current_run(page)
+
+
 def start_and_time_first_loss(page: Page) -> dict:
-    """Click Start; return the seconds until the loss chart holds its first point.
+    """Click Start; return the seconds until the loss chart holds the run's first point.
 
     Waits for the chart, not for the "Running on" status: a small run can load, train and finish
     between two polls of the live panel, and then that status is never on screen. A run that fails
     instead ends the wait at once with its reason.
     """
-    start = st_ui.button(page, "Start")
-    expect(start).to_be_enabled()
     clicked = time.monotonic()
-    start.click()
-    failed = st_ui.alert(page, re.compile(r"^Failed"))
+    start(page)
+    failed = st_ui.alert(status_panel(page), re.compile(r"^Failed"))
     # wait_for polls on every animation frame: a tighter clock than expect's back-off.
     loss_traces(page).first.or_(failed).wait_for(state="attached", timeout=FIRST_LOSS_TIMEOUT_MS)
     seconds = round(time.monotonic() - clicked, 3)
@@ -62,14 +88,15 @@ def start_and_time_first_loss(page: Page) -> dict:
 
 
 def wait_until_ended(page: Page, status: str, timeout_ms: int = RUN_TIMEOUT_MS) -> None:
-    """Until the status line says the run is ``status`` (Completed, Stopped, Failed)."""
-    expect(st_ui.alert(page, re.compile(rf"^{status}\b"))).to_be_visible(timeout=timeout_ms)
+    """Until the current run's status line says it is ``status`` (Completed, Stopped, Failed)."""
+    expect(st_ui.alert(status_panel(page), re.compile(rf"^{status}\b"))).to_be_visible(timeout=timeout_ms)
     expect(st_ui.button(page, "Start")).to_be_enabled()
 
 
 def run_seconds(page: Page) -> float | None:
     """The run's own wall time, from the status line ("Completed: 16 optimizer steps in 4.2 s.")."""
-    found = re.search(r" in ([\d.]+) s\b", st_ui.alert(page, re.compile(r"^(Completed|Stopped)")).first.inner_text())
+    line = st_ui.alert(status_panel(page), re.compile(r"^(Completed|Stopped)")).first.inner_text()
+    found = re.search(r" in ([\d.]+) s\b", line)
     return float(found.group(1)) if found else None
 
 

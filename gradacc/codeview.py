@@ -12,6 +12,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
+from gradacc import warmup
 from gradacc.backends import MODULES
 from gradacc.config import RunConfig
 
@@ -41,7 +42,7 @@ def module_file(module_name: str) -> Path:
 @lru_cache(maxsize=None)
 def _parsed(module_name: str) -> tuple[str, ast.Module]:
     text = module_file(module_name).read_text(encoding="utf-8")
-    return text, ast.parse(text)
+    return text, warmup.parse(text)
 
 
 def definition_source(module_name: str, name: str) -> str:
@@ -63,7 +64,7 @@ def helpers(module_name: str, function: str = "train") -> list[tuple[str, str]]:
     """(name, source) of the same module's functions and classes that ``function`` uses, in file order,
     plus shared helpers such as ``loss_weight`` that decide the numbers."""
     _, tree = _parsed(module_name)
-    used = {node.id for node in ast.walk(ast.parse(definition_source(module_name, function)))
+    used = {node.id for node in ast.walk(warmup.parse(definition_source(module_name, function)))
             if isinstance(node, ast.Name)}
     local = [node.name for node in tree.body
              if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in used and node.name != function]

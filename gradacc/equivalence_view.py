@@ -12,6 +12,7 @@ import concurrent.futures
 import threading
 import time
 
+from gradacc import warmup
 from gradacc.config import RunConfig
 from gradacc.equivalence import rows as report_rows  # light: torch is imported only inside check()
 from gradacc.errors import GradaccError
@@ -101,6 +102,7 @@ class CheckRunner:
     def _run(self, config: RunConfig) -> dict:
         if self._check_fn is not None:
             return self._check_fn(config)
+        warmup.wait_until_warm()  # no import of torch beside the warm-up's (see gradacc.warmup)
         from gradacc.equivalence import check  # lazy: imports torch
 
         return check(config)

@@ -5,14 +5,13 @@ event goes to the in-memory ``RunState`` (what the live page polls) and to the `
 reload, a second tab or the next server start reads).
 
 Importing this module must stay cheap: torch and transformers are imported by the worker thread
-(or by ``warm_up``), never at import time.
+(or by ``gradacc.warmup``), never at import time.
 """
 
 from __future__ import annotations
 
 import atexit
 import collections
-import importlib
 import logging
 import os
 import threading
@@ -23,6 +22,7 @@ from typing import Callable
 
 from gradacc import env as env_numbers
 from gradacc import events as ev
+from gradacc import warmup
 from gradacc.config import RunConfig
 from gradacc.errors import GradaccError, RunStopped
 from gradacc.store import LIVE_STATUSES, RunStore
@@ -301,13 +301,6 @@ class RunManager:
             log.warning("threads still running after shutdown: %s", ", ".join(stuck))
         return not stuck
 
-    def warm_up(self) -> None:
-        """Import torch, transformers and accelerate in a daemon thread so the first Start is fast."""
-        warm_up()
-
-    def warm_state(self) -> str:
-        return warm_state()
-
     # --- internals (call with self._lock held) ------------------------------------------------
 
     def _schedule(self) -> None:
@@ -362,6 +355,10 @@ class RunManager:
     def _work(self, state: RunState, worker: _Worker) -> None:
         try:
             config = RunConfig.from_dict(state.config)
+            # While the app's warm-up imports torch, this thread must not import (see gradacc.warmup); the
+            # status meanwhile says "loading the model and data", and Stop still works.
+            while not warmup.wait_until_warm(timeout=0.2) and not worker.stop.is_set():
+                pass
             train = self._train_fn or _engine_train(config)
             result = train(config, lambda event: self._record(state, event), worker.stop)
             if state.ended is None:
@@ -468,45 +465,3 @@ def _env_max_concurrent() -> int:
 def _env_max_run_seconds() -> float:
     """GRADACC_MAX_RUN_SECONDS; 0 turns the limit off."""
     return env_numbers.number(os.environ, "GRADACC_MAX_RUN_SECONDS", DEFAULT_MAX_RUN_SECONDS, allow_zero=True)
-
-
-# --- warm-up: process-wide, because imports are -------------------------------------------
-
-# (module, names to touch): transformers imports Trainer lazily, so it has to be asked for.
-WARM_UP_IMPORTS: list[tuple[str, tuple[str, ...]]] = [
-    ("torch", ()),
-    ("transformers", ("Trainer", "TrainingArguments")),
-    ("accelerate", ()),
-    ("gradacc.engine", ()),
-    ("gradacc.metrics", ()),  # scikit-learn: ~1.6 s the first eval would otherwise pay
-]
-_warm_lock = threading.Lock()
-_warm_status = "cold"
-
-
-def warm_up() -> None:
-    """Start the imports in a daemon thread; calling it again does nothing."""
-    global _warm_status
-    with _warm_lock:
-        if _warm_status != "cold":
-            return
-        _warm_status = "warming"
-    threading.Thread(target=_import_all, name="gradacc-warm-up", daemon=True).start()
-
-
-def warm_state() -> str:
-    """'cold', 'warming' or 'warm'."""
-    return _warm_status
-
-
-def _import_all() -> None:
-    global _warm_status
-    for module_name, names in WARM_UP_IMPORTS:
-        try:
-            module = importlib.import_module(module_name)
-            for name in names:
-                getattr(module, name)
-        except Exception:  # a run started later reports the real error; warming up is only a speed-up
-            log.warning("warm-up could not import %s", module_name, exc_info=True)
-    with _warm_lock:
-        _warm_status = "warm"

@@ -10,7 +10,7 @@ import uuid
 
 import streamlit as st
 
-from gradacc import form
+from gradacc import form, warmup
 from gradacc.config import BUILTIN_DATASETS, BUILTIN_MODELS, RunConfig
 from gradacc.data import FILE_SUFFIXES, LABEL_COLUMNS, TEXT_COLUMNS
 from gradacc.errors import GradaccError
@@ -46,7 +46,7 @@ def _create_manager() -> RunManager:
 
     # recover=True marks runs a previous server left queued/running as interrupted (once per server).
     manager = RunManager(RunStore(), max_run_seconds=limits.max_run_seconds or 0, recover=True)
-    manager.warm_up()  # torch and transformers import in the background while the page paints
+    warmup.start()  # torch and transformers import in the background while the page paints
     return manager
 
 
@@ -240,18 +240,24 @@ def cached(name: str, version, build):
 
 # ---- status lines ---------------------------------------------------------------------------------
 
-def warm_up_status(manager: RunManager) -> None:
-    """'warming up the training libraries…' until torch and transformers are imported, then 'ready'."""
-    state_at_start = manager.warm_state()
+def warm_up_status() -> None:
+    """'warming up the training libraries…' until torch and transformers are imported, then 'ready'
+    (or, if an import failed, that runs will fail until the server restarts)."""
+    state_at_start = warmup.state()
 
-    @st.fragment(run_every=WARM_UP_POLL_SECONDS if state_at_start != "warm" else None)
+    @st.fragment(run_every=WARM_UP_POLL_SECONDS if state_at_start in ("cold", "warming") else None)
     def status_line():
-        if manager.warm_state() == "warm":
-            if state_at_start != "warm":
-                st.rerun()  # once: the next script run draws this fragment without polling
+        state = warmup.state()
+        if state in ("cold", "warming"):
+            st.caption("⏳ Warming up the training libraries (torch, transformers)…")
+            return
+        if state_at_start in ("cold", "warming"):
+            st.rerun()  # once: the next script run draws this fragment without polling
+        if state == "warm":
             st.caption("✅ Training libraries ready.")
         else:
-            st.caption("⏳ Warming up the training libraries (torch, transformers)…")
+            st.error(f"The training libraries failed to import ({warmup.failure()}); runs will fail until "
+                     "the server is restarted.")
 
     status_line()
 

@@ -37,7 +37,10 @@ except GradaccError as error:
 
 st.info(DESCRIPTIONS[backend])
 module_name = MODULES[backend]
-st.markdown(codeview.module_docstring(module_name))
+# Reading the source parses it, which waits while the libraries import (see gradacc.warmup): say so.
+with st.spinner("Waiting for the training libraries to finish importing…", show_time=True):
+    docstring = codeview.module_docstring(module_name)
+st.markdown(docstring)
 st.code(codeview.backend_code(config), language="python")
 with st.expander("Helpers this loop calls"):
     for name, source in codeview.helpers(module_name):

@@ -15,7 +15,7 @@ limits = ui.limits()
 owner = ui.owner_id()
 
 st.title("Gradient accumulation, live")
-ui.warm_up_status(manager)
+ui.warm_up_status()
 st.caption("This deployment: " + " · ".join(limits.describe()) + ".")
 
 

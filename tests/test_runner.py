@@ -366,19 +366,6 @@ def test_importing_the_runner_does_not_import_torch():
     assert out.split() == ["False", "False"]
 
 
-def test_warm_up_is_idempotent_and_ends_warm(monkeypatch, store):
-    import gradacc.runner as runner
-
-    monkeypatch.setattr(runner, "WARM_UP_IMPORTS", [("json", ("dumps",)), ("no_such_module_xyz", ())])
-    monkeypatch.setattr(runner, "_warm_status", "cold")
-    manager = RunManager(store, train_fn=fake_train)
-    assert manager.warm_state() == "cold"
-    manager.warm_up()
-    manager.warm_up()
-    assert manager.warm_state() in ("warming", "warm")
-    wait_until(lambda: manager.warm_state() == "warm", what="warm")  # a failed import does not block it
-
-
 @pytest.mark.parametrize("name, raw", [("GRADACC_MAX_CONCURRENT_RUNS", "0"), ("GRADACC_MAX_CONCURRENT_RUNS", "two"),
                                        ("GRADACC_MAX_RUN_SECONDS", "-5"), ("GRADACC_MAX_RUN_SECONDS", "inf")])
 def test_a_bad_environment_value_is_refused_with_the_variable_named(store, monkeypatch, name, raw):

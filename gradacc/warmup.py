@@ -1,0 +1,90 @@
+"""Import the training libraries once, in a background thread, so pages paint before torch is loaded.
+
+One rule comes with it. CPython 3.11 keeps the ``ast`` module's recursion counter per interpreter, not
+per thread: an ``ast.parse`` in one thread while torch's import runs ``ast.parse`` in another can fail that
+import with "SystemError: AST constructor recursion depth mismatch" (seen here during warm-up), and torch
+can then never be imported again in the process ("function 'conv1d' already has a docstring"): every run
+would fail until a restart. So while the libraries import, nothing else in the process builds an AST:
+
+- gradacc's own parsing goes through ``parse`` here, which waits for the imports;
+- runs, equivalence checks and the planner's measurement call ``wait_until_warm`` before they import;
+- Streamlit's magic, which parses each page script, is off in ``.streamlit/config.toml``.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import logging
+import threading
+
+log = logging.getLogger(__name__)
+
+# (module, names to touch): transformers imports Trainer lazily, so it has to be asked for.
+IMPORTS: list[tuple[str, tuple[str, ...]]] = [
+    ("torch", ()),
+    ("transformers", ("Trainer", "TrainingArguments")),
+    ("accelerate", ()),
+    ("gradacc.engine", ()),
+    ("gradacc.metrics", ()),  # scikit-learn: ~1.6 s the first eval would otherwise pay
+]
+
+_state_lock = threading.Lock()
+_importing = threading.Lock()  # held by the warm-up thread for as long as it imports
+_done = threading.Event()
+_state = "cold"
+_failure: str | None = None
+
+
+def start() -> None:
+    """Start the imports in a daemon thread; calling it again does nothing."""
+    global _state
+    with _state_lock:
+        if _state != "cold":
+            return
+        _state = "warming"
+        _importing.acquire()  # before the thread starts: a parse right after start() must wait
+    threading.Thread(target=_import_all, name="gradacc-warm-up", daemon=True).start()
+
+
+def state() -> str:
+    """'cold' (never started), 'warming', 'warm', or 'failed' (an import raised: see ``failure``)."""
+    return _state
+
+
+def failure() -> str | None:
+    """The first import error, in one line, when ``state()`` is 'failed'."""
+    return _failure
+
+
+def wait_until_warm(timeout: float | None = None) -> bool:
+    """Block while the libraries import; True once they are done (or failed), or when warm-up never started
+    (the CLI, the tests); False when ``timeout`` ran out first."""
+    if _state == "cold":
+        return True
+    return _done.wait(timeout)
+
+
+def parse(source: str) -> ast.Module:
+    """``ast.parse``, but never while the warm-up imports (see the module docstring)."""
+    with _importing:
+        return ast.parse(source)
+
+
+def _import_all() -> None:
+    global _state, _failure
+    try:
+        for module_name, names in IMPORTS:
+            try:
+                module = importlib.import_module(module_name)
+                for name in names:
+                    getattr(module, name)
+            except Exception as error:  # a run started later reports its own error; say it on the page too
+                log.warning("warm-up could not import %s", module_name, exc_info=True)
+                if _failure is None:
+                    _failure = f"{module_name}: {type(error).__name__}: {error}".splitlines()[0]
+    finally:
+        with _state_lock:
+            _state = "failed" if _failure else "warm"
+        _importing.release()
+        _done.set()

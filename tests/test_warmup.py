@@ -1,0 +1,113 @@
+"""The background import of the training libraries, and the one rule that comes with it: no AST is built
+while it imports (CPython 3.11 can fail torch's import for good; see gradacc/warmup.py)."""
+
+import importlib
+import threading
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from gradacc import warmup
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def fresh_warmup(monkeypatch):
+    """A warm-up that has never run, importing what each test says instead of torch."""
+    monkeypatch.setattr(warmup, "_state", "cold")
+    monkeypatch.setattr(warmup, "_failure", None)
+    monkeypatch.setattr(warmup, "_done", threading.Event())
+    monkeypatch.setattr(warmup, "_importing", threading.Lock())
+    return warmup
+
+
+def slow_imports(monkeypatch, gate: threading.Event, fail: str | None = None):
+    """import_module that holds until ``gate`` is set, and raises for the module named ``fail``."""
+    real = importlib.import_module
+
+    def import_module(name):
+        gate.wait(10)
+        if name == fail:
+            raise ImportError(f"No module named {name!r}")
+        return real(name)
+
+    monkeypatch.setattr(warmup.importlib, "import_module", import_module)
+
+
+def test_start_is_idempotent_and_ends_warm(fresh_warmup, monkeypatch):
+    monkeypatch.setattr(warmup, "IMPORTS", [("json", ("dumps",)), ("math", ())])
+    gate = threading.Event()
+    slow_imports(monkeypatch, gate)
+    assert warmup.state() == "cold" and warmup.wait_until_warm(timeout=0)  # never started: nothing to wait for
+    warmup.start()
+    warmup.start()
+    assert warmup.state() == "warming"
+    assert not warmup.wait_until_warm(timeout=0.05)
+    gate.set()
+    assert warmup.wait_until_warm(timeout=10)
+    assert warmup.state() == "warm" and warmup.failure() is None
+
+
+def test_parse_waits_for_the_imports(fresh_warmup, monkeypatch):
+    monkeypatch.setattr(warmup, "IMPORTS", [("json", ())])
+    gate = threading.Event()
+    slow_imports(monkeypatch, gate)
+    warmup.start()
+    parsed = []
+    parser = threading.Thread(target=lambda: parsed.append(warmup.parse("x = 1")))
+    parser.start()
+    parser.join(0.3)
+    assert parser.is_alive() and not parsed  # held while the imports run
+    gate.set()
+    parser.join(10)
+    assert len(parsed) == 1 and warmup.state() == "warm"
+
+
+def test_a_failed_import_is_reported_and_ends_the_wait(fresh_warmup, monkeypatch):
+    monkeypatch.setattr(warmup, "IMPORTS", [("json", ()), ("no_such_module_xyz", ()), ("math", ())])
+    gate = threading.Event()
+    gate.set()
+    slow_imports(monkeypatch, gate, fail="no_such_module_xyz")
+    warmup.start()
+    assert warmup.wait_until_warm(timeout=10)
+    assert warmup.state() == "failed"
+    assert warmup.failure() == "no_such_module_xyz: ImportError: No module named 'no_such_module_xyz'"
+    assert warmup.parse("y = 2").body  # parsing is free again
+
+
+def test_a_run_waits_for_the_warm_up_and_can_be_stopped_meanwhile(fresh_warmup, monkeypatch, tmp_path):
+    from gradacc.config import RunConfig
+    from gradacc.runner import RunManager
+    from gradacc.store import RunStore
+
+    monkeypatch.setattr(warmup, "IMPORTS", [("json", ())])
+    gate = threading.Event()
+    slow_imports(monkeypatch, gate)
+    trained = []
+
+    def train(config, on_event, stop):
+        trained.append(stop.is_set())
+        return None
+
+    manager = RunManager(RunStore(tmp_path / "runs.sqlite3"), train_fn=train, max_run_seconds=0)
+    try:
+        warmup.start()
+        waiting = manager.submit(RunConfig(), owner="alice")
+        time.sleep(0.3)
+        assert trained == []  # not started while the libraries import
+        assert manager.stop(waiting, "alice")
+        assert manager.wait(waiting, timeout=5)
+        assert trained == [True]  # handed to the engine stopped, which ends it at once
+        gate.set()
+    finally:
+        gate.set()
+        assert manager.shutdown(timeout=5)
+
+
+def test_streamlit_magic_is_off():
+    """Magic ast.parses each page script in the script thread, beside the warm-up's imports."""
+    config = tomllib.loads((ROOT / ".streamlit" / "config.toml").read_text())
+    assert config["runner"]["magicEnabled"] is False

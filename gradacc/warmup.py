@@ -34,17 +34,19 @@ _importing = threading.Lock()  # held by the warm-up thread for as long as it im
 _done = threading.Event()
 _state = "cold"
 _failure: str | None = None
+_thread: threading.Thread | None = None
 
 
 def start() -> None:
     """Start the imports in a daemon thread; calling it again does nothing."""
-    global _state
+    global _state, _thread
     with _state_lock:
         if _state != "cold":
             return
         _state = "warming"
         _importing.acquire()  # before the thread starts: a parse right after start() must wait
-    threading.Thread(target=_import_all, name="gradacc-warm-up", daemon=True).start()
+        _thread = threading.Thread(target=_import_all, name="gradacc-warm-up", daemon=True)
+    _thread.start()
 
 
 def state() -> str:
@@ -67,6 +69,8 @@ def wait_until_warm(timeout: float | None = None) -> bool:
 
 def parse(source: str) -> ast.Module:
     """``ast.parse``, but never while the warm-up imports (see the module docstring)."""
+    if threading.current_thread() is _thread:  # a module the warm-up imports parses: it is the only parser
+        return ast.parse(source)
     with _importing:
         return ast.parse(source)
 

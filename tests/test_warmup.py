@@ -21,6 +21,7 @@ def fresh_warmup(monkeypatch):
     monkeypatch.setattr(warmup, "_failure", None)
     monkeypatch.setattr(warmup, "_done", threading.Event())
     monkeypatch.setattr(warmup, "_importing", threading.Lock())
+    monkeypatch.setattr(warmup, "_thread", None)
     return warmup
 
 
@@ -63,6 +64,16 @@ def test_parse_waits_for_the_imports(fresh_warmup, monkeypatch):
     assert parser.is_alive() and not parsed  # held while the imports run
     gate.set()
     parser.join(10)
+    assert len(parsed) == 1 and warmup.state() == "warm"
+
+
+def test_a_module_the_warm_up_imports_may_parse(fresh_warmup, monkeypatch):
+    """The warm-up thread holds the parse lock: a parse inside its own imports must not wait on itself."""
+    parsed = []
+    monkeypatch.setattr(warmup, "IMPORTS", [("json", ())])
+    monkeypatch.setattr(warmup.importlib, "import_module", lambda name: parsed.append(warmup.parse("z = 3")))
+    warmup.start()
+    assert warmup.wait_until_warm(timeout=5), "the warm-up deadlocked on its own parse"
     assert len(parsed) == 1 and warmup.state() == "warm"
 
 

@@ -22,7 +22,12 @@ def fresh_warmup(monkeypatch):
     monkeypatch.setattr(warmup, "_done", threading.Event())
     monkeypatch.setattr(warmup, "_importing", threading.Lock())
     monkeypatch.setattr(warmup, "_thread", None)
-    return warmup
+    yield warmup
+    # The test's warm-up thread must end before the real lock and event are put back, or it would release
+    # the real lock (a real warm-up's, in a later test) and leave that warm-up unable to finish.
+    if warmup._thread is not None:
+        warmup._thread.join(10)
+        assert not warmup._thread.is_alive(), "a test's warm-up thread is still running"
 
 
 def slow_imports(monkeypatch, gate: threading.Event, fail: str | None = None):
@@ -35,7 +40,7 @@ def slow_imports(monkeypatch, gate: threading.Event, fail: str | None = None):
             raise ImportError(f"No module named {name!r}")
         return real(name)
 
-    monkeypatch.setattr(warmup.importlib, "import_module", import_module)
+    monkeypatch.setattr(warmup, "_import", import_module)
 
 
 def test_start_is_idempotent_and_ends_warm(fresh_warmup, monkeypatch):
@@ -71,7 +76,7 @@ def test_a_module_the_warm_up_imports_may_parse(fresh_warmup, monkeypatch):
     """The warm-up thread holds the parse lock: a parse inside its own imports must not wait on itself."""
     parsed = []
     monkeypatch.setattr(warmup, "IMPORTS", [("json", ())])
-    monkeypatch.setattr(warmup.importlib, "import_module", lambda name: parsed.append(warmup.parse("z = 3")))
+    monkeypatch.setattr(warmup, "_import", lambda name: parsed.append(warmup.parse("z = 3")))
     warmup.start()
     assert warmup.wait_until_warm(timeout=5), "the warm-up deadlocked on its own parse"
     assert len(parsed) == 1 and warmup.state() == "warm"

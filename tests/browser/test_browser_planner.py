@@ -17,12 +17,13 @@ def test_measure_recommend_and_use_on_the_train_page(page, artifacts):
                                                                              timeout=MEASURE_TIMEOUT_MS)
     st_ui.set_number(page, "Target effective batch", 64)
 
-    advice = st_ui.alert(page, re.compile(r"^Largest micro-batch that fits"))
+    # Waits (with retries) for the advice for the new target: the page reruns after the field is committed.
+    advice = st_ui.alert(page, re.compile(r"^Largest micro-batch that fits .* effective batch of 64 "))
     expect(advice).to_be_visible()
-    m = int(st_ui.metric_value(page, "Micro-batch size (m)").inner_text())
-    k = int(st_ui.metric_value(page, "Accumulation steps (k)").inner_text())
-    assert m >= 1 and k >= 1
-    expect(st_ui.metric_value(page, "Effective batch")).to_have_text(str(m * k))
+    m, k = map(int, re.search(r"Use m = (\d+) with k = (\d+)", advice.inner_text()).groups())
+    assert m * k >= 64 and m * (k - 1) < 64, (m, k)  # the fewest micro-batches that reach the target
+    expect(st_ui.metric_value(page, "Micro-batch size (m)")).to_have_text(str(m))
+    expect(st_ui.metric_value(page, "Accumulation steps (k)")).to_have_text(str(k))
     expect(st_ui.traces(st_ui.plot(page, "Memory plan"))).not_to_have_count(0)
     st_ui.expect_no_exception(page)
     st_ui.screenshot(page, artifacts / "planner-result.png")

@@ -38,6 +38,7 @@ OTHER_DATASET = "other: hub id or local path"
 @st.cache_resource(show_spinner=False)
 def _create_manager() -> RunManager:
     limits = Limits.from_env()
+    warmup.torch_threads()  # a bad GRADACC_TORCH_THREADS stops the page with one sentence, like the limits
     # plotly looks numpy and pandas up in sys.modules without importing them; while the warm-up thread is
     # half-way through importing pandas, a chart drawn here would find a partial module and fail. Import both
     # fully first (well under a second), then warm up the rest.

@@ -19,7 +19,8 @@ APP = str(ROOT / "app.py")
 # A script run is quick, but the first one in a process imports plotly, pandas and friends.
 SCRIPT_TIMEOUT_S = 60
 LIMIT_VARIABLES = ("GRADACC_MAX_EPOCHS", "GRADACC_MAX_TRAIN_SAMPLES", "GRADACC_MAX_RUN_SECONDS",
-                   "GRADACC_MAX_UPLOAD_MB", "GRADACC_ALLOW_HUB", "GRADACC_MAX_CONCURRENT_RUNS")
+                   "GRADACC_MAX_UPLOAD_MB", "GRADACC_ALLOW_HUB", "GRADACC_MAX_CONCURRENT_RUNS",
+                   "GRADACC_TORCH_THREADS")
 # Small enough to finish in seconds on 2 CPU cores.
 SMALL_RUN = {"train_samples": 64, "eval_samples": 32, "epochs": 1, "micro_batch_size": 8, "grad_accum_steps": 2}
 # Long enough to still be running when a test stops it.

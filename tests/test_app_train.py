@@ -5,6 +5,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from app_support import (APP, LONG_RUN, ROOT, SMALL_RUN, alerts, app_home, chart, error_after, metric,  # noqa: F401
                          open_app, points, run_until, set_numbers)
 from streamlit.testing.v1 import AppTest
@@ -208,7 +210,8 @@ def test_the_deployment_time_limit_stops_a_run(app_home, monkeypatch):
     assert "reached the deployment's limit of 1 s" in at.warning[0].value
 
 
-def test_a_misconfigured_server_says_so_instead_of_a_traceback(app_home, monkeypatch):
-    monkeypatch.setenv("GRADACC_MAX_EPOCHS", "lots")
+@pytest.mark.parametrize("name", ["GRADACC_MAX_EPOCHS", "GRADACC_TORCH_THREADS"])
+def test_a_misconfigured_server_says_so_instead_of_a_traceback(app_home, monkeypatch, name):
+    monkeypatch.setenv(name, "lots")
     at = open_app()
-    assert "This server is misconfigured: GRADACC_MAX_EPOCHS must be a whole number" in at.error[0].value
+    assert f"This server is misconfigured: {name} must be a whole number" in at.error[0].value

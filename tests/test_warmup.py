@@ -127,3 +127,35 @@ def test_streamlit_magic_is_off():
     """Magic ast.parses each page script in the script thread, beside the warm-up's imports."""
     config = tomllib.loads((ROOT / ".streamlit" / "config.toml").read_text())
     assert config["runner"]["magicEnabled"] is False
+
+
+class FakeTorch:
+    def __init__(self):
+        self.threads = None
+
+    def set_num_threads(self, threads):
+        self.threads = threads
+
+
+@pytest.mark.parametrize("raw, threads", [(None, 1), ("3", 3)])
+def test_the_warm_up_sets_torch_threads(fresh_warmup, monkeypatch, raw, threads):
+    torch = FakeTorch()
+    monkeypatch.setattr(warmup, "IMPORTS", [("torch", ())])
+    monkeypatch.setattr(warmup, "_import", lambda name: torch)
+    if raw is None:
+        monkeypatch.delenv("GRADACC_TORCH_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("GRADACC_TORCH_THREADS", raw)
+    warmup.start()
+    assert warmup.wait_until_warm(timeout=5)
+    assert warmup.state() == "warm" and torch.threads == threads
+
+
+def test_a_bad_torch_threads_value_is_said_on_the_page(fresh_warmup, monkeypatch):
+    monkeypatch.setattr(warmup, "IMPORTS", [("torch", ())])
+    monkeypatch.setattr(warmup, "_import", lambda name: FakeTorch())
+    monkeypatch.setenv("GRADACC_TORCH_THREADS", "0")
+    warmup.start()
+    assert warmup.wait_until_warm(timeout=5)
+    assert warmup.state() == "failed"
+    assert warmup.failure() == "GRADACC_TORCH_THREADS must be a whole number of at least 1; got '0'."

@@ -47,9 +47,9 @@ def test_run_draws_loss_memory_and_f1(page, artifacts):
 
 def test_stop_ends_a_run(page, artifacts):
     st_ui.open_app(page)
-    # 2000 samples at m=8, k=2 for 3 epochs: 375 steps, tens of seconds even on a fast machine, so the run
+    # 2000 samples at m=8, k=2 for 10 epochs: 1250 steps, tens of seconds even on a fast machine, so the run
     # is still going when Stop is pressed.
-    train_page.configure(page, micro_batch=8, accum_steps=2, epochs=3, train_samples=2000, eval_samples=32)
+    train_page.configure(page, micro_batch=8, accum_steps=2, epochs=10, train_samples=2000, eval_samples=32)
     train_page.start(page)
     running = st_ui.alert(train_page.status_panel(page), re.compile(r"^Running on"))
     expect(running).to_be_visible(timeout=train_page.FIRST_LOSS_TIMEOUT_MS)

@@ -11,9 +11,10 @@ would fail until a restart. So while the libraries import, nothing else in the p
 - Streamlit's magic, which parses each page script, is off in ``.streamlit/config.toml``.
 
 Once torch is imported, the warm-up also sets how many threads it computes with (``GRADACC_TORCH_THREADS``,
-default 1): the server's cores are shared with the web server and the live page, and torch's default of one
-thread per core then oversubscribes them. Measured on 2 cores with the page open: 16 optimizer steps took
-7.8–12.7 s with 2 torch threads and 0.5–0.7 s with 1.
+default 1): the server's cores are shared with the web server, the live page and whatever else runs there,
+and torch's default of one thread per core then oversubscribes them. Measured on 2 cores with another busy
+process on one: 16 optimizer steps took 7.8–12.7 s with 2 torch threads and 0.5–0.9 s with 1 (idle: 0.4–0.6 s
+and 0.3–0.5 s).
 """
 
 from __future__ import annotations

@@ -66,7 +66,8 @@ def state() -> str:
 
 
 def failure() -> str | None:
-    """The first import error, in one line, when ``state()`` is 'failed'."""
+    """What went wrong, in one line, when ``state()`` is 'failed': the first import error, or a bad
+    GRADACC_TORCH_THREADS (which the app refuses at start-up, before the warm-up)."""
     return _failure
 
 
@@ -86,10 +87,9 @@ def parse(source: str) -> ast.Module:
         return ast.parse(source)
 
 
-def torch_threads(environ=None) -> int:
+def torch_threads() -> int:
     """Threads torch computes with in the app: ``GRADACC_TORCH_THREADS``, else 1."""
-    environ = os.environ if environ is None else environ
-    return env_numbers.whole_number(environ, "GRADACC_TORCH_THREADS") or DEFAULT_TORCH_THREADS
+    return env_numbers.whole_number(os.environ, "GRADACC_TORCH_THREADS") or DEFAULT_TORCH_THREADS
 
 
 def _import_all() -> None:

@@ -6,7 +6,7 @@ torch or transformers: the run manager warms them up in the background while the
 
 import streamlit as st
 
-from gradacc import ui
+from gradacc.app import widgets as ui
 
 st.set_page_config(page_title="gradacc: gradient accumulation, live", page_icon="🧮", layout="wide")
 ui.run_manager()  # the first visitor creates it: marks interrupted runs, starts warming up

@@ -84,7 +84,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """The run's config; ``num_processes`` is always the launch's (accelerate launch / torchrun set it)."""
-    from gradacc import distributed
+    from gradacc.training import distributed
 
     warning = distributed.launch_warning()
     if warning:
@@ -122,8 +122,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _train(args) -> int:
-    from gradacc import distributed
-    from gradacc.engine import train
+    from gradacc.training import distributed
+    from gradacc.training.engine import train
 
     config = config_from_args(args)
     config.validate()
@@ -159,7 +159,7 @@ def _train(args) -> int:
 
 def _apply_limits(config: RunConfig) -> None:
     try:
-        from gradacc.limits import Limits
+        from gradacc.serving.limits import Limits
     except ImportError:
         return
     Limits.from_env().check(config)
@@ -200,7 +200,8 @@ class _Progress:
 
 
 def _check(args) -> int:
-    from gradacc import distributed, equivalence
+    from gradacc.analysis import equivalence
+    from gradacc.training import distributed
 
     config = config_from_args(args)  # under accelerate launch / torchrun: the check runs on every rank
     report = equivalence.check(config, samples=args.samples)

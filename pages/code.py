@@ -2,8 +2,8 @@
 
 import streamlit as st
 
-from gradacc import codeview, ui
-from gradacc.backends import DESCRIPTIONS, MODULES
+from gradacc.app import codeview, widgets as ui
+from gradacc.training.backends import DESCRIPTIONS, MODULES
 from gradacc.config import LOSS_NORMALIZATIONS, RunConfig
 from gradacc.errors import GradaccError
 
@@ -37,7 +37,7 @@ except GradaccError as error:
 
 st.info(DESCRIPTIONS[backend])
 module_name = MODULES[backend]
-# Reading the source parses it, which waits while the libraries import (see gradacc.warmup): say so.
+# Reading the source parses it, which waits while the libraries import (see gradacc.serving.warmup): say so.
 with st.spinner("Waiting for the training libraries to finish importing…", show_time=True):
     docstring = codeview.module_docstring(module_name)
 st.markdown(docstring)

@@ -2,7 +2,8 @@
 
 import streamlit as st
 
-from gradacc import charts, compare, ui
+from gradacc.analysis import compare
+from gradacc.app import charts, widgets as ui
 
 DEFAULT_PICKS = 3
 

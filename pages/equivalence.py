@@ -4,8 +4,8 @@ import time
 
 import streamlit as st
 
-from gradacc import charts, equivalence_view, ui
-from gradacc.backends import DESCRIPTIONS
+from gradacc.app import charts, equivalence_view, widgets as ui
+from gradacc.training.backends import DESCRIPTIONS
 from gradacc.errors import GradaccError
 
 K = f"{ui.FORM}equivalence."

@@ -2,7 +2,8 @@
 
 import streamlit as st
 
-from gradacc import charts, planner, ui
+from gradacc.analysis import planner
+from gradacc.app import charts, widgets as ui
 from gradacc.config import RunConfig
 from gradacc.errors import GradaccError
 

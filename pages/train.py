@@ -2,8 +2,8 @@
 
 import streamlit as st
 
-from gradacc import charts, form, runview, ui
-from gradacc.backends import DESCRIPTIONS
+from gradacc.app import charts, form, runview, widgets as ui
+from gradacc.training.backends import DESCRIPTIONS
 from gradacc.config import BACKENDS, LOSS_NORMALIZATIONS, RunConfig
 from gradacc.errors import GradaccError
 

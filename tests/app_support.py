@@ -28,7 +28,7 @@ LONG_RUN = {"train_samples": 2000, "eval_samples": 32, "epochs": 5, "micro_batch
 
 
 def _release_server_resources() -> None:
-    from gradacc import ui
+    from gradacc.app import widgets as ui
     from gradacc.errors import GradaccError
 
     try:

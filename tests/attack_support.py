@@ -84,7 +84,7 @@ def sabotage(monkeypatch, fault, after_forwards: int = 0, seed: int | None = Non
     ``seed``: only runs with that seed are sabotaged (other visitors' runs train normally).
     ``counter``: gets ``n``, the training forwards so far of the sabotaged run.
     """
-    from gradacc import models
+    from gradacc.training.sources import models
 
     original = models.tiny_bert
     calls = counter if counter is not None else {}

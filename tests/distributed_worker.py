@@ -9,11 +9,11 @@ import io
 import json
 import sys
 
-from gradacc import distributed
+from gradacc.training import distributed
 from gradacc.cli import main
 from gradacc.config import RunConfig
-from gradacc.engine import train
-from gradacc.equivalence import check
+from gradacc.training.engine import train
+from gradacc.analysis.equivalence import check
 from gradacc.events import Recorder
 
 BACKENDS = ("pytorch", "accelerate", "trainer")

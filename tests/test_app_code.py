@@ -17,7 +17,7 @@ def test_shows_the_loop_the_backend_runs_with_the_settings(app_home, backend):
     at.radio(key="form.code.backend").set_value(backend)
     set_numbers(at, "code", {"micro_batch_size": 16, "grad_accum_steps": 2})
     code = at.code[0].value
-    assert code.startswith("# gradacc.backends.")
+    assert code.startswith("# gradacc.training.backends.")
     assert "micro_batch_size = 16" in code and "gradient_accumulation_steps = 2" in code
     assert "effective_batch = 32" in code
     assert "def train(job)" in code

@@ -5,7 +5,7 @@ from streamlit.testing.v1 import AppTest
 
 from gradacc import events as ev
 from gradacc.config import RunConfig
-from gradacc.store import RunStore
+from gradacc.serving.store import RunStore
 
 
 def store_run(store: RunStore, run_id: str, label: str, backend: str, m: int, k: int, f1: float,

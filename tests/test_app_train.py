@@ -174,8 +174,8 @@ def test_pages_paint_without_importing_torch_or_transformers():
     script = textwrap.dedent(f"""
         import os, sys, tempfile
         os.environ["GRADACC_HOME"] = tempfile.mkdtemp()
-        import gradacc.warmup
-        gradacc.warmup.start = lambda: None  # the background import would load torch on purpose
+        import gradacc.serving.warmup
+        gradacc.serving.warmup.start = lambda: None  # the background import would load torch on purpose
         from streamlit.testing.v1 import AppTest
         at = AppTest.from_file({str(ROOT / 'app.py')!r}, default_timeout=60).run()
         for page in ("compare", "equivalence", "planner", "code", "train"):

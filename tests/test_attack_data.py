@@ -11,10 +11,10 @@ import pytest
 from app_support import alerts, app_home, error_after, open_app, run_until  # noqa: F401
 from attack_support import TINY, TINY_ARGS, assert_one_error_line, cli, one_torch_thread  # noqa: F401
 
-from gradacc.compare import FORMULA_STARTS
+from gradacc.analysis.compare import FORMULA_STARTS
 from gradacc.config import RunConfig
-from gradacc.data import load_text_data
-from gradacc.engine import train
+from gradacc.training.sources.data import load_text_data
+from gradacc.training.engine import train
 from gradacc.errors import GradaccError
 from gradacc.events import Recorder
 

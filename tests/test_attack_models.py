@@ -16,7 +16,7 @@ import pytest
 from app_support import alerts, app_home, open_app, run_until  # noqa: F401
 from attack_support import TINY, TINY_ARGS, assert_one_error_line, cli, one_torch_thread  # noqa: F401
 
-from gradacc import hub
+from gradacc.training.sources import hub
 
 RUN_TIMEOUT_S = 120
 OTHER_MODEL = "other: hub id or local folder"
@@ -35,7 +35,7 @@ class Payload:
 @pytest.fixture(scope="module")
 def model_folders(tmp_path_factory):
     """Every kind of model folder, built once: models/ is the allowed folder, outside/ is not."""
-    from gradacc.models import tiny_bert, tiny_bert_tokenizer
+    from gradacc.training.sources.models import tiny_bert, tiny_bert_tokenizer
 
     root = tmp_path_factory.mktemp("model-attacks")
     allowed, outside = root / "models", root / "outside"
@@ -176,6 +176,6 @@ def test_app_refuses_a_hub_id_offline_in_seconds(app_home, one_torch_thread):
     assert "Cannot reach the Hugging Face Hub to fetch model 'someone/no-such-model'" in at.error[0].value
     assert time.perf_counter() - started < 30  # includes loading torch on a cold process; the refusal is instant
     ended = at.session_state["run_id"]
-    from gradacc import ui
+    from gradacc.app import widgets as ui
 
     assert ui.run_manager().get(ended).ended["wall_s"] < 5

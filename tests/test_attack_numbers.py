@@ -90,7 +90,7 @@ REAL_OOM_CHILD = textwrap.dedent("""
     import psutil, torch
     from transformers import BertForSequenceClassification  # the lazy imports, before the cap
     from gradacc import cli
-    from gradacc.models import tiny_bert_tokenizer
+    from gradacc.training.sources.models import tiny_bert_tokenizer
 
     tiny_bert_tokenizer()
     torch.set_num_threads(1)

@@ -19,11 +19,11 @@ import psutil
 import pytest
 from attack_support import ROOT, TINY, one_torch_thread, wait_for  # noqa: F401
 
-from gradacc import data as data_module
-from gradacc import models
+from gradacc.training.sources import data as data_module
+from gradacc.training.sources import models
 from gradacc.config import RunConfig
-from gradacc.runner import FINISHED_CACHE_SIZE, RunManager, limit_reason
-from gradacc.store import RunStore
+from gradacc.serving.manager import FINISHED_CACHE_SIZE, RunManager, limit_reason
+from gradacc.serving.store import RunStore
 
 RUN_TIMEOUT_S = 120
 SLOW_PHASE_S = 1.0
@@ -105,10 +105,10 @@ def test_a_run_is_stopped_at_the_limit_while_training(manager_factory, one_torch
 
 COLD_CHILD = textwrap.dedent("""
     import json, sys, time
-    import gradacc.job as job
-    import gradacc.runner as runner  # light: torch is imported by the run's own thread
+    import gradacc.training.job as job
+    import gradacc.serving.manager as runner  # light: torch is imported by the run's own thread
     from gradacc.config import RunConfig
-    from gradacc.store import RunStore
+    from gradacc.serving.store import RunStore
 
     assert "torch" not in sys.modules and "transformers" not in sys.modules
     prepare, entered = job.prepare, {}

@@ -10,7 +10,7 @@ from app_support import alerts, app_home, chart, open_app, points, run_until  # 
 from attack_support import nan_loss, one_torch_thread, sabotage, wait_for  # noqa: F401
 
 from gradacc.config import RunConfig
-from gradacc.engine import train
+from gradacc.training.engine import train
 from gradacc.events import Recorder
 
 RUN_TIMEOUT_S = 120

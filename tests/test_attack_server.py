@@ -13,8 +13,8 @@ import time
 import pytest
 from attack_support import (ROOT, StreamlitServer, Visitor, integrity_check, read_store, wait_for)
 
-from gradacc.runner import SHUTDOWN_WHILE_RUNNING
-from gradacc.store import INTERRUPTED_REASON
+from gradacc.serving.manager import SHUTDOWN_WHILE_RUNNING
+from gradacc.serving.store import INTERRUPTED_REASON
 
 # Long enough to still be training when the checks run: 1900 samples × 5 epochs at m=4 is 2375 steps.
 LONG = {"form.train.train_samples": 1900, "form.train.epochs": 5, "form.train.micro_batch_size": 4,

@@ -43,7 +43,7 @@ def hold_first_run(monkeypatch):
 def test_visitors_queue_in_order_cannot_stop_each_other_and_keep_their_own_settings(visitors, app_home,
                                                                                     hold_first_run,
                                                                                     one_torch_thread):
-    from gradacc import ui
+    from gradacc.app import widgets as ui
 
     reached, release = hold_first_run
     sessions = [open_app() for _ in range(visitors)]

@@ -3,7 +3,7 @@ import math
 import pandas as pd
 import pytest
 
-from gradacc import charts
+from gradacc.app import charts
 from gradacc import events as ev
 
 

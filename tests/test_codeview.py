@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from gradacc import codeview
-from gradacc.backends import MODULES
+from gradacc.app import codeview
+from gradacc.training.backends import MODULES
 from gradacc.config import RunConfig
 
 
@@ -36,7 +36,7 @@ def test_helpers_are_the_module_functions_the_loop_calls():
 
 
 def test_reading_the_source_imports_no_torch():
-    script = ("import sys; from gradacc import codeview; from gradacc.config import RunConfig; "
+    script = ("import sys; from gradacc.app import codeview; from gradacc.config import RunConfig; "
               "[codeview.backend_code(RunConfig(backend=b)) for b in ('pytorch', 'accelerate', 'trainer')]; "
               "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", script], check=True, timeout=60)

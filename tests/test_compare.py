@@ -4,10 +4,10 @@ import csv
 import io
 import json
 
-from gradacc import compare
+from gradacc.analysis import compare
 from gradacc import events as ev
 from gradacc.config import RunConfig
-from gradacc.runner import RunState
+from gradacc.serving.manager import RunState
 
 
 def finished_run(label="=1+1", dataset="/srv/gradacc/uploads/secret-abc.csv") -> RunState:

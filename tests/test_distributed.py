@@ -2,7 +2,7 @@
 
 Starting processes costs more than these tiny runs, so everything that needs ranks runs in two launches:
 ``tests/distributed_worker.py`` under torchrun (every backend, with and without no_sync, the equivalence
-check, the CLI's check) and one real run through ``gradacc.launch`` (accelerate launch, as the app does).
+check, the CLI's check) and one real run through ``gradacc.training.launch`` (accelerate launch, as the app does).
 The launcher's Stop and crash handling are tested with a stand-in launcher that needs no torch.
 """
 
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from gradacc import launch, windows
+from gradacc.training import launch, windows
 from gradacc.config import RunConfig, optimizer_steps_per_epoch
-from gradacc.engine import train
+from gradacc.training.engine import train
 from gradacc.errors import GradaccError
 from gradacc.events import Recorder
 
@@ -243,8 +243,8 @@ def test_a_broken_event_sink_fails_the_run_and_ends_every_rank(fake_launcher):
 
 
 def test_run_manager_launches_a_2_process_config(fake_launcher, tmp_path):
-    from gradacc.runner import RunManager
-    from gradacc.store import RunStore
+    from gradacc.serving.manager import RunManager
+    from gradacc.serving.store import RunStore
 
     fake_launcher("crash")
     manager = RunManager(RunStore(tmp_path / "runs.db"), recover=False, max_run_seconds=0)
@@ -287,7 +287,7 @@ def test_exact_weights_use_the_window_on_all_ranks():
 def test_accelerate_scheduler_sized_for_p_calls_per_step_matches_the_plain_one():
     import torch
 
-    from gradacc.backends.common import make_scheduler
+    from gradacc.training.backends.common import make_scheduler
 
     config = RunConfig(warmup_ratio=0.1)
     plain = make_scheduler(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0), config, 7)
@@ -305,13 +305,13 @@ def test_accelerate_scheduler_sized_for_p_calls_per_step_matches_the_plain_one()
 
 def test_a_multi_process_config_outside_a_launch_is_refused():
     with pytest.raises(GradaccError, match="2-process run with accelerate launch or torchrun"):
-        from gradacc.job import prepare
+        from gradacc.training.job import prepare
 
         prepare(RunConfig(num_processes=2), lambda event: None, threading.Event())
 
 
 def test_accelerate_launch_cpu_starting_one_process_is_named(monkeypatch):
-    from gradacc import distributed
+    from gradacc.training import distributed
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")

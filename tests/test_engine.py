@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from gradacc.config import RunConfig, optimizer_steps_per_epoch, total_optimizer_steps
-from gradacc.engine import train
+from gradacc.training.engine import train
 from gradacc.events import Recorder
 
 SMALL = dict(train_samples=90, eval_samples=30, epochs=1, micro_batch_size=8, dropout=0.0, max_seq_length=32)
@@ -66,7 +66,7 @@ def test_three_backends_give_the_same_loss_curve_with_exact_normalization_and_no
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_stop_mid_window_ends_within_one_micro_batch_and_keeps_events(backend, monkeypatch):
-    from gradacc.job import Job
+    from gradacc.training.job import Job
 
     calls = []
     original = Job.check_stop

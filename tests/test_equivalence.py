@@ -3,7 +3,7 @@
 import pytest
 
 from gradacc.config import RunConfig
-from gradacc.equivalence import check, rows, window_size
+from gradacc.analysis.equivalence import check, rows, window_size
 from gradacc.errors import GradaccError
 
 EXACT_TOLERANCE = 1e-5

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from gradacc import equivalence_view as view
+from gradacc.app import equivalence_view as view
 from gradacc.errors import GradaccError
 
 

@@ -2,10 +2,10 @@
 
 import pytest
 
-from gradacc import form
+from gradacc.app import form
 from gradacc.config import RunConfig
 from gradacc.errors import GradaccError
-from gradacc.limits import Limits
+from gradacc.serving.limits import Limits
 
 
 def test_every_bad_field_is_reported_not_just_the_first():

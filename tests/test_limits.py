@@ -4,7 +4,7 @@ import pytest
 
 from gradacc.config import RunConfig
 from gradacc.errors import GradaccError
-from gradacc.limits import Limits, is_hub_dataset, is_hub_model
+from gradacc.serving.limits import Limits, is_hub_dataset, is_hub_model
 
 
 def test_defaults_limit_only_time_and_uploads():

@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from gradacc import memory
+from gradacc.training import memory
 from gradacc.config import RunConfig
-from gradacc.engine import train
+from gradacc.training.engine import train
 from gradacc.events import Recorder
-from gradacc.models import load
+from gradacc.training.sources.models import load
 
 
 @pytest.fixture(scope="module")

@@ -2,9 +2,9 @@
 
 import pytest
 
-from gradacc import planner
+from gradacc.analysis import planner
 from gradacc.errors import GradaccError
-from gradacc.planner import ActivationFit, fit_activations, recommend
+from gradacc.analysis.planner import ActivationFit, fit_activations, recommend
 
 MB = planner.MB
 

@@ -10,8 +10,8 @@ import pytest
 from gradacc import events as ev
 from gradacc.config import RunConfig
 from gradacc.errors import GradaccError
-from gradacc.runner import RunManager, RunState, limit_reason
-from gradacc.store import INTERRUPTED_REASON, RunStore
+from gradacc.serving.manager import RunManager, RunState, limit_reason
+from gradacc.serving.store import INTERRUPTED_REASON, RunStore
 
 STEPS = 5
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -236,8 +236,8 @@ def test_a_new_manager_on_the_same_db_marks_a_crashed_run_interrupted(store, tmp
         import os, threading, time
         from gradacc import events as ev
         from gradacc.config import RunConfig
-        from gradacc.runner import RunManager
-        from gradacc.store import RunStore
+        from gradacc.serving.manager import RunManager
+        from gradacc.serving.store import RunStore
 
         def train(config, on_event, stop):
             on_event(ev.run_started(config=config.to_dict(), effective_batch=32, total_steps=100,
@@ -360,7 +360,7 @@ def test_delete_only_by_owner_and_only_when_over(make_manager, store):
 
 
 def test_importing_the_runner_does_not_import_torch():
-    code = "import sys, gradacc.runner, gradacc.store; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    code = "import sys, gradacc.serving.manager, gradacc.serving.store; print('torch' in sys.modules, 'transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=REPO_ROOT).stdout
     assert out.split() == ["False", "False"]

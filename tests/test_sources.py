@@ -5,11 +5,11 @@ import json
 import pytest
 
 from gradacc.config import RunConfig
-from gradacc.data import load_text_data
-from gradacc.engine import train
+from gradacc.training.sources.data import load_text_data
+from gradacc.training.engine import train
 from gradacc.errors import GradaccError
 from gradacc.events import Recorder
-from gradacc.models import load
+from gradacc.training.sources.models import load
 
 SMALL = dict(train_samples=None, eval_samples=None, epochs=1, micro_batch_size=4, grad_accum_steps=2,
              max_seq_length=32)
@@ -96,7 +96,7 @@ def test_data_file_outside_allowed_folders_is_refused(data_dir, tmp_path_factory
 
 
 def _saved_model(model_dir, name, num_labels=2, safe=True, architecture_head=True):
-    from gradacc.models import tiny_bert, tiny_bert_tokenizer
+    from gradacc.training.sources.models import tiny_bert, tiny_bert_tokenizer
 
     model = tiny_bert(num_labels, {i: str(i) for i in range(num_labels)}, seed=0, dropout=0.0)
     folder = model_dir / name

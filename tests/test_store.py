@@ -5,7 +5,7 @@ import time
 import pytest
 
 from gradacc import events as ev
-from gradacc.store import INTERRUPTED_REASON, RunStore
+from gradacc.serving.store import INTERRUPTED_REASON, RunStore
 
 
 @pytest.fixture

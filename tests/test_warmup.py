@@ -1,5 +1,5 @@
 """The background import of the training libraries, and the one rule that comes with it: no AST is built
-while it imports (CPython 3.11 can fail torch's import for good; see gradacc/warmup.py)."""
+while it imports (CPython 3.11 can fail torch's import for good; see gradacc/serving/warmup.py)."""
 
 import importlib
 import threading
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gradacc import warmup
+from gradacc.serving import warmup
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -96,8 +96,8 @@ def test_a_failed_import_is_reported_and_ends_the_wait(fresh_warmup, monkeypatch
 
 def test_a_run_waits_for_the_warm_up_and_can_be_stopped_meanwhile(fresh_warmup, monkeypatch, tmp_path):
     from gradacc.config import RunConfig
-    from gradacc.runner import RunManager
-    from gradacc.store import RunStore
+    from gradacc.serving.manager import RunManager
+    from gradacc.serving.store import RunStore
 
     monkeypatch.setattr(warmup, "IMPORTS", [("json", ())])
     gate = threading.Event()

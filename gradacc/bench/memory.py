@@ -36,10 +36,10 @@ def measure_point(m: int, k: int, size: dict, threads: int) -> dict:
     """One short run at (m, k); module-level so a fresh process can run it."""
     import torch
 
-    from gradacc import memory
+    from gradacc.training import memory
 
     torch.set_num_threads(threads)
-    import gradacc.backends.pytorch_loop  # noqa: F401 - imports before the RSS baseline, not in the growth
+    import gradacc.training.backends.pytorch_loop  # noqa: F401 - imports before the RSS baseline, not in the growth
     import transformers.models.bert.modeling_bert  # noqa: F401
 
     config = RunConfig(backend="pytorch", micro_batch_size=m, grad_accum_steps=k, epochs=1,

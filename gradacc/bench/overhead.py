@@ -5,7 +5,7 @@ Per backend, three variants train the same model on the same data in the same or
 - ``instrumented``: ``instrument=True`` (activation hooks on the first micro-batch of each window, RSS
   at each step) and a sink doing what the app does (keep each event, serialise it to JSON);
 - ``plain``: ``instrument=False`` and a sink that does nothing;
-- ``reference``: a few lines of plain PyTorch on the Job that ``gradacc.job.prepare`` builds.
+- ``reference``: a few lines of plain PyTorch on the Job that ``gradacc.training.job.prepare`` builds.
 
 The three run in three processes in lockstep (see ``lockstep``): one optimizer step each, in turn, in a
 rotating order, so step i of every variant meets the same machine; which process runs which variant
@@ -38,8 +38,8 @@ VARIANTS = ("instrumented", "plain", "reference")
 CLOCKS = ("cpu", "wall")
 GOAL = 0.97
 # Imported once by the process the workers are forked from.
-PRELOAD = ["gradacc.engine", "gradacc.backends.pytorch_loop", "gradacc.backends.accelerate_loop",
-           "gradacc.backends.trainer_loop"]
+PRELOAD = ["gradacc.training.engine", "gradacc.training.backends.pytorch_loop", "gradacc.training.backends.accelerate_loop",
+           "gradacc.training.backends.trainer_loop"]
 
 
 def config_for(backend: str, size: dict, instrument: bool, steps: int) -> RunConfig:
@@ -69,7 +69,7 @@ def worker(clock: lockstep.StepClock, process: int, size: dict, threads: int) ->
     the probes apart (everything is imported there already)."""
     import torch
 
-    from gradacc.engine import quiet_libraries
+    from gradacc.training.engine import quiet_libraries
 
     torch.set_num_threads(threads)
     quiet_libraries()
@@ -96,7 +96,7 @@ def reference_loop(config: RunConfig, on_step) -> None:
     import torch
     from torch.utils.data import DataLoader
 
-    from gradacc.job import prepare
+    from gradacc.training.job import prepare
 
     job = prepare(config, lambda event: None, threading.Event())
     model, k = job.model, config.grad_accum_steps
@@ -128,8 +128,8 @@ def component_costs(size: dict, repeats: int) -> dict:
     import contextlib
     import timeit
 
-    from gradacc import memory
-    from gradacc.job import prepare
+    from gradacc.training import memory
+    from gradacc.training.job import prepare
 
     config = config_for("pytorch", size, instrument=True, steps=size["steps"])
     job = prepare(config, lambda event: None, threading.Event())

@@ -31,7 +31,7 @@ def progress(message: str) -> None:
 def machine(threads: int) -> dict:
     import torch
 
-    from gradacc.job import pick_device
+    from gradacc.training.job import pick_device
 
     return {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
             "cpu_count": os.cpu_count(), "torch_threads": threads, "device": str(pick_device()),

@@ -34,7 +34,7 @@ class AppSink:
 def train(config: RunConfig, sink, **job_options) -> dict:
     """engine.train, but a run that does not complete is an error here (a benchmark of a failed run is
     no benchmark)."""
-    from gradacc.engine import train as engine_train
+    from gradacc.training.engine import train as engine_train
 
     ended = engine_train(config, sink, **job_options)
     if ended["status"] != events.COMPLETED:
@@ -49,7 +49,7 @@ def fixed_length_collator(model: str, length: int):
     mix m with sequence length."""
     from transformers import DataCollatorWithPadding
 
-    from gradacc import models
+    from gradacc.training.sources import models
 
     if model != models.TINY_BERT:
         raise ValueError("the memory suite measures the built-in tiny-bert")

@@ -10,13 +10,14 @@ import uuid
 
 import streamlit as st
 
-from gradacc import form, warmup
+from gradacc.app import form
+from gradacc.serving import warmup
 from gradacc.config import BUILTIN_DATASETS, BUILTIN_MODELS, RunConfig
-from gradacc.data import FILE_SUFFIXES, LABEL_COLUMNS, TEXT_COLUMNS
+from gradacc.training.sources.data import FILE_SUFFIXES, LABEL_COLUMNS, TEXT_COLUMNS
 from gradacc.errors import GradaccError
-from gradacc.limits import Limits
-from gradacc.runner import RunManager
-from gradacc.store import RunStore
+from gradacc.serving.limits import Limits
+from gradacc.serving.manager import RunManager
+from gradacc.serving.store import RunStore
 
 # How often a live page polls its run; only while that run is queued or running. Charts are redrawn
 # less often: building plotly figures is pure Python and competes with training for the GIL.
@@ -66,7 +67,7 @@ def run_manager() -> RunManager:
 @st.cache_resource(show_spinner=False)
 def check_runner():
     """The server's queue of equivalence checks (one worker thread, shared by every visitor)."""
-    from gradacc.equivalence_view import CheckRunner
+    from gradacc.app.equivalence_view import CheckRunner
 
     return CheckRunner()
 

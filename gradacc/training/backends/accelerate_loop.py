@@ -15,10 +15,10 @@ import contextlib
 
 from torch.utils.data import DataLoader
 
-from gradacc.backends.common import StepReporter, check_finite, evaluate, make_optimizer, make_scheduler
-from gradacc.distributed import SyncProbe
-from gradacc.memory import ActivationMeter
-from gradacc.windows import loss_weight
+from gradacc.training.backends.common import StepReporter, check_finite, evaluate, make_optimizer, make_scheduler
+from gradacc.training.distributed import SyncProbe
+from gradacc.training.memory import ActivationMeter
+from gradacc.training.windows import loss_weight
 
 
 def new_accelerator(job):

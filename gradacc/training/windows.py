@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from gradacc.data import item_count
+from gradacc.training.sources.data import item_count
 
 
 def shard(num_examples: int, micro_batch_size: int, num_processes: int = 1) -> list[list[list[int]]]:

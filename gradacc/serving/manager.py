@@ -5,7 +5,7 @@ event goes to the in-memory ``RunState`` (what the live page polls) and to the `
 reload, a second tab or the next server start reads).
 
 Importing this module must stay cheap: torch and transformers are imported by the worker thread
-(or by ``gradacc.warmup``), never at import time.
+(or by ``gradacc.serving.warmup``), never at import time.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from typing import Callable
 
 from gradacc import env as env_numbers
 from gradacc import events as ev
-from gradacc import warmup
+from gradacc.serving import warmup
 from gradacc.config import RunConfig
 from gradacc.errors import GradaccError, RunStopped
-from gradacc.store import LIVE_STATUSES, RunStore
+from gradacc.serving.store import LIVE_STATUSES, RunStore
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +174,7 @@ class RunManager:
     def __init__(self, store: RunStore, max_concurrent: int | None = None, train_fn: TrainFn | None = None,
                  max_run_seconds: float | None = None, recover: bool = True):
         """``max_concurrent``: default env GRADACC_MAX_CONCURRENT_RUNS or 1. ``max_run_seconds``: default env
-        GRADACC_MAX_RUN_SECONDS or 600; 0 means no limit. ``train_fn``: default ``gradacc.engine.train``.
+        GRADACC_MAX_RUN_SECONDS or 600; 0 means no limit. ``train_fn``: default ``gradacc.training.engine.train``.
         ``recover``: mark runs a previous server left queued or running as interrupted (first manager of
         this process on this store file only)."""
         self.store = store
@@ -355,7 +355,7 @@ class RunManager:
     def _work(self, state: RunState, worker: _Worker) -> None:
         try:
             config = RunConfig.from_dict(state.config)
-            # While the app's warm-up imports torch, this thread must not import (see gradacc.warmup); the
+            # While the app's warm-up imports torch, this thread must not import (see gradacc.serving.warmup); the
             # status meanwhile says "loading the model and data", and Stop still works.
             while not warmup.wait_until_warm(timeout=0.2) and not worker.stop.is_set():
                 pass
@@ -445,10 +445,10 @@ def _hit_limit(state: RunState, stop: threading.Event, reason: str) -> None:
 
 def _engine_train(config: RunConfig | None = None) -> TrainFn:
     if config is not None and config.num_processes > 1:
-        from gradacc.launch import train  # one process per rank, started through accelerate launch
+        from gradacc.training.launch import train  # one process per rank, started through accelerate launch
 
         return train
-    from gradacc.engine import train  # lazy: imports torch
+    from gradacc.training.engine import train  # lazy: imports torch
 
     return train
 

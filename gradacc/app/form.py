@@ -11,15 +11,15 @@ import re
 import tempfile
 from pathlib import Path
 
-from gradacc import data as data_module
+from gradacc.training.sources import data as data_module
 from gradacc import paths
 from gradacc.config import BUILTIN_DATASETS, RunConfig, total_optimizer_steps
 from gradacc.errors import GradaccError
-from gradacc.limits import Limits
+from gradacc.serving.limits import Limits
 
 # Uploads kept on disk; older ones are removed so a public server's disk does not fill up.
 KEEP_UPLOADS = 100
-# The built-in dataset's size when train_samples is not set (gradacc.data uses the same).
+# The built-in dataset's size when train_samples is not set (gradacc.training.sources.data uses the same).
 BUILTIN_DEFAULT_TRAIN = 2000
 GENERAL = "config"  # errors that belong to no single widget
 

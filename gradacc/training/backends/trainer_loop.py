@@ -22,11 +22,11 @@ import torch
 import torch.nn.functional as F
 from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
 
-from gradacc.backends.common import EVAL_BATCH_SIZE, StepReporter, warmup_steps
-from gradacc.distributed import SyncProbe
+from gradacc.training.backends.common import EVAL_BATCH_SIZE, StepReporter, warmup_steps
+from gradacc.training.distributed import SyncProbe
 from gradacc.errors import RunFailed, RunStopped
-from gradacc.memory import ActivationMeter
-from gradacc.metrics import classification_metrics
+from gradacc.training.memory import ActivationMeter
+from gradacc.training.metrics import classification_metrics
 
 
 def make_loss_function(normalization: str, k: int, num_processes: int = 1):

@@ -112,10 +112,10 @@ def full_batch_gradient(config: RunConfig, token_level: bool, first_windows: int
     The window is every rank's micro-batches together (on one process, simply all the examples); with
     ``first_windows``, only the micro-batches of the first that many accumulation windows.
     """
-    from gradacc import windows
-    from gradacc.backends.common import to_device
-    from gradacc.engine import quiet_libraries
-    from gradacc.job import prepare
+    from gradacc.training import windows
+    from gradacc.training.backends.common import to_device
+    from gradacc.training.engine import quiet_libraries
+    from gradacc.training.job import prepare
 
     quiet_libraries()
     job = prepare(config, lambda event: None, threading.Event(), token_level=token_level, whole_micro_batch=False)
@@ -136,7 +136,7 @@ def full_batch_gradient(config: RunConfig, token_level: bool, first_windows: int
 def accumulated_gradient(config: RunConfig, token_level: bool, trainer_library_default: bool = False,
                          sync_each_micro_batch: bool = False) -> dict:
     """The gradient a backend holds right before its first optimizer step, and each step's all-reduces."""
-    from gradacc.engine import train
+    from gradacc.training.engine import train
     from gradacc.events import Recorder
 
     captured = {}

@@ -1,6 +1,6 @@
 """A data-parallel run from the app: ``train(config, on_event, stop)`` for ``config.num_processes > 1``.
 
-The same signature and the same events as ``gradacc.engine.train``, but the training runs in
+The same signature and the same events as ``gradacc.training.engine.train``, but the training runs in
 ``config.num_processes`` processes started by ``accelerate launch``:
 
     accelerate launch --multi_gpu --num_processes P -m gradacc train --config run.json --json
@@ -34,7 +34,7 @@ from gradacc.events import EventSink
 
 STOP_GRACE_S = 3.0
 STDERR_LINES_KEPT = 200
-PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds gradacc/
 
 
 def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.Event | None = None) -> dict:

@@ -11,7 +11,8 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gradacc import builtin_data, hub, paths
+from gradacc import paths
+from gradacc.training.sources import builtin_data, hub
 from gradacc.config import RunConfig
 from gradacc.errors import GradaccError
 

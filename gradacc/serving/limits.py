@@ -19,10 +19,10 @@ from pathlib import Path
 from gradacc import env as env_numbers
 from gradacc.config import BUILTIN_DATASETS, BUILTIN_MODELS, RunConfig
 from gradacc.errors import GradaccError
-from gradacc.runner import DEFAULT_MAX_RUN_SECONDS
+from gradacc.serving.manager import DEFAULT_MAX_RUN_SECONDS
 
 DEFAULT_MAX_UPLOAD_MB = 5.0
-_FALSE_WORDS = ("0", "false", "no")  # as gradacc.hub.hub_allowed reads it
+_FALSE_WORDS = ("0", "false", "no")  # as gradacc.training.sources.hub.hub_allowed reads it
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class Limits:
         ]
 
 
-# Mirrors how gradacc.models and gradacc.data tell a hub id from a built-in name or a local path.
+# Mirrors how gradacc.training.sources.models and gradacc.training.sources.data tell a hub id from a built-in name or a local path.
 def is_hub_model(name: str) -> bool:
     name = (name or "").strip()
     if not name or name in BUILTIN_MODELS:

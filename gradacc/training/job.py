@@ -11,8 +11,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
-from gradacc import data as data_module
-from gradacc import distributed, models, windows
+from gradacc.training.sources import data as data_module
+from gradacc.training import distributed, windows
+from gradacc.training.sources import models
 from gradacc.config import RunConfig, optimizer_steps_per_epoch, total_optimizer_steps
 from gradacc.errors import GradaccError, RunStopped
 from gradacc.events import EventSink
@@ -92,7 +93,7 @@ def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, token_lev
     if config.num_processes != distributed.world_size():
         raise GradaccError(f"num processes is {config.num_processes}, but this is a {distributed.world_size()}-process "
                            f"launch; start a {config.num_processes}-process run with accelerate launch or torchrun "
-                           "(the app does it through gradacc.launch).", "num_processes")
+                           "(the app does it through gradacc.training.launch).", "num_processes")
     _stop_requested(stop)  # e.g. the run's time ran out while torch was still importing
     text_data = data_module.load_text_data(config)
     if whole_micro_batch and config.micro_batch_size > len(text_data.train_texts):

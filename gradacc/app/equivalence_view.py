@@ -12,11 +12,11 @@ import concurrent.futures
 import threading
 import time
 
-from gradacc import warmup
+from gradacc.serving import warmup
 from gradacc.config import RunConfig
-from gradacc.equivalence import rows as report_rows  # light: torch is imported only inside check()
+from gradacc.analysis.equivalence import rows as report_rows  # light: torch is imported only inside check()
 from gradacc.errors import GradaccError
-from gradacc.runner import one_line_error
+from gradacc.serving.manager import one_line_error
 
 # Largest window (m × k) the page accepts: the check builds the whole window as one batch too.
 MAX_WINDOW = 256
@@ -102,8 +102,8 @@ class CheckRunner:
     def _run(self, config: RunConfig) -> dict:
         if self._check_fn is not None:
             return self._check_fn(config)
-        warmup.wait_until_warm()  # no import of torch beside the warm-up's (see gradacc.warmup)
-        from gradacc.equivalence import check  # lazy: imports torch
+        warmup.wait_until_warm()  # no import of torch beside the warm-up's (see gradacc.serving.warmup)
+        from gradacc.analysis.equivalence import check  # lazy: imports torch
 
         return check(config)
 

@@ -12,8 +12,8 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from gradacc import warmup
-from gradacc.backends import MODULES
+from gradacc.serving import warmup
+from gradacc.training.backends import MODULES
 from gradacc.config import RunConfig
 
 # Settings shown in the header, in this order, with the name people use for them.
@@ -27,7 +27,7 @@ HEADER = (("micro_batch_size", "micro_batch_size", "m"),
 _FIELDS = set(RunConfig().to_dict())
 _CONFIG_REFERENCE = re.compile(r"\bconfig\.([A-Za-z_]\w*)")
 # Helpers in other modules worth showing beside a loop: the weight every backend puts on a micro-batch.
-SHARED_HELPERS = {"loss_weight": "gradacc.windows"}
+SHARED_HELPERS = {"loss_weight": "gradacc.training.windows"}
 
 
 @lru_cache(maxsize=None)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from gradacc import warmup
+from gradacc.serving import warmup
 from gradacc.config import MAX_MICRO_BATCH, RunConfig, effective_batch
 from gradacc.errors import GradaccError
 
@@ -121,12 +121,13 @@ class Measurement:
 def measure(model: str, max_seq_length: int, sizes=MEASURED_SIZES, seed: int = 42) -> Measurement:
     """Load ``model`` (CPU), count static bytes, and count activation bytes of one training-mode forward
     pass per micro-batch size with every sequence padded to ``max_seq_length`` tokens."""
-    warmup.wait_until_warm()  # no import of torch beside the app's warm-up (see gradacc.warmup)
+    warmup.wait_until_warm()  # no import of torch beside the app's warm-up (see gradacc.serving.warmup)
     import torch
 
-    from gradacc import builtin_data, memory, models
-    from gradacc.backends.common import make_optimizer
-    from gradacc.engine import quiet_libraries
+    from gradacc.training import memory
+    from gradacc.training.sources import builtin_data, models
+    from gradacc.training.backends.common import make_optimizer
+    from gradacc.training.engine import quiet_libraries
 
     config = RunConfig(model=model, max_seq_length=max_seq_length, seed=seed).validate()
     quiet_libraries()

@@ -12,7 +12,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from gradacc import builtin_data, hub, paths
+from gradacc import paths
+from gradacc.training.sources import builtin_data, hub
 from gradacc.config import RunConfig
 from gradacc.errors import GradaccError
 

@@ -11,9 +11,10 @@ import time
 
 import torch
 
-from gradacc import distributed, events, memory
+from gradacc import events
+from gradacc.training import distributed, memory
 from gradacc.errors import RunFailed
-from gradacc.metrics import classification_metrics
+from gradacc.training.metrics import classification_metrics
 
 EVAL_BATCH_SIZE = 64
 

@@ -34,8 +34,8 @@ IMPORTS: list[tuple[str, tuple[str, ...]]] = [
     ("torch", ()),
     ("transformers", ("Trainer", "TrainingArguments")),
     ("accelerate", ()),
-    ("gradacc.engine", ()),
-    ("gradacc.metrics", ()),  # scikit-learn: ~1.6 s the first eval would otherwise pay
+    ("gradacc.training.engine", ()),
+    ("gradacc.training.metrics", ()),  # scikit-learn: ~1.6 s the first eval would otherwise pay
 ]
 
 _state_lock = threading.Lock()

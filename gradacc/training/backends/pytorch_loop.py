@@ -16,11 +16,11 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from gradacc import distributed
-from gradacc.backends.common import (StepReporter, check_finite, evaluate, grad_norm, make_optimizer,
+from gradacc.training import distributed
+from gradacc.training.backends.common import (StepReporter, check_finite, evaluate, grad_norm, make_optimizer,
                                      make_scheduler, to_device)
-from gradacc.memory import ActivationMeter
-from gradacc.windows import loss_weight
+from gradacc.training.memory import ActivationMeter
+from gradacc.training.windows import loss_weight
 
 
 def train(job) -> None:

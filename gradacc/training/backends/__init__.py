@@ -9,8 +9,8 @@ import threading
 # two such runs in one process would step each other's accumulation counters. They take turns.
 ACCELERATE_STATE_LOCK = threading.Lock()
 
-MODULES = {"pytorch": "gradacc.backends.pytorch_loop", "accelerate": "gradacc.backends.accelerate_loop",
-           "trainer": "gradacc.backends.trainer_loop"}
+MODULES = {"pytorch": "gradacc.training.backends.pytorch_loop", "accelerate": "gradacc.training.backends.accelerate_loop",
+           "trainer": "gradacc.training.backends.trainer_loop"}
 
 DESCRIPTIONS = {
     "pytorch": "Plain PyTorch loop: scale the loss, backward() each micro-batch, step every k.",

@@ -59,7 +59,7 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
 
 
 def _prepare(config, emit, stop, job_options):
-    from gradacc.job import prepare
+    from gradacc.training.job import prepare
 
     quiet_libraries()
     job = prepare(config, emit, stop, token_level=job_options.pop("token_level", False),
@@ -70,7 +70,7 @@ def _prepare(config, emit, stop, job_options):
 
 
 def _run_backend(job) -> None:
-    from gradacc.backends import ACCELERATE_STATE_LOCK, train_function
+    from gradacc.training.backends import ACCELERATE_STATE_LOCK, train_function
 
     backend_train = train_function(job.config.backend)
     if job.config.backend == "pytorch":
@@ -81,8 +81,8 @@ def _run_backend(job) -> None:
 
 
 def announce(job) -> dict:
-    from gradacc import memory
-    from gradacc.backends.common import make_optimizer
+    from gradacc.training import memory
+    from gradacc.training.backends.common import make_optimizer
 
     config = job.config
     return events.run_started(config=config.to_dict(), effective_batch=config.effective_batch,

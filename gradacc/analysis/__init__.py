@@ -1,0 +1,1 @@
+"""What gradacc proves from runs and models: gradient equivalence, memory plans, the comparison of two runs."""

@@ -1,0 +1,1 @@
+"""Training: the engine, the prepared job, the three backends, and where data and models come from."""

@@ -12,6 +12,10 @@ BACKENDS = ("pytorch", "accelerate", "trainer")
 LOSS_NORMALIZATIONS = ("exact", "naive")
 BUILTIN_MODELS = ("tiny-bert", "all-MiniLM-L6-v2")
 BUILTIN_DATASETS = ("builtin-sentiment",)
+# Memory levers beside accumulation (gradacc.training.backends.common applies them; the device decides what runs).
+PRECISIONS = ("fp32", "bf16", "fp16")
+OPTIMIZERS = ("adamw", "adamw-fused", "sgd", "adafactor", "adamw-8bit")
+MAX_MEMORY_BUDGET_MB = 10_000_000.0
 
 MAX_MICRO_BATCH = 4096
 MAX_ACCUM_STEPS = 4096
@@ -47,6 +51,11 @@ class RunConfig:
     num_processes: int = 1
     # Measure activation bytes with saved-tensor hooks and RSS at every optimizer step.
     instrument: bool = True
+    # A device budget: the run measures what it needs before step 1 and fails like out-of-memory past it.
+    memory_budget_mb: float | None = None
+    gradient_checkpointing: bool = False
+    precision: str = "fp32"
+    optimizer: str = "adamw"
 
     @property
     def effective_batch(self) -> int:
@@ -86,7 +95,27 @@ class RunConfig:
         if self.eval_samples is not None:
             self.eval_samples = _integer("eval_samples", self.eval_samples, 1, 10_000_000)
         self.num_processes = _integer("num_processes", self.num_processes, 1, 1024)
+        self._validate_memory_levers()
         return self
+
+    def _validate_memory_levers(self) -> None:
+        if self.memory_budget_mb is not None:
+            value = self.memory_budget_mb
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) \
+                    or not 0 < value <= MAX_MEMORY_BUDGET_MB:
+                raise GradaccError(f"Memory budget (MB) must be a number greater than 0 and at most "
+                                   f"{MAX_MEMORY_BUDGET_MB:,.0f}, or empty for no budget; got {value!r}.",
+                                   "memory_budget_mb")
+            self.memory_budget_mb = float(value)
+        if not isinstance(self.gradient_checkpointing, bool):
+            raise GradaccError(f"Gradient checkpointing must be on or off; got {self.gradient_checkpointing!r}.",
+                               "gradient_checkpointing")
+        if self.precision not in PRECISIONS:
+            raise GradaccError(f"Precision must be one of {', '.join(PRECISIONS)}; got {self.precision!r}.",
+                               "precision")
+        if self.optimizer not in OPTIMIZERS:
+            raise GradaccError(f"Optimizer must be one of {', '.join(OPTIMIZERS)}; got {self.optimizer!r}.",
+                               "optimizer")
 
 
 def effective_batch(micro_batch_size: int, grad_accum_steps: int, num_processes: int = 1) -> int:

@@ -40,9 +40,13 @@ def eval_(*, epoch: int, step: int, eval_loss: float, eval_accuracy: float, eval
     return _event(EVAL, epoch=epoch, step=step, eval_loss=eval_loss, eval_accuracy=eval_accuracy, eval_f1=eval_f1)
 
 
-def run_ended(*, status: str, reason: str | None, steps: int, wall_s: float, field: str | None = None) -> dict:
-    """``field`` names the setting at fault when the run failed on bad input (None for a fault in training)."""
-    return _event(RUN_ENDED, status=status, reason=reason, steps=steps, wall_s=wall_s, field=field)
+def run_ended(*, status: str, reason: str | None, steps: int, wall_s: float, field: str | None = None,
+              out_of_memory: dict | None = None) -> dict:
+    """``field`` names the setting at fault when the run failed on bad input (None for a fault in training).
+    ``out_of_memory``: a run past its memory cap — the figures, and ``fit``: the m and k that keep its effective
+    batch within the cap (None when even m=1 does not fit)."""
+    event = _event(RUN_ENDED, status=status, reason=reason, steps=steps, wall_s=wall_s, field=field)
+    return event | {"out_of_memory": out_of_memory} if out_of_memory is not None else event
 
 
 def to_json(event: dict) -> str:

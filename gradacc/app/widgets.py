@@ -18,6 +18,7 @@ from gradacc.errors import GradaccError
 from gradacc.serving.limits import Limits
 from gradacc.serving.manager import RunManager
 from gradacc.serving.store import RunStore
+from gradacc.units import format_bytes  # noqa: F401 - the pages' name for it
 
 # How often a live page polls its run; only while that run is queued or running. Charts are redrawn
 # less often: building plotly figures is pure Python and competes with training for the GIL.
@@ -47,7 +48,8 @@ def _create_manager() -> RunManager:
     import pandas  # noqa: F401
 
     # recover=True marks runs a previous server left queued/running as interrupted (once per server).
-    manager = RunManager(RunStore(), max_run_seconds=limits.max_run_seconds or 0, recover=True)
+    manager = RunManager(RunStore(), max_run_seconds=limits.max_run_seconds or 0, recover=True,
+                         max_run_memory_mb=limits.max_run_memory_mb)
     warmup.start()  # torch and transformers import in the background while the page paints
     return manager
 
@@ -262,15 +264,6 @@ def warm_up_status() -> None:
                      "the server is restarted.")
 
     status_line()
-
-
-def format_bytes(value) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "—"
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(value) >= size:
-            return f"{value / size:,.1f} {unit}"
-    return f"{value:,.0f} B"
 
 
 def format_seconds(seconds) -> str:

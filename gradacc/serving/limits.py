@@ -5,6 +5,7 @@
     GRADACC_MAX_RUN_SECONDS     wall-clock limit of a run, after which it is stopped (default 600; 0: none)
     GRADACC_MAX_UPLOAD_MB       largest data file a visitor may upload (default 5)
     GRADACC_ALLOW_HUB           0/false/no: refuse hub model and dataset ids (default: allowed)
+    GRADACC_MAX_RUN_MEMORY_MB   most memory one run may need (measured before it starts; unset: no limit)
 
 The app and the CLI both call ``Limits.from_env().check(config)``; a bad value raises ``GradaccError``
 naming the field, like ``RunConfig.validate``.
@@ -33,6 +34,8 @@ class Limits:
     max_run_seconds: float | None = DEFAULT_MAX_RUN_SECONDS
     max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB
     allow_hub: bool = True
+    # A run measured to need more is refused before it starts (gradacc.training.budget); None: no limit.
+    max_run_memory_mb: float | None = None
 
     @classmethod
     def from_env(cls, environ: dict | None = None) -> "Limits":
@@ -42,7 +45,8 @@ class Limits:
                    max_train_samples=env_numbers.whole_number(env, "GRADACC_MAX_TRAIN_SAMPLES"),
                    max_run_seconds=run_seconds or None,
                    max_upload_mb=env_numbers.number(env, "GRADACC_MAX_UPLOAD_MB", DEFAULT_MAX_UPLOAD_MB),
-                   allow_hub=env.get("GRADACC_ALLOW_HUB", "1").strip().lower() not in _FALSE_WORDS)
+                   allow_hub=env.get("GRADACC_ALLOW_HUB", "1").strip().lower() not in _FALSE_WORDS,
+                   max_run_memory_mb=env_numbers.number(env, "GRADACC_MAX_RUN_MEMORY_MB", 0.0) or None)
 
     @property
     def max_upload_bytes(self) -> int:
@@ -83,6 +87,8 @@ class Limits:
             f"runs stop after {self.max_run_seconds:g} s" if self.max_run_seconds else "no time limit",
             f"uploads up to {self.max_upload_mb:g} MB",
             "hub ids allowed" if self.allow_hub else "hub ids disabled",
+            f"runs up to {self.max_run_memory_mb:,.0f} MB of memory" if self.max_run_memory_mb
+            else "no memory limit per run",
         ]
 
 

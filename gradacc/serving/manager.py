@@ -172,17 +172,19 @@ class _Worker:
 
 class RunManager:
     def __init__(self, store: RunStore, max_concurrent: int | None = None, train_fn: TrainFn | None = None,
-                 max_run_seconds: float | None = None, recover: bool = True):
+                 max_run_seconds: float | None = None, recover: bool = True, max_run_memory_mb: float | None = None):
         """``max_concurrent``: default env GRADACC_MAX_CONCURRENT_RUNS or 1. ``max_run_seconds``: default env
         GRADACC_MAX_RUN_SECONDS or 600; 0 means no limit. ``train_fn``: default ``gradacc.training.engine.train``.
         ``recover``: mark runs a previous server left queued or running as interrupted (first manager of
-        this process on this store file only)."""
+        this process on this store file only). ``max_run_memory_mb``: the deployment's memory limit per run
+        (``Limits.max_run_memory_mb``), handed to the engine, which refuses a run that needs more before it starts."""
         self.store = store
         self.max_concurrent = max_concurrent if max_concurrent is not None else _env_max_concurrent()
         if self.max_concurrent < 1:
             raise GradaccError(f"max concurrent runs must be at least 1; got {self.max_concurrent}.")
         self.max_run_seconds = max_run_seconds if max_run_seconds is not None else _env_max_run_seconds()
         self._train_fn = train_fn
+        self.max_run_memory_mb = max_run_memory_mb
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)  # notified whenever a run starts or ends
         self._live: dict[str, RunState] = {}  # queued and running
@@ -360,7 +362,8 @@ class RunManager:
             while not warmup.wait_until_warm(timeout=0.2) and not worker.stop.is_set():
                 pass
             train = self._train_fn or _engine_train(config)
-            result = train(config, lambda event: self._record(state, event), worker.stop)
+            limit = {"memory_limit_mb": self.max_run_memory_mb} if self.max_run_memory_mb else {}
+            result = train(config, lambda event: self._record(state, event), worker.stop, **limit)
             if state.ended is None:
                 ended = result if isinstance(result, dict) and result.get("event") == ev.RUN_ENDED else None
                 self._record(state, ended or self._ended_event(state, worker, ev.FAILED, NO_RUN_ENDED))

@@ -13,6 +13,7 @@ from gradacc import events
 from gradacc.config import RunConfig
 from gradacc.errors import GradaccError, RunFailed, RunStopped
 from gradacc.events import EventSink
+from gradacc.training import budget
 
 
 def quiet_libraries() -> None:
@@ -24,13 +25,19 @@ def quiet_libraries() -> None:
 
 
 def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.Event | None = None,
-          **job_options) -> dict:
-    """Train ``config``; emit events to ``on_event``; return the ``run_ended`` event."""
+          memory_limit_mb: float | None = None, **job_options) -> dict:
+    """Train ``config``; emit events to ``on_event``; return the ``run_ended`` event.
+
+    ``memory_limit_mb``: the deployment's cap on a run's memory (``Limits.max_run_memory_mb``); a run that needs
+    more, like one past its own ``memory_budget_mb``, fails as out of memory before step 1.
+    """
     on_event = on_event or (lambda event: None)
     stop = stop or threading.Event()
     started = time.perf_counter()
     steps_done = 0
     bad_field = None
+    guard = None
+    out_of_memory = None
 
     def emit(event: dict) -> None:
         nonlocal steps_done
@@ -40,10 +47,13 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
 
     try:
         job = _prepare(config, emit, stop, job_options)
+        job.memory_guard = guard = _memory_guard(job, memory_limit_mb)
         emit(announce(job))
         job.check_stop()
         _run_backend(job)
         status, reason = events.COMPLETED, None
+    except budget.OutOfMemory as error:
+        status, reason, out_of_memory = events.FAILED, str(error), error.details
     except RunStopped:
         status, reason = events.STOPPED, "stopped on request"
     except GradaccError as error:
@@ -52,8 +62,14 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
         status, reason = events.FAILED, str(error)
     except Exception as error:  # noqa: BLE001 - a demo shows a reason, never a traceback
         status, reason = events.FAILED, describe_failure(error, config)
+        if guard is not None and is_out_of_memory(error):  # a real allocator failure under a budget (CUDA)
+            failure = guard.real_out_of_memory()
+            reason, out_of_memory = str(failure), failure.details
+    finally:
+        if guard is not None:
+            guard.release_device()
     ended = events.run_ended(status=status, reason=reason, steps=steps_done, wall_s=time.perf_counter() - started,
-                             field=bad_field)
+                             field=bad_field, out_of_memory=out_of_memory)
     on_event(ended)
     return ended
 
@@ -69,6 +85,17 @@ def _prepare(config, emit, stop, job_options):
     return job
 
 
+def _memory_guard(job, memory_limit_mb: float | None):
+    """Measure what the run needs and refuse it when that exceeds its cap; None when nothing caps it."""
+    cap = budget.cap_for(job.config.memory_budget_mb, memory_limit_mb)
+    if cap is None:
+        return None
+    guard = budget.Guard(budget.measure_need(job, job.precision), cap, job.config, job.device)
+    guard.check_start()
+    guard.cap_device()
+    return guard
+
+
 def _run_backend(job) -> None:
     from gradacc.training.backends import ACCELERATE_STATE_LOCK, train_function
 
@@ -81,15 +108,16 @@ def _run_backend(job) -> None:
 
 
 def announce(job) -> dict:
-    from gradacc.training import memory
-    from gradacc.training.backends.common import make_optimizer
-
     config = job.config
-    return events.run_started(config=config.to_dict(), effective_batch=config.effective_batch,
-                              total_steps=job.total_steps, steps_per_epoch=job.steps_per_epoch,
-                              train_examples=len(job.train_examples), eval_examples=len(job.eval_examples),
-                              static_memory=memory.static_bytes(job.model, make_optimizer(job.model, config)),
-                              device=str(job.device)) | {"notes": job.notes}
+    guard = job.memory_guard
+    static = guard.need.static if guard else budget.static_need(job.model, config, job.device)
+    started = events.run_started(config=config.to_dict(), effective_batch=config.effective_batch,
+                                 total_steps=job.total_steps, steps_per_epoch=job.steps_per_epoch,
+                                 train_examples=len(job.train_examples), eval_examples=len(job.eval_examples),
+                                 static_memory=static, device=str(job.device)) | {"notes": job.notes}
+    if guard is not None:  # what the run was measured to need, and what caps it
+        started["memory_need"] = guard.need.to_dict() | {"cap_bytes": guard.cap.bytes, "cap_source": guard.cap.source}
+    return started
 
 
 def describe_failure(error: Exception, config: RunConfig) -> str:

@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
 
-from gradacc.training.backends.common import EVAL_BATCH_SIZE, StepReporter, warmup_steps
+from gradacc.training.backends.common import (EVAL_BATCH_SIZE, StepReporter, activation_meter, make_optimizer,
+                                              warmup_steps)
 from gradacc.training.distributed import SyncProbe
 from gradacc.errors import RunFailed, RunStopped
 from gradacc.training.memory import ActivationMeter
@@ -141,7 +142,7 @@ class _Samples(torch.utils.data.Dataset):
 def train(job) -> None:
     config = job.config
     report = StepReporter(job, config.num_processes)
-    meter = ActivationMeter(job.model)
+    meter = activation_meter(job, job.model)
     with tempfile.TemporaryDirectory(prefix="gradacc-trainer-") as output_dir:
         args = TrainingArguments(
             output_dir=output_dir,
@@ -165,6 +166,10 @@ def train(job) -> None:
             use_cpu=job.device.type == "cpu",
             disable_tqdm=True,
             dataloader_num_workers=0,
+            bf16=config.precision == "bf16",
+            fp16=config.precision == "fp16",
+            gradient_checkpointing=config.gradient_checkpointing,
+            gradient_checkpointing_kwargs={"use_reentrant": False} if config.gradient_checkpointing else None,
             # Several processes: all-reduce after every micro-batch when asked to (what no_sync saves, measured).
             accelerator_config={"gradient_accumulation_kwargs": {"sync_each_batch": True}}
             if job.sync_each_micro_batch else None,
@@ -184,6 +189,8 @@ def train(job) -> None:
             data_collator=job.collate,
             processing_class=job.tokenizer,
             compute_metrics=compute_metrics,
+            # The run's optimizer (the same groups and class the other backends build); Trainer adds its schedule.
+            optimizers=(make_optimizer(job.model, config, job.device), None),
             compute_loss_func=None if job.trainer_library_default else make_loss_function(
                 config.loss_normalization, config.grad_accum_steps, config.num_processes),
             callbacks=[callback],

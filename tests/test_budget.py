@@ -170,7 +170,7 @@ def test_cli_out_of_memory_exits_1_and_a_bad_budget_exits_2(capsys):
                      "--train-samples", "128", "--eval-samples", "8"]) == cli.EXIT_FAILED
     assert "error: out of memory: micro-batch 64 needs" in capsys.readouterr().err
     assert cli.main(["train", "--memory-budget-mb", "-1"]) == cli.EXIT_BAD_INPUT
-    assert "error: Memory budget (MB) must be" in capsys.readouterr().err
+    assert "error: --memory-budget-mb must be a number greater than 0" in capsys.readouterr().err
 
 
 # ---- the deployment's limit (GRADACC_MAX_RUN_MEMORY_MB) ----------------------------------------------

@@ -14,7 +14,7 @@ from typing import Callable
 from gradacc.training.sources import data as data_module
 from gradacc.training import distributed, windows
 from gradacc.training.sources import models
-from gradacc.config import RunConfig, optimizer_steps_per_epoch, total_optimizer_steps
+from gradacc.config import RunConfig, optimizer_steps_per_epoch, too_few_examples, total_optimizer_steps
 from gradacc.errors import GradaccError, RunStopped
 from gradacc.events import EventSink
 
@@ -94,14 +94,13 @@ def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, token_lev
     """
     config.validate()
     if config.num_processes != distributed.world_size():
-        raise GradaccError(f"num processes is {config.num_processes}, but this is a {distributed.world_size()}-process "
+        raise GradaccError(f"Processes is {config.num_processes}, but this is a {distributed.world_size()}-process "
                            f"launch; start a {config.num_processes}-process run with accelerate launch or torchrun "
                            "(the app does it through gradacc.training.launch).", "num_processes")
     _stop_requested(stop)  # e.g. the run's time ran out while torch was still importing
     text_data = data_module.load_text_data(config)
     if whole_micro_batch and config.micro_batch_size > len(text_data.train_texts):
-        raise GradaccError(f"micro batch size {config.micro_batch_size} is larger than the "
-                           f"{len(text_data.train_texts)} training examples.", "micro_batch_size")
+        raise GradaccError(too_few_examples(config.micro_batch_size, len(text_data.train_texts)), "micro_batch_size")
     _stop_requested(stop)
     loaded = models.load(config, text_data.num_labels, text_data.label_names, token_level)
     _stop_requested(stop)

@@ -113,14 +113,14 @@ def test_cli_refuses_a_hub_id_offline_in_seconds(capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     started = time.perf_counter()
     code, out, err = cli(capsys, "train", *TINY_ARGS, "--model", "someone/no-such-model")
-    assert_one_error_line(code, out, err, 2, "Cannot reach the Hugging Face Hub to fetch model 'someone/no-such-model'")
+    assert_one_error_line(code, out, err, 2, "--model 'someone/no-such-model' is a hub id, and the Hugging Face Hub cannot be reached")
     assert time.perf_counter() - started < 10
 
 
 def test_cli_refuses_a_hub_id_when_hub_ids_are_disabled(capsys, monkeypatch):
     monkeypatch.setenv("GRADACC_ALLOW_HUB", "0")
     code, out, err = cli(capsys, "train", *TINY_ARGS, "--model", "someone/no-such-model")
-    assert_one_error_line(code, out, err, 2, "Hub ids are disabled on this deployment")
+    assert_one_error_line(code, out, err, 2, "--model must be a built-in model", "hub ids are disabled on this deployment")
 
 
 @pytest.fixture
@@ -142,7 +142,7 @@ def test_a_hub_id_is_refused_in_seconds_even_when_name_lookups_hang(hanging_name
     started = time.perf_counter()
     code, out, err = cli(capsys, "train", *TINY_ARGS, "--model", "someone/no-such-model")
     took = time.perf_counter() - started
-    assert_one_error_line(code, out, err, 2, "Cannot reach the Hugging Face Hub")
+    assert_one_error_line(code, out, err, 2, "the Hugging Face Hub cannot be reached")
     assert took < hub.CONNECT_TIMEOUT_S + 5, f"took {took:.1f} s"
 
 
@@ -173,7 +173,7 @@ def test_app_refuses_a_hub_id_offline_in_seconds(app_home, one_torch_thread):
     at = open_app()
     started = time.perf_counter()
     start_with_model(at, "someone/no-such-model")
-    assert "Cannot reach the Hugging Face Hub to fetch model 'someone/no-such-model'" in at.error[0].value
+    assert "Model 'someone/no-such-model' is a hub id, and the Hugging Face Hub cannot be reached" in at.error[0].value
     assert time.perf_counter() - started < 30  # includes loading torch on a cold process; the refusal is instant
     ended = at.session_state["run_id"]
     from gradacc.app import widgets as ui

@@ -40,11 +40,11 @@ def test_metrics_out_keeps_the_events(tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["-m", "0"], "micro batch size must be from 1"),
-    (["-m", "2.5"], "invalid int value"),
-    (["-k", "-1"], "grad accum steps must be from 1"),
-    (["--lr", "nan"], "learning rate must be a finite number"),
-    (["--lr", "0"], "learning rate must be greater than 0"),
+    (["-m", "0"], "--micro-batch-size must be a whole number from 1"),
+    (["-m", "2.5"], "--micro-batch-size must be a whole number from 1 to 4096; got 2.5."),
+    (["-k", "-1"], "--grad-accum-steps must be a whole number from 1"),
+    (["--lr", "nan"], "--lr must be a finite number"),
+    (["--lr", "0"], "--lr must be greater than 0"),
     (["--backend", "jax"], "invalid choice"),
     (["--model", "/etc"], "outside the allowed folders"),
 ])
@@ -65,7 +65,7 @@ def test_bad_input_is_one_error_line_and_exit_2(args, message, capsys):
 def test_bad_input_exits_2_from_a_real_process_too():
     result = gradacc("train", "-m", "0", *SMALL)
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == ["error: micro batch size must be from 1 to 4096; got 0."]
+    assert result.stderr.strip().splitlines() == ["error: --micro-batch-size must be a whole number from 1 to 4096; got 0."]
 
 
 def test_check_json_has_the_main_pair_and_every_case():

@@ -200,14 +200,14 @@ def cli_error(args, capsys) -> str:
 
 
 def test_an_unknown_tracker_is_refused(capsys):
-    assert "report to must be none, tensorboard or trackio" in cli_error(["--report-to", "wandb"], capsys)
+    assert "--report-to must be none, tensorboard or trackio" in cli_error(["--report-to", "wandb"], capsys)
 
 
 @pytest.mark.parametrize("tracker", trackers.TRACKERS)
 def test_a_missing_tracker_package_is_one_line_at_start(tracker, monkeypatch, capsys, trackio_dir):
     monkeypatch.setitem(sys.modules, tracker, None)  # what `import` does when the package is not installed
     line = cli_error(["--report-to", tracker, "--log-dir", str(trackio_dir)], capsys)
-    assert f"needs the {tracker} package: pip install {tracker}" in line
+    assert f"--report-to {tracker} needs the {tracker} package: pip install {tracker}" in line
 
 
 @pytest.mark.parametrize("tracker", trackers.TRACKERS)
@@ -215,7 +215,7 @@ def test_an_unwritable_log_dir_is_one_line_at_start(tracker, tmp_path, capsys):
     a_file = tmp_path / "not-a-folder"
     a_file.write_text("")
     line = cli_error(["--report-to", tracker, "--log-dir", str(a_file / "logs")], capsys)
-    assert "cannot be written" in line and "not-a-folder" in line
+    assert "--log-dir " in line and "cannot be written" in line and "not-a-folder" in line
 
 
 def test_trackio_never_goes_remote(monkeypatch, capsys, trackio_dir):
@@ -271,5 +271,5 @@ def test_report_to_accepts_names_lists_and_none(value, expected):
 def test_a_run_id_is_never_a_path(run_id, tmp_path):
     from gradacc.errors import GradaccError
 
-    with pytest.raises(GradaccError, match="run id must be one plain name"):
+    with pytest.raises(GradaccError, match="Run id must be one plain name"):
         trackers.open_trackers("tensorboard", tmp_path, run_id, {})

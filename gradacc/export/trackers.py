@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Iterable
 
 from gradacc import events as ev
+from gradacc.config import field_label
 from gradacc.errors import GradaccError
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ def parse_report_to(value: str | Iterable[str] | None) -> tuple[str, ...]:
         if name in ("", NONE):
             continue
         if name not in TRACKERS:
-            raise GradaccError(f"report to must be none, tensorboard or trackio (several comma-separated); "
+            raise GradaccError(f"{field_label('report_to')} must be none, tensorboard or trackio (several comma-separated); "
                                f"got {str(part).strip()!r}.", "report_to")
         if name not in names:
             names.append(name)
@@ -88,7 +89,7 @@ def check_run_id(run_id: str) -> str:
     """A run id names a folder and a Trackio run: one plain name, never a path."""
     text = str(run_id).strip()
     if not text or text in (".", "..") or any(c in text for c in "/\\\0") or text != run_id:
-        raise GradaccError(f"run id must be one plain name (no slashes); got {run_id!r}.", "run_id")
+        raise GradaccError(f"{field_label('run_id')} must be one plain name (no slashes); got {run_id!r}.", "run_id")
     return text
 
 
@@ -189,7 +190,7 @@ class TensorBoardWriter:
 
             self.writer = SummaryWriter(log_dir=str(folder))
         except Exception as error:  # noqa: BLE001 - one line, at start
-            raise GradaccError(f"report to tensorboard could not start: {_one_line(error)}", "report_to") from None
+            raise GradaccError(f"{field_label('report_to')} tensorboard could not start: {_one_line(error)}", "report_to") from None
         self.folder = folder
         self.config = config
         self.metrics: list[str] = []
@@ -222,7 +223,7 @@ class TrackioWriter:
     def __init__(self, log_dir: Path | None, run_id: str, config: dict):
         remote = [name for name in TRACKIO_REMOTE_VARIABLES if os.environ.get(name)]
         if remote:
-            raise GradaccError(f"report to trackio writes a local project only, but {remote[0]} is set (it would "
+            raise GradaccError(f"{field_label('report_to')} trackio writes a local project only, but {remote[0]} is set (it would "
                                f"send the run elsewhere); unset it.", "report_to")
         _point_trackio_at(log_dir)
         trackio = _require("trackio")
@@ -232,7 +233,7 @@ class TrackioWriter:
                 self.run = trackio.init(project=TRACKIO_PROJECT, name=run_id, config=hyperparameters(config),
                                         embed=False, auto_log_cpu=False, auto_log_gpu=False)
         except Exception as error:  # noqa: BLE001 - one line, at start
-            raise GradaccError(f"report to trackio could not start: {_one_line(error)}", "report_to") from None
+            raise GradaccError(f"{field_label('report_to')} trackio could not start: {_one_line(error)}", "report_to") from None
         self.trackio = trackio
         self.folder = folder
 
@@ -255,7 +256,7 @@ def _point_trackio_at(log_dir: Path | None) -> None:
     folder = _writable_folder(log_dir).resolve()
     loaded = sys.modules.get("trackio.utils")
     if loaded is not None and Path(loaded.TRACKIO_DIR).resolve() != folder:
-        raise GradaccError(f"log dir for trackio: this process already writes Trackio to {loaded.TRACKIO_DIR} "
+        raise GradaccError(f"{field_label('log_dir')} for trackio: this process already writes Trackio to {loaded.TRACKIO_DIR} "
                            "(Trackio reads its folder once per process); use that log dir or a new process.",
                            "log_dir")
     os.environ["TRACKIO_DIR"] = str(folder)
@@ -268,7 +269,7 @@ def _require(package: str):
     try:
         return importlib.import_module(package)
     except ImportError:
-        raise GradaccError(f"report to {package} needs the {package} package: pip install {package}",
+        raise GradaccError(f"{field_label('report_to')} {package} needs the {package} package: pip install {package}",
                            "report_to") from None
 
 
@@ -279,7 +280,7 @@ def _writable_folder(folder: Path) -> Path:
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as error:
-        raise GradaccError(f"log dir {str(folder)!r} cannot be written: {error.strerror or error}.",
+        raise GradaccError(f"{field_label('log_dir')} {str(folder)!r} cannot be written: {error.strerror or error}.",
                            "log_dir") from None
     return folder
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from gradacc import events
 from gradacc.config import RunConfig
@@ -26,9 +26,14 @@ def quiet_libraries() -> None:
 
 
 def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.Event | None = None, *,
-          report_to: str | Iterable[str] | None = None, log_dir: str | os.PathLike | None = None,
-          run_id: str | None = None, **job_options) -> dict:
+          token_level: bool = False, whole_micro_batch: bool = True, before_optimizer_step: Callable | None = None,
+          trainer_library_default: bool = False, sync_each_micro_batch: bool = False,
+          collate: Callable | None = None, report_to: str | Iterable[str] | None = None,
+          log_dir: str | os.PathLike | None = None, run_id: str | None = None) -> dict:
     """Train ``config``; emit events to ``on_event``; return the ``run_ended`` event.
+
+    The keyword options are what the equivalence check, the benchmarks and the CLI ask of a run beyond its
+    config (see ``Job`` for each); a misspelt one is a TypeError, not a silent no-op.
 
     ``report_to``: ``"tensorboard"``, ``"trackio"``, both (comma-separated or a list) or None; written from
     these same events (gradacc.export.trackers), under ``log_dir``, the run named ``run_id`` (a new id if None).
@@ -51,7 +56,9 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
 
     try:
         trackers = _open_trackers(config, report_to, log_dir, run_id)
-        job = _prepare(config, emit, stop, job_options)
+        job = _prepare(config, emit, stop, token_level=token_level, whole_micro_batch=whole_micro_batch,
+                       before_optimizer_step=before_optimizer_step, trainer_library_default=trainer_library_default,
+                       sync_each_micro_batch=sync_each_micro_batch, collate=collate)
         emit(announce(job))
         job.check_stop()
         _run_backend(job)
@@ -87,15 +94,11 @@ def _open_trackers(config: RunConfig, report_to, log_dir, run_id):
     return trackers.open_trackers(report_to, log_dir, run_id or events.new_run_id(), config.to_dict())
 
 
-def _prepare(config, emit, stop, job_options):
+def _prepare(config, emit, stop, **options):
     from gradacc.training.job import prepare
 
     quiet_libraries()
-    job = prepare(config, emit, stop, token_level=job_options.pop("token_level", False),
-                  whole_micro_batch=job_options.pop("whole_micro_batch", True))
-    for name, value in job_options.items():
-        setattr(job, name, value)
-    return job
+    return prepare(config, emit, stop, **options)
 
 
 def _run_backend(job) -> None:

@@ -7,9 +7,10 @@ import textwrap
 
 import pytest
 
-from app_support import (APP, LONG_RUN, ROOT, SMALL_RUN, alerts, app_home, chart, error_after, metric,  # noqa: F401
-                         open_app, points, run_until, set_numbers)
+from app_support import (APP, LONG_RUN, SMALL_RUN, alerts, chart, error_after, metric, open_app, points, run_until,
+                         set_numbers)
 from streamlit.testing.v1 import AppTest
+from support import ROOT
 
 RUN_TIMEOUT_S = 90  # the first run in the process also imports torch and transformers
 

@@ -13,8 +13,8 @@ import threading
 import time
 
 import pytest
-from app_support import alerts, app_home, open_app, run_until  # noqa: F401
-from attack_support import TINY, TINY_ARGS, assert_one_error_line, cli, one_torch_thread  # noqa: F401
+from app_support import alerts, open_app, run_until
+from attack_support import TINY, TINY_ARGS, assert_one_error_line, cli
 
 from gradacc.training.sources import hub
 

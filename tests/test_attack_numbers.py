@@ -14,8 +14,9 @@ import textwrap
 
 import pytest
 import torch
-from app_support import app_home, error_after, metric, open_app, run_until, set_numbers  # noqa: F401
-from attack_support import ROOT, TINY, TINY_ARGS, assert_one_error_line, cli, one_torch_thread, sabotage  # noqa: F401
+from app_support import error_after, metric, open_app, run_until, set_numbers
+from attack_support import TINY, TINY_ARGS, assert_one_error_line, cli, sabotage
+from support import ROOT
 
 RUN_TIMEOUT_S = 120  # the first run in a process also imports torch and transformers
 GOOD = {"micro_batch_size": 8, "grad_accum_steps": 4, "epochs": 1, "learning_rate": 1e-3, "max_seq_length": 64,

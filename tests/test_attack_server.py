@@ -11,7 +11,8 @@ import statistics
 import time
 
 import pytest
-from attack_support import (ROOT, StreamlitServer, Visitor, integrity_check, read_store, wait_for)
+from attack_support import Visitor, integrity_check, read_store
+from support import ARTIFACTS, StreamlitServer, wait_for
 
 from gradacc.serving.manager import SHUTDOWN_WHILE_RUNNING
 from gradacc.serving.store import INTERRUPTED_REASON
@@ -31,9 +32,7 @@ def steps_stored(store, run_id) -> int:
 def training(tmp_path_factory):
     """A server, and a visitor whose long run is training on it (at least 2 optimizer steps stored)."""
     home = tmp_path_factory.mktemp("server-home")
-    artifacts = ROOT / "test-artifacts"
-    artifacts.mkdir(exist_ok=True)
-    log = artifacts / "attack-server.log"
+    log = ARTIFACTS / "attack-server.log"
     log.unlink(missing_ok=True)
     server = StreamlitServer(home, log, {"GRADACC_MAX_RUN_SECONDS": "300"})
     visitor = Visitor(server)

@@ -3,7 +3,6 @@ import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -12,17 +11,9 @@ from gradacc.config import RunConfig
 from gradacc.errors import GradaccError
 from gradacc.serving.manager import RunManager, RunState, limit_reason
 from gradacc.serving.store import INTERRUPTED_REASON, RunStore
+from support import ROOT, wait_for
 
 STEPS = 5
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-def wait_until(condition, timeout: float = 5.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
 
 
 def fake_train(config, on_event, stop, *, steps: int = STEPS, step_seconds: float = 0.01, gate=None,
@@ -56,27 +47,9 @@ def _end(on_event, status, reason, steps, started):
 
 
 @pytest.fixture
-def store(tmp_path, monkeypatch):
-    monkeypatch.setenv("GRADACC_HOME", str(tmp_path))
-    monkeypatch.delenv("GRADACC_MAX_CONCURRENT_RUNS", raising=False)
-    monkeypatch.delenv("GRADACC_MAX_RUN_SECONDS", raising=False)
-    store = RunStore()
-    yield store
-    store.close()
-
-
-@pytest.fixture
-def make_manager(store):
-    managers = []
-
-    def make(train_fn=fake_train, **kwargs):
-        manager = RunManager(store, train_fn=train_fn, **kwargs)
-        managers.append(manager)
-        return manager
-
-    yield make
-    for manager in managers:
-        assert manager.shutdown(timeout=5)
+def make_manager(make_manager):
+    """conftest's make_manager, training with ``fake_train`` unless told otherwise."""
+    return lambda train_fn=fake_train, **options: make_manager(train_fn=train_fn, **options)
 
 
 def gated_train(gate: threading.Event):
@@ -135,25 +108,17 @@ def test_two_slots_run_two_at_once(make_manager):
     gate = threading.Event()
     manager = make_manager(train_fn=gated_train(gate), max_concurrent=2)
     ids = [manager.submit(RunConfig(), owner="alice") for _ in range(3)]
-    wait_until(lambda: manager.get(ids[1]).started is not None, what="second run to start")
+    wait_for(lambda: manager.get(ids[1]).started is not None, 5, "second run to start", every=0.005)
     assert [manager.get(r).status for r in ids] == ["running", "running", "queued"]
     gate.set()
     assert manager.wait(ids[2], timeout=5)
-
-
-def test_max_concurrent_from_env(store, monkeypatch):
-    monkeypatch.setenv("GRADACC_MAX_CONCURRENT_RUNS", "3")
-    assert RunManager(store, train_fn=fake_train).max_concurrent == 3
-    monkeypatch.setenv("GRADACC_MAX_CONCURRENT_RUNS", "zero")
-    with pytest.raises(GradaccError, match="GRADACC_MAX_CONCURRENT_RUNS"):
-        RunManager(store, train_fn=fake_train)
 
 
 def test_only_the_owner_may_stop_a_running_run(make_manager):
     gate = threading.Event()
     manager = make_manager(train_fn=gated_train(gate))
     run_id = manager.submit(RunConfig(), owner="alice")
-    wait_until(lambda: manager.get(run_id).started is not None, what="run_started")
+    wait_for(lambda: manager.get(run_id).started is not None, 5, "run_started", every=0.005)
     assert manager.stop(run_id, owner="mallory") is False
     assert manager.is_live(run_id)
     assert manager.stop(run_id, owner="alice") is True
@@ -194,16 +159,6 @@ def test_run_seconds_limit_stops_the_run_with_the_deployment_reason(make_manager
     assert state.reason == "reached the deployment's limit of 0.2 s"
     assert 0 < state.progress()[0] < 10_000
     assert store.get_run(run_id)["reason"] == state.reason
-
-
-def test_run_seconds_limit_from_env(store, monkeypatch):
-    monkeypatch.setenv("GRADACC_MAX_RUN_SECONDS", "42")
-    assert RunManager(store, train_fn=fake_train).max_run_seconds == 42
-    monkeypatch.delenv("GRADACC_MAX_RUN_SECONDS")
-    assert RunManager(store, train_fn=fake_train).max_run_seconds == 600
-    monkeypatch.setenv("GRADACC_MAX_RUN_SECONDS", "soon")
-    with pytest.raises(GradaccError, match="GRADACC_MAX_RUN_SECONDS"):
-        RunManager(store, train_fn=fake_train)
 
 
 def test_an_exception_in_train_fn_fails_the_run_and_keeps_earlier_events(make_manager, store):
@@ -257,7 +212,7 @@ def test_a_new_manager_on_the_same_db_marks_a_crashed_run_interrupted(store, tmp
         print(run_id, queued, flush=True)
         time.sleep(30)
     """)
-    process = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT)
+    process = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         run_id, queued = process.stdout.readline().split()  # printed once three steps are stored
         assert store.get_run(run_id)["status"] == "running"
@@ -308,7 +263,7 @@ def test_shutdown_stops_everything_and_joins_every_thread(make_manager):
     manager = make_manager(train_fn=train, max_concurrent=2, max_run_seconds=60)
     running = [manager.submit(RunConfig(), owner="alice") for _ in range(2)]
     queued = manager.submit(RunConfig(), owner="alice")
-    wait_until(lambda: len(threads) == 2, what="two workers")
+    wait_for(lambda: len(threads) == 2, 5, "two workers", every=0.005)
     assert manager.shutdown(timeout=5) is True
     assert threads and not any(t.is_alive() for t in threads)
     assert not [t for t in threading.enumerate() if t.name.startswith(("gradacc-run-", "gradacc-limit-"))]
@@ -324,7 +279,8 @@ def test_finished_threads_are_joined(make_manager):
     first = manager.submit(RunConfig(), owner="alice")
     assert manager.wait(first, timeout=5)
     manager.wait(manager.submit(RunConfig(), owner="alice"), timeout=5)
-    wait_until(lambda: not [t for t in threading.enumerate() if t.name == f"gradacc-run-{first}"])
+    wait_for(lambda: not [t for t in threading.enumerate() if t.name == f"gradacc-run-{first}"], 5,
+             "the first run's thread to end", every=0.005)
     with manager._lock:
         manager._reap()
         assert all(t.is_alive() for t in manager._ended_threads)  # only a thread still on its way out
@@ -334,7 +290,7 @@ def test_eta_while_running(make_manager):
     gate = threading.Event()
     manager = make_manager(train_fn=lambda c, on_event, stop: fake_train(c, on_event, stop, steps=4, gate=gate))
     run_id = manager.submit(RunConfig(), owner="alice")
-    wait_until(lambda: manager.get(run_id).started is not None)
+    wait_for(lambda: manager.get(run_id).started is not None, 5, "run_started", every=0.005)
     state = manager.get(run_id)
     assert state.eta_seconds() is None and state.progress() == (0, 4)
     gate.set()
@@ -362,20 +318,19 @@ def test_delete_only_by_owner_and_only_when_over(make_manager, store):
 def test_importing_the_runner_does_not_import_torch():
     code = "import sys, gradacc.serving.manager, gradacc.serving.store; print('torch' in sys.modules, 'transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=REPO_ROOT).stdout
+                         cwd=ROOT).stdout
     assert out.split() == ["False", "False"]
 
 
-@pytest.mark.parametrize("name, raw", [("GRADACC_MAX_CONCURRENT_RUNS", "0"), ("GRADACC_MAX_CONCURRENT_RUNS", "two"),
-                                       ("GRADACC_MAX_RUN_SECONDS", "-5"), ("GRADACC_MAX_RUN_SECONDS", "inf")])
-def test_a_bad_environment_value_is_refused_with_the_variable_named(store, monkeypatch, name, raw):
-    monkeypatch.setenv(name, raw)
-    with pytest.raises(GradaccError, match=rf"^{name} must be a .*; got '{raw}'\.$"):
-        RunManager(store, train_fn=fake_train)
-
-
-def test_environment_sets_the_slots_and_the_run_limit(make_manager, monkeypatch):
+def test_slots_and_run_limit_come_from_the_environment(make_manager, monkeypatch):
+    """Only that the values reach the manager; every bad value's sentence is tested in test_limits.py."""
+    assert make_manager().max_run_seconds == 600  # unset: the default limit
     monkeypatch.setenv("GRADACC_MAX_CONCURRENT_RUNS", "3")
     monkeypatch.setenv("GRADACC_MAX_RUN_SECONDS", "0")  # 0: no limit
     manager = make_manager()
     assert (manager.max_concurrent, manager.max_run_seconds) == (3, 0)
+    for name, raw in (("GRADACC_MAX_CONCURRENT_RUNS", "zero"), ("GRADACC_MAX_RUN_SECONDS", "soon")):
+        monkeypatch.setenv(name, raw)
+        with pytest.raises(GradaccError, match=f"^{name} must be"):
+            make_manager()
+        monkeypatch.delenv(name)

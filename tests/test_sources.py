@@ -16,12 +16,6 @@ SMALL = dict(train_samples=None, eval_samples=None, epochs=1, micro_batch_size=4
 
 
 @pytest.fixture
-def data_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("GRADACC_DATA_DIRS", str(tmp_path))
-    return tmp_path
-
-
-@pytest.fixture
 def model_dir(tmp_path, monkeypatch):
     folder = tmp_path / "models"
     folder.mkdir()

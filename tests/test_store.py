@@ -8,14 +8,6 @@ from gradacc import events as ev
 from gradacc.serving.store import INTERRUPTED_REASON, RunStore
 
 
-@pytest.fixture
-def store(tmp_path, monkeypatch):
-    monkeypatch.setenv("GRADACC_HOME", str(tmp_path / "home"))
-    store = RunStore()
-    yield store
-    store.close()
-
-
 def step_event(step: int, loss: float = 0.5) -> dict:
     return ev.step(step=step, epoch=0, samples_seen=8 * step, tokens_seen=512 * step, micro_batches=4 * step,
                    loss=loss, grad_norm=1.0, lr=1e-3, elapsed_s=0.1 * step,

@@ -1,3 +1,5 @@
+"""gradacc/serving/manager.py: the run queue, its slots and limits, stop and delete by owner, crash recovery."""
+
 import subprocess
 import sys
 import textwrap

@@ -65,7 +65,7 @@ class StreamlitServer:
                                             stdin=subprocess.DEVNULL, start_new_session=True)
         try:
             wait_for(self._healthy, start_timeout,
-                     lambda: f"streamlit to answer /_stcore/health\n{self.log_tail()}", every=0.2)
+                     lambda: f"streamlit to answer /_stcore/health\n{self.log_tail()}")
         except BaseException:
             self.stop()
             raise

@@ -200,9 +200,14 @@ def test_app_out_of_memory_fails_the_run_with_the_fix_and_the_page_stays_usable(
 
 def test_other_pages_refuse_absurd_numbers_without_an_exception(app_home):
     at = open_app("equivalence")
-    for m, k in ((0, 4), (4, -1), (10**9, 4)):
+    for m, k, field, message in ((0, 4, "micro_batch_size", "micro batch size must be from 1 to 4096; got 0."),
+                                 (4, -1, "grad_accum_steps", "grad accum steps must be from 1 to 4096; got -1."),
+                                 (10**9, 4, "micro_batch_size",
+                                  "micro batch size must be from 1 to 4096; got 1000000000.")):
         set_numbers(at, "equivalence", {"micro_batch_size": m, "grad_accum_steps": k})
-        assert not at.exception and at.error, (m, k)
+        assert not at.exception
+        assert [e.value for e in at.error] == [message], (m, k)  # this one reason, and no other
+        assert error_after(at, f"form.equivalence.{field}") == message, (m, k)
         assert at.button(key="run_check").disabled
     at = open_app("planner")
     for length in (0, -16, 100000):

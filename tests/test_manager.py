@@ -18,14 +18,24 @@ from support import ROOT, wait_for
 STEPS = 5
 
 
+def started_event(config, steps: int) -> dict:
+    return ev.run_started(config=config.to_dict(), effective_batch=config.effective_batch, total_steps=steps,
+                          steps_per_epoch=steps, train_examples=100, eval_examples=20,
+                          static_memory={"parameters": 4, "gradients": 4, "optimizer_state": 8, "total": 16},
+                          device="cpu")
+
+
+def step_event(config, step: int, elapsed_s: float) -> dict:
+    return ev.step(step=step, epoch=0, samples_seen=step * config.effective_batch, tokens_seen=step * 100,
+                   micro_batches=step * config.grad_accum_steps, loss=1.0 / step, grad_norm=1.0, lr=1e-3,
+                   elapsed_s=elapsed_s, memory={"activation_bytes": 10, "rss_bytes": 20, "cuda_peak_bytes": None})
+
+
 def fake_train(config, on_event, stop, *, steps: int = STEPS, step_seconds: float = 0.01, gate=None,
                fail_at: int | None = None):
     """Behaves like the engine: run_started, steps that honour ``stop``, an eval, run_ended."""
     started = time.monotonic()
-    on_event(ev.run_started(config=config.to_dict(), effective_batch=config.effective_batch, total_steps=steps,
-                            steps_per_epoch=steps, train_examples=100, eval_examples=20,
-                            static_memory={"parameters": 4, "gradients": 4, "optimizer_state": 8, "total": 16},
-                            device="cpu"))
+    on_event(started_event(config, steps))
     for step in range(1, steps + 1):
         if gate is not None:
             gate.wait(10)
@@ -34,10 +44,7 @@ def fake_train(config, on_event, stop, *, steps: int = STEPS, step_seconds: floa
         if fail_at == step:
             raise RuntimeError(f"boom at step {step}\nsecond line of the traceback-ish message")
         time.sleep(step_seconds)
-        on_event(ev.step(step=step, epoch=0, samples_seen=step * config.effective_batch, tokens_seen=step * 100,
-                         micro_batches=step * config.grad_accum_steps, loss=1.0 / step, grad_norm=1.0, lr=1e-3,
-                         elapsed_s=time.monotonic() - started,
-                         memory={"activation_bytes": 10, "rss_bytes": 20, "cuda_peak_bytes": None}))
+        on_event(step_event(config, step, elapsed_s=time.monotonic() - started))
     on_event(ev.eval_(epoch=0, step=steps, eval_loss=0.4, eval_accuracy=0.8, eval_f1=0.75))
     return _end(on_event, "completed", None, steps, started)
 
@@ -180,11 +187,13 @@ def test_an_exception_in_train_fn_fails_the_run_and_keeps_earlier_events(make_ma
     assert manager.wait(manager.submit(RunConfig(), owner="alice"), timeout=5)
 
 
-def test_a_train_fn_that_returns_without_run_ended_is_marked_failed(make_manager):
+def test_a_train_fn_that_returns_without_run_ended_is_marked_failed(make_manager, store):
     manager = make_manager(train_fn=lambda config, on_event, stop: None)
     run_id = manager.submit(RunConfig(), owner="alice")
     assert manager.wait(run_id, timeout=5)
-    assert manager.get(run_id).status == "failed"
+    reason = "the training function returned without ending the run"
+    assert (manager.get(run_id).status, manager.get(run_id).reason) == ("failed", reason)
+    assert (store.get_run(run_id)["status"], store.get_run(run_id)["reason"]) == ("failed", reason)
 
 
 def test_a_new_manager_on_the_same_db_marks_a_crashed_run_interrupted(store, tmp_path):
@@ -278,25 +287,43 @@ def test_shutdown_stops_everything_and_joins_every_thread(make_manager):
 
 def test_finished_threads_are_joined(make_manager):
     manager = make_manager()
-    first = manager.submit(RunConfig(), owner="alice")
-    assert manager.wait(first, timeout=5)
-    manager.wait(manager.submit(RunConfig(), owner="alice"), timeout=5)
-    wait_for(lambda: not [t for t in threading.enumerate() if t.name == f"gradacc-run-{first}"], 5,
-             "the first run's thread to end", every=0.005)
+    runs = [manager.submit(RunConfig(), owner="alice") for _ in range(2)]
+    for run_id in runs:
+        assert manager.wait(run_id, timeout=5)
+    names = [f"gradacc-run-{run_id}" for run_id in runs]
+    wait_for(lambda: not [t for t in threading.enumerate() if t.name in names], 5, "both run threads to end",
+             every=0.005)
     with manager._lock:
+        # The second run ended last: nothing has reaped its thread yet (the first one's went at the second's start,
+        # or is still listed), and a reap joins every ended thread.
+        assert f"gradacc-run-{runs[1]}" in [t.name for t in manager._ended_threads]
         manager._reap()
-        assert all(t.is_alive() for t in manager._ended_threads)  # only a thread still on its way out
+        assert manager._ended_threads == []
 
 
-def test_eta_while_running(make_manager):
-    gate = threading.Event()
-    manager = make_manager(train_fn=lambda c, on_event, stop: fake_train(c, on_event, stop, steps=4, gate=gate))
+def test_eta_is_the_pace_so_far_times_the_steps_left(make_manager):
+    """None before the first step and once the run is over; in between, elapsed / done × (total − done)."""
+    go, release = threading.Event(), threading.Event()
+
+    def train(config, on_event, stop):
+        on_event(started_event(config, steps=4))
+        go.wait(10)
+        on_event(step_event(config, 1, elapsed_s=2.0))
+        on_event(step_event(config, 2, elapsed_s=3.0))
+        release.wait(10)
+        return _end(on_event, "completed", None, 2, time.monotonic())
+
+    manager = make_manager(train_fn=train)
     run_id = manager.submit(RunConfig(), owner="alice")
-    wait_for(lambda: manager.get(run_id).started is not None, 5, "run_started", every=0.005)
     state = manager.get(run_id)
-    assert state.eta_seconds() is None and state.progress() == (0, 4)
-    gate.set()
-    manager.wait(run_id, 5)
+    wait_for(lambda: state.started is not None, 5, "run_started", every=0.005)
+    assert (state.status, state.progress(), state.eta_seconds()) == ("running", (0, 4), None)
+    go.set()
+    wait_for(lambda: state.progress()[0] == 2, 5, "two steps", every=0.005)
+    assert state.eta_seconds() == 3.0  # 3.0 s for 2 steps, 2 steps left
+    release.set()
+    assert manager.wait(run_id, 5)
+    assert state.eta_seconds() is None
 
 
 def test_events_are_copied_on_read(make_manager):

@@ -15,7 +15,7 @@ import sys
 import threading
 
 from gradacc import events
-from gradacc.config import BACKENDS, LOSS_NORMALIZATIONS, RunConfig
+from gradacc.config import BACKENDS, LOSS_NORMALIZATIONS, RunConfig, in_cli_words
 from gradacc.errors import GradaccError
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
@@ -29,21 +29,32 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_BAD_INPUT)
 
 
+def _value(text: str):
+    """A number as typed, or the text itself: RunConfig.validate refuses it in the flag's words
+    ("--micro-batch-size must be a whole number ...; got 2.5."), where argparse would say "invalid int value"."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m gradacc", description="See, and trust, gradient accumulation.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     train = commands.add_parser("train", help="train one run")
     _add_run_options(train)
-    train.add_argument("--epochs", type=int, default=RunConfig.epochs)
-    train.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps")
-    train.add_argument("--lr", type=float, default=RunConfig.learning_rate, dest="learning_rate")
-    train.add_argument("--warmup-ratio", type=float, default=RunConfig.warmup_ratio)
-    train.add_argument("--weight-decay", type=float, default=RunConfig.weight_decay)
-    train.add_argument("--max-grad-norm", type=float, default=RunConfig.max_grad_norm, help="0 disables clipping")
-    train.add_argument("--train-samples", type=int, default=RunConfig.train_samples)
-    train.add_argument("--eval-samples", type=int, default=RunConfig.eval_samples)
-    train.add_argument("--dropout", type=float, default=RunConfig.dropout)
+    train.add_argument("--epochs", type=_value, default=RunConfig.epochs)
+    train.add_argument("--max-steps", type=_value, default=None, help="stop after this many optimizer steps")
+    train.add_argument("--lr", type=_value, default=RunConfig.learning_rate, dest="learning_rate")
+    train.add_argument("--warmup-ratio", type=_value, default=RunConfig.warmup_ratio)
+    train.add_argument("--weight-decay", type=_value, default=RunConfig.weight_decay)
+    train.add_argument("--max-grad-norm", type=_value, default=RunConfig.max_grad_norm, help="0 disables clipping")
+    train.add_argument("--train-samples", type=_value, default=RunConfig.train_samples)
+    train.add_argument("--eval-samples", type=_value, default=RunConfig.eval_samples)
+    train.add_argument("--dropout", type=_value, default=RunConfig.dropout)
     train.add_argument("--no-instrument", action="store_false", dest="instrument",
                        help="skip activation/RSS measurement (for overhead comparisons)")
     train.add_argument("--metrics-out", default=None, help="also write every event to this JSONL file")
@@ -73,13 +84,14 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=RunConfig.model, help="tiny-bert, all-MiniLM-L6-v2, a folder or a hub id")
     parser.add_argument("--dataset", default=RunConfig.dataset,
                         help="builtin-sentiment, a CSV/JSONL file, a save_to_disk folder or a hub id")
+    parser.add_argument("--dataset-split", default=RunConfig.dataset_split, help="split of a hub dataset id")
     parser.add_argument("--text-column", default=None)
     parser.add_argument("--label-column", default=None)
-    parser.add_argument("--micro-batch-size", "-m", type=int, default=RunConfig.micro_batch_size)
-    parser.add_argument("--grad-accum-steps", "-k", type=int, default=RunConfig.grad_accum_steps)
+    parser.add_argument("--micro-batch-size", "-m", type=_value, default=RunConfig.micro_batch_size)
+    parser.add_argument("--grad-accum-steps", "-k", type=_value, default=RunConfig.grad_accum_steps)
     parser.add_argument("--loss-normalization", choices=LOSS_NORMALIZATIONS, default=RunConfig.loss_normalization)
-    parser.add_argument("--seed", type=int, default=RunConfig.seed)
-    parser.add_argument("--max-seq-length", type=int, default=RunConfig.max_seq_length)
+    parser.add_argument("--seed", type=_value, default=RunConfig.seed)
+    parser.add_argument("--max-seq-length", type=_value, default=RunConfig.max_seq_length)
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
@@ -109,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             return _check(args)
         return args.run(args)
     except GradaccError as error:
-        print(f"error: {error.message}", file=sys.stderr)
+        print(f"error: {in_cli_words(error.message, error.field)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
@@ -152,7 +164,7 @@ def _train(args) -> int:
     if ended["status"] == events.FAILED:
         # Every rank says why it failed: a launcher reports the failed rank's last error line.
         where = f"rank {distributed.rank()}: " if distributed.world_size() > 1 else ""
-        print(f"error: {where}{ended['reason']}", file=sys.stderr)
+        print(f"error: {where}{in_cli_words(ended['reason'], ended.get('field'))}", file=sys.stderr)
         return EXIT_BAD_INPUT if ended.get("field") else EXIT_FAILED
     return EXIT_OK
 

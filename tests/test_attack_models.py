@@ -123,7 +123,8 @@ def network_attempts(monkeypatch):
 def test_cli_refuses_a_hub_id_offline_without_trying_the_network(capsys, monkeypatch, network_attempts):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     code, out, err = cli(capsys, "train", *TINY_ARGS, "--model", "someone/no-such-model")
-    assert_one_error_line(code, out, err, 2, "Cannot reach the Hugging Face Hub to fetch model 'someone/no-such-model'")
+    assert_one_error_line(code, out, err, 2,
+                          "--model 'someone/no-such-model' is a hub id, and the Hugging Face Hub cannot be reached")
     assert "failed after 0 optimizer steps" in out
     assert network_attempts == []
 
@@ -131,7 +132,7 @@ def test_cli_refuses_a_hub_id_offline_without_trying_the_network(capsys, monkeyp
 def test_cli_refuses_a_hub_id_when_hub_ids_are_disabled(capsys, monkeypatch):
     monkeypatch.setenv("GRADACC_ALLOW_HUB", "0")
     code, out, err = cli(capsys, "train", *TINY_ARGS, "--model", "someone/no-such-model")
-    assert_one_error_line(code, out, err, 2, "Hub ids are disabled on this deployment")
+    assert_one_error_line(code, out, err, 2, "--model must be a built-in model", "hub ids are disabled on this deployment")
 
 
 @pytest.fixture
@@ -154,7 +155,7 @@ def hanging_name_lookup(monkeypatch):
 
 def test_a_hub_id_is_refused_while_the_name_lookup_still_hangs(hanging_name_lookup, capsys):
     code, out, err = cli(capsys, "train", *TINY_ARGS, "--model", "someone/no-such-model")
-    assert_one_error_line(code, out, err, 2, "Cannot reach the Hugging Face Hub")
+    assert_one_error_line(code, out, err, 2, "the Hugging Face Hub cannot be reached")
     # The probe asked for the hub's address and gave up on it (after hub.CONNECT_TIMEOUT_S) without an answer.
     assert hanging_name_lookup == {"began": 1, "returned": 0}
 
@@ -184,7 +185,7 @@ def test_app_shows_why_a_model_folder_was_refused_and_stays_usable(relative, mes
 
 def test_app_refuses_a_hub_id_offline_before_anything_loads(app_home, network_attempts, one_torch_thread):
     at = start_with_model(open_app(), "someone/no-such-model")
-    assert "Cannot reach the Hugging Face Hub to fetch model 'someone/no-such-model'" in at.error[0].value
+    assert "Model 'someone/no-such-model' is a hub id, and the Hugging Face Hub cannot be reached" in at.error[0].value
     from gradacc.app import widgets as ui
 
     run = ui.run_manager().get(at.session_state["run_id"])

@@ -47,7 +47,7 @@ def test_bad_input_is_one_error_line_and_exit_2(args, message, capsys):
 def test_bad_input_exits_2_from_a_real_process_too():
     result = gradacc("train", "-m", "0", *SMALL)
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == ["error: micro batch size must be from 1 to 4096; got 0."]
+    assert result.stderr.strip().splitlines() == ["error: --micro-batch-size must be a whole number from 1 to 4096; got 0."]
 
 
 def test_check_json_has_the_main_pair_and_every_case():

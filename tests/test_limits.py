@@ -53,7 +53,7 @@ def test_each_broken_limit_names_its_field():
     errors = limits.errors(RunConfig(epochs=3, train_samples=None, eval_samples=400, model="org/model",
                                      dataset="imdb"))
     assert set(errors) == {"epochs", "train_samples", "eval_samples", "model", "dataset"}
-    assert "at most 2 epoch" in errors["epochs"] and "got all of them" in errors["train_samples"]
+    assert "Epochs must be at most 2 on this deployment; got 3." == errors["epochs"] and "got all of them" in errors["train_samples"]
     with pytest.raises(GradaccError) as raised:
         limits.check(RunConfig(epochs=3))
     assert raised.value.field == "epochs"

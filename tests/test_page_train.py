@@ -52,15 +52,15 @@ def test_bad_values_are_refused_next_to_their_field_and_start_is_disabled(app_ho
     at = open_app()
     set_numbers(at, "train", {"micro_batch_size": 0, "grad_accum_steps": -1, "learning_rate": 0.0})
     assert not at.exception
-    assert "micro batch size must be from 1" in error_after(at, "form.train.micro_batch_size")
-    assert "grad accum steps must be from 1" in error_after(at, "form.train.grad_accum_steps")
-    assert "learning rate must be greater than 0" in error_after(at, "form.train.learning_rate")
+    assert "Micro-batch size (m) must be a whole number from 1" in error_after(at, "form.train.micro_batch_size")
+    assert "Accumulation steps (k) must be a whole number from 1" in error_after(at, "form.train.grad_accum_steps")
+    assert "Learning rate must be greater than 0" in error_after(at, "form.train.learning_rate")
     assert at.button(key="start").disabled
     assert metric(at, "Effective batch") == "—"
 
     set_numbers(at, "train", {"micro_batch_size": 8, "grad_accum_steps": 4, "learning_rate": 1e-3,
                               "train_samples": 4})
-    assert "larger than the 4 training examples" in error_after(at, "form.train.micro_batch_size")
+    assert "Micro-batch size (m) must be at most the 4 training examples; got 8." == error_after(at, "form.train.micro_batch_size")
     set_numbers(at, "train", {"train_samples": 64})
     assert not at.error and not at.button(key="start").disabled
 
@@ -116,11 +116,11 @@ def test_deployment_limits_are_shown_and_enforced(app_home, monkeypatch):
     assert not at.error
     # ...and refuses to leave them.
     set_numbers(at, "train", {"epochs": 2, "train_samples": 5000})
-    assert "at most 1 epoch" in error_after(at, "form.train.epochs")
-    assert "at most 100 train samples" in error_after(at, "form.train.train_samples")
+    assert "Epochs must be at most 1 on this deployment" in error_after(at, "form.train.epochs")
+    assert "Training samples must be at most 100 on this deployment" in error_after(at, "form.train.train_samples")
     at.selectbox(key="form.train.model_choice").set_value("other: hub id or local folder").run()
     at.text_input(key="form.train.model_custom").set_value("prajjwal1/bert-tiny").run()
-    assert "Hub ids are disabled" in " ".join(e.value for e in at.error)
+    assert "hub ids are disabled" in " ".join(e.value for e in at.error)
     assert at.button(key="start").disabled
 
 
@@ -182,7 +182,7 @@ def test_a_run_that_fails_says_why_in_one_line(app_home):
     set_numbers(at, "train", SMALL_RUN)
     start(at)
     run_until(at, lambda at: bool(at.error), RUN_TIMEOUT_S, "the run to fail")
-    assert at.error[0].value.startswith("Failed: Cannot reach the Hugging Face Hub")
+    assert at.error[0].value.startswith("Failed: Model 'someone/some-model' is a hub id, and the Hugging Face Hub cannot be reached")
     assert "\n" not in at.error[0].value
 
 

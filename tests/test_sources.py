@@ -177,7 +177,7 @@ def test_hub_id_offline_is_refused_with_a_reason_before_loading(offline_flag, mo
     for auto_class in (transformers.AutoConfig, transformers.AutoModelForSequenceClassification,
                        transformers.AutoTokenizer):
         monkeypatch.setattr(auto_class, "from_pretrained", never)
-    with pytest.raises(GradaccError, match="Cannot reach the Hugging Face Hub to fetch model 'someone/some-model'"):
+    with pytest.raises(GradaccError, match="'someone/some-model' is a hub id, and the Hugging Face Hub cannot be reached"):
         load(RunConfig(model="someone/some-model"), 2, ["a", "b"])
     host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname
     assert [address[0] for address in probes] == ([] if offline_flag else [host])

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from gradacc.training.sources import data as data_module
 from gradacc import paths
-from gradacc.config import BUILTIN_DATASETS, RunConfig, total_optimizer_steps
+from gradacc.config import BUILTIN_DATASETS, RunConfig, too_few_examples, total_optimizer_steps
 from gradacc.errors import GradaccError
 from gradacc.serving.limits import Limits
 
@@ -49,8 +49,7 @@ def all_errors(config: RunConfig, limits: Limits | None = None, train_examples: 
         errors.setdefault(field, message)
     if train_examples is not None and "micro_batch_size" not in errors \
             and candidate.micro_batch_size > train_examples:
-        errors["micro_batch_size"] = (f"micro batch size {candidate.micro_batch_size} is larger than the "
-                                      f"{train_examples} training examples.")
+        errors["micro_batch_size"] = too_few_examples(candidate.micro_batch_size, train_examples)
     return errors
 
 

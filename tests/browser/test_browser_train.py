@@ -59,14 +59,20 @@ def test_bad_value_gives_one_line_reason(page, artifacts):
     st_ui.open_app(page)
     st_ui.set_number(page, "Micro-batch size (m)", 0)
 
-    reason = page.locator("[data-testid=stAlert]").filter(has_text="micro batch size")
+    reason = page.locator("[data-testid=stAlert]").filter(has_text="Micro-batch size (m) must be a whole number")
     expect(reason).to_have_count(1)
+    expect(reason).to_contain_text("got 0.")
     text = reason.inner_text().strip()
     assert "\n" not in text and len(text) < 200, f"not a one-line reason: {text!r}"
     expect(st_ui.button(page, "Start")).to_be_disabled()
     expect(st_ui.metric_value(page, "Effective batch")).to_have_text("—")
     st_ui.expect_no_exception(page)
     st_ui.screenshot(page, artifacts / "train-bad-value.png")
+
+    # A fraction is refused as typed, not rounded to a whole number behind the visitor's back.
+    st_ui.set_number(page, "Micro-batch size (m)", 2.5)
+    expect(reason).to_contain_text("got 2.5.")
+    expect(st_ui.button(page, "Start")).to_be_disabled()
 
     # Fixing the value clears the reason and enables Start again.
     st_ui.set_number(page, "Micro-batch size (m)", 4)

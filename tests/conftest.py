@@ -100,7 +100,11 @@ def _release_server_resources() -> None:
 
     from gradacc.app import widgets as ui
     from gradacc.errors import GradaccError
+    from gradacc.serving import warmup
 
+    # The app's warm-up imports torch and transformers in a thread: the next test must not import them beside it
+    # (a module fixture that imports transformers then can find it half initialised).
+    assert warmup.wait_until_warm(timeout=180), "the warm-up did not finish"
     try:
         ui._create_manager().shutdown(timeout=30)  # stops runs a test left going, joins their threads
     except GradaccError:

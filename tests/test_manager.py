@@ -344,13 +344,6 @@ def test_delete_only_by_owner_and_only_when_over(make_manager, store):
     assert manager.get(run_id) is None and store.events(run_id) == []
 
 
-def test_importing_the_runner_does_not_import_torch():
-    code = "import sys, gradacc.serving.manager, gradacc.serving.store; print('torch' in sys.modules, 'transformers' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=ROOT).stdout
-    assert out.split() == ["False", "False"]
-
-
 def test_slots_and_run_limit_come_from_the_environment(make_manager, monkeypatch):
     """Only that the values reach the manager; every bad value's sentence is tested in test_limits.py."""
     assert make_manager().max_run_seconds == 600  # unset: the default limit

@@ -93,3 +93,9 @@ def test_default_run_learns_the_builtin_task():
     assert ended["status"] == "completed", ended["reason"]
     assert len(recorder.of("step")) == 126
     assert recorder.of("eval")[-1]["eval_f1"] >= 0.90
+
+
+def test_a_misspelt_run_option_is_a_type_error_not_a_silent_attribute():
+    # Options are keyword parameters of train, not names set onto the Job: a typo fails before anything runs.
+    with pytest.raises(TypeError, match="sync_each_microbatch"):
+        train(RunConfig(**SMALL), None, None, sync_each_microbatch=True)

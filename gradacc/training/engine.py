@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from gradacc import events
 from gradacc.config import RunConfig
@@ -23,9 +24,15 @@ def quiet_libraries() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
-def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.Event | None = None,
-          **job_options) -> dict:
-    """Train ``config``; emit events to ``on_event``; return the ``run_ended`` event."""
+def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.Event | None = None, *,
+          token_level: bool = False, whole_micro_batch: bool = True, before_optimizer_step: Callable | None = None,
+          trainer_library_default: bool = False, sync_each_micro_batch: bool = False,
+          collate: Callable | None = None) -> dict:
+    """Train ``config``; emit events to ``on_event``; return the ``run_ended`` event.
+
+    The keyword options are what the equivalence check, the benchmarks and the CLI ask of a run beyond its
+    config (see ``Job`` for each); a misspelt one is a TypeError, not a silent no-op.
+    """
     on_event = on_event or (lambda event: None)
     stop = stop or threading.Event()
     started = time.perf_counter()
@@ -39,7 +46,9 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
         on_event(event)
 
     try:
-        job = _prepare(config, emit, stop, job_options)
+        job = _prepare(config, emit, stop, token_level=token_level, whole_micro_batch=whole_micro_batch,
+                       before_optimizer_step=before_optimizer_step, trainer_library_default=trainer_library_default,
+                       sync_each_micro_batch=sync_each_micro_batch, collate=collate)
         emit(announce(job))
         job.check_stop()
         _run_backend(job)
@@ -58,15 +67,11 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
     return ended
 
 
-def _prepare(config, emit, stop, job_options):
+def _prepare(config, emit, stop, **options):
     from gradacc.training.job import prepare
 
     quiet_libraries()
-    job = prepare(config, emit, stop, token_level=job_options.pop("token_level", False),
-                  whole_micro_batch=job_options.pop("whole_micro_batch", True))
-    for name, value in job_options.items():
-        setattr(job, name, value)
-    return job
+    return prepare(config, emit, stop, **options)
 
 
 def _run_backend(job) -> None:

@@ -83,11 +83,14 @@ def _stop_requested(stop: threading.Event) -> None:
 
 
 def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, token_level: bool = False,
-            whole_micro_batch: bool = True) -> Job:
+            whole_micro_batch: bool = True, *, before_optimizer_step: Callable | None = None,
+            trainer_library_default: bool = False, sync_each_micro_batch: bool = False,
+            collate: Callable | None = None) -> Job:
     """Validate, load data and model, tokenise and order the data; GradaccError on bad input.
 
     ``whole_micro_batch``: refuse a micro-batch larger than the training set (a run's config is surely
-    wrong then; the equivalence check builds such windows on purpose).
+    wrong then; the equivalence check builds such windows on purpose). ``collate``: replaces the default
+    collator (the memory benchmark pads every micro-batch to one length). The other options are ``Job``'s.
     """
     config.validate()
     if config.num_processes != distributed.world_size():
@@ -121,9 +124,11 @@ def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, token_lev
     device = pick_device()
     return Job(config=config, model=loaded.model.to(device), tokenizer=loaded.tokenizer,
                train_examples=train_examples, eval_examples=eval_examples, label_names=text_data.label_names,
-               collate=data_module.collator(loaded.tokenizer, token_level), emit=emit, stop=stop, device=device,
+               collate=collate or data_module.collator(loaded.tokenizer, token_level), emit=emit, stop=stop, device=device,
                steps_per_epoch=optimizer_steps_per_epoch(len(train_examples), config.micro_batch_size,
                                                          config.grad_accum_steps, config.num_processes),
                total_steps=total_optimizer_steps(config, len(train_examples)),
                micro_batches=plan[rank], window_items=windows.window_totals(rank_items, config.grad_accum_steps),
-               batch_items=rank_items[rank], token_level=token_level, notes=notes)
+               batch_items=rank_items[rank], token_level=token_level, notes=notes,
+               before_optimizer_step=before_optimizer_step, trainer_library_default=trainer_library_default,
+               sync_each_micro_batch=sync_each_micro_batch)

@@ -8,8 +8,8 @@ import io
 import json
 
 import pytest
-from app_support import alerts, app_home, error_after, open_app, run_until  # noqa: F401
-from attack_support import TINY, TINY_ARGS, assert_one_error_line, cli, one_torch_thread  # noqa: F401
+from app_support import alerts, error_after, open_app, run_until
+from attack_support import TINY, TINY_ARGS, assert_one_error_line, cli
 
 from gradacc.analysis.compare import FORMULA_STARTS
 from gradacc.config import RunConfig
@@ -64,12 +64,6 @@ BAD_FILES = [
     ("mixed.jsonl", jsonl([{"text": t, "label": 1 if i % 2 else "neg"} for i, (t, _) in enumerate(reviews())]),
      "label_column", "Labels mix numbers and text"),
 ]
-
-
-@pytest.fixture
-def data_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("GRADACC_DATA_DIRS", str(tmp_path))
-    return tmp_path
 
 
 # ---- the engine ----------------------------------------------------------------------------------

@@ -259,6 +259,8 @@ class _Progress:
             print(f"{chr(10) if self.tty else ''}epoch {event['epoch']}: eval loss {event['eval_loss']:.4f}  "
                   f"accuracy {event['eval_accuracy']:.4f}  F1 {event['eval_f1']:.4f}", flush=True)
         elif kind == events.RUN_ENDED:
+            if event["status"] == events.FAILED and event.get("field"):
+                return  # bad input: the one error line on stderr says it, in the flag's words
             print(f"{event['status']} after {event['steps']} optimizer steps in {event['wall_s']:.1f} s"
                   + (f": {event['reason']}" if event["reason"] else ""))
 

@@ -201,6 +201,15 @@ def upload(at, name: str, content: bytes, mime: str = "text/csv"):
     return at
 
 
+def train_to_the_end(at):
+    """A tiny run on what the form holds, until it has completed."""
+    for field, value in TINY.items():
+        at.number_input(key=f"form.train.{field}").set_value(value)
+    at.run()
+    at.button(key="start").click().run()
+    return run_until(at, lambda at: bool(at.success), RUN_TIMEOUT_S, "the run to complete")
+
+
 def picker_key(at, label: str) -> str:
     return next(s.key for s in at.selectbox if s.label == label)
 
@@ -276,11 +285,7 @@ def test_app_stores_an_upload_under_a_safe_name_whatever_it_is_called(app_home):
 
 def test_app_trains_on_long_texts_and_shows_the_truncation_note(app_home, one_torch_thread):
     at = upload(open_app(), "long.csv", table([(f"{LONG_TEXT} {i}", l) for i, (_, l) in enumerate(reviews())]))
-    for field, value in TINY.items():
-        at.number_input(key=f"form.train.{field}").set_value(value)
-    at.run()
-    at.button(key="start").click().run()
-    run_until(at, lambda at: bool(at.success), RUN_TIMEOUT_S, "the run to complete")
+    train_to_the_end(at)
     captions = [c.value for c in at.caption]
     assert "ℹ️ 60 text(s) longer than 32 tokens were truncated." in captions, captions
 
@@ -304,12 +309,7 @@ def captured_downloads(monkeypatch):
 def test_formula_cells_train_as_text_and_the_compare_csv_neutralises_formulas(app_home, captured_downloads,
                                                                                one_torch_thread):
     rows = [(FORMULAS[i % len(FORMULAS)] + f" row {i}", "=A1" if i % 2 else "+B2") for i in range(60)]
-    at = upload(open_app(), "-2+3.csv", table(rows))  # saved as -2_3-<hash>.csv: a leading minus survives
-    for field, value in TINY.items():
-        at.number_input(key=f"form.train.{field}").set_value(value)
-    at.run()
-    at.button(key="start").click().run()
-    run_until(at, lambda at: bool(at.success), RUN_TIMEOUT_S, "the formula run to complete")
+    train_to_the_end(upload(open_app(), "-2+3.csv", table(rows)))  # saved as -2_3-<hash>.csv: the minus survives
     # A second visitor names a "model" that is a formula: no hub id looks like that, so it never becomes a run.
     other = open_app()
     other.selectbox(key="form.train.model_choice").set_value("other: hub id or local folder").run()

@@ -17,7 +17,7 @@ import json
 import sys
 import threading
 
-from gradacc import events
+from gradacc import events, paths
 from gradacc.config import BACKENDS, LOSS_NORMALIZATIONS, RunConfig, in_cli_words
 from gradacc.errors import GradaccError
 
@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "LOG_DIR (default Trackio's own folder)")
     train.add_argument("--config", default=None, dest="config_file",
                        help="a RunConfig as a JSON file; replaces the other run options (the app's launcher uses it)")
+    train.add_argument("--confine", action="store_true",
+                       help="keep local paths inside GRADACC_DATA_DIRS / GRADACC_MODEL_DIRS, as the app does for its "
+                            "visitors (its launcher passes this); without it, any file you can read")
     train.add_argument("--sync-each-micro-batch", action="store_true",
                        help="several processes: all-reduce gradients after every micro-batch (no no_sync), "
                             "to measure what no_sync saves")
@@ -178,7 +181,8 @@ def _train(args) -> int:
     run_id = events.new_run_id()
     try:
         ended = train(config, on_event, stop, report_to=args.report_to, log_dir=args.log_dir, run_id=run_id,
-                      sync_each_micro_batch=args.sync_each_micro_batch)
+                      sync_each_micro_batch=args.sync_each_micro_batch,
+                      confinement=None if args.confine else paths.TRUST_USER)  # None: the visitors' folders
     except KeyboardInterrupt:  # Ctrl-C: the engine stops within one micro-batch on its own next check
         stop.set()
         raise

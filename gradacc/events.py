@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from typing import Callable
 
 EventSink = Callable[[dict], None]
@@ -47,6 +48,11 @@ def run_ended(*, status: str, reason: str | None, steps: int, wall_s: float, fie
     batch within the cap (None when even m=1 does not fit)."""
     event = _event(RUN_ENDED, status=status, reason=reason, steps=steps, wall_s=wall_s, field=field)
     return event | {"out_of_memory": out_of_memory} if out_of_memory is not None else event
+
+
+def new_run_id() -> str:
+    """Sortable by start time and unique: 20250101-120000-1a2b3c (a folder name, a tracker's run name)."""
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
 
 
 def to_json(event: dict) -> str:

@@ -191,7 +191,7 @@ def train(job) -> None:
             bf16=config.precision == "bf16",
             fp16=config.precision == "fp16",
             gradient_checkpointing=config.gradient_checkpointing,
-            gradient_checkpointing_kwargs={"use_reentrant": False} if config.gradient_checkpointing else None,
+            activation_checkpointing_kwargs={"use_reentrant": False} if config.gradient_checkpointing else None,
             # Several processes: all-reduce after every micro-batch when asked to (what no_sync saves, measured).
             accelerator_config={"gradient_accumulation_kwargs": {"sync_each_batch": True}}
             if job.sync_each_micro_batch else None,

@@ -5,7 +5,7 @@ import streamlit as st
 from gradacc.analysis import planner
 from gradacc.app import charts, widgets as ui
 from gradacc.config import RunConfig
-from gradacc.errors import GradaccError
+from gradacc.errors import GradaccError, one_line
 
 K = f"{ui.FORM}planner."
 TRAIN = f"{ui.FORM}train."
@@ -51,7 +51,7 @@ if st.button("Measure", type="primary", key="measure", disabled=not measurable,
         except GradaccError as error:
             general.error(error.message)
         except Exception as error:  # noqa: BLE001 - a demo shows one line, never a traceback
-            general.error(f"Could not measure {model}: {type(error).__name__}: {error}".splitlines()[0])
+            general.error(f"Could not measure {model}: {one_line(error)}")
 
 measurement = st.session_state.get("planner.measurement")
 if measurement is None or (measurement.model, measurement.max_seq_length) != wanted:

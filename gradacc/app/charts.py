@@ -1,7 +1,7 @@
 """Plotly figures from the event stream; every chart takes one run or several (Compare page).
 
 A run is ``(label, events)``: ``events`` is a list of event dicts (all kinds mixed is fine, each chart
-picks what it needs) or a DataFrame of rows. A bare list of events counts as one run.
+picks what it needs). A bare list of events counts as one run.
 """
 
 from __future__ import annotations
@@ -24,27 +24,18 @@ LOG_FLOOR = 1e-12
 
 # --- inputs -----------------------------------------------------------------------------------
 
-def _rows(events) -> list[dict]:
-    if events is None:
-        return []
-    if hasattr(events, "to_dict"):  # a DataFrame
-        return events.to_dict("records")
-    return list(events)
-
-
 def _as_runs(runs) -> list[tuple[str, list[dict]]]:
     """Accept [(label, events), ...], or one run's events on their own."""
-    if runs is None or hasattr(runs, "to_dict"):
-        return [("run", _rows(runs))]
+    if runs is None:
+        return [("run", [])]
     runs = list(runs)
     if runs and isinstance(runs[0], dict):
         return [("run", runs)]
-    return [(str(label), _rows(events)) for label, events in runs]
+    return [(str(label), list(events or [])) for label, events in runs]
 
 
-def _of(rows: list[dict], kind: str) -> list[dict]:
-    """Rows of one kind; rows without an 'event' key (a DataFrame of steps) are taken as they are."""
-    return [r for r in rows if r.get("event", kind) == kind]
+def _of(events: list[dict], kind: str) -> list[dict]:
+    return [e for e in events if e.get("event") == kind]
 
 
 def _mb(value) -> float | None:
@@ -166,25 +157,6 @@ def memory_figure(runs, x: str = "step") -> go.Figure:
     return figure
 
 
-def static_memory_figure(runs) -> go.Figure:
-    """Parameters, gradients and optimizer state per run, as stacked bars."""
-    figure = _figure("Static memory: parameters, gradients, optimizer state", "Run", "Memory (MB)")
-    labels, parts = [], {"parameters": [], "gradients": [], "optimizer_state": []}
-    for label, rows in _as_runs(runs):
-        started = _of(rows, ev.RUN_STARTED)
-        static = started[0].get("static_memory") if started else None
-        if static:
-            labels.append(label)
-            for part, values in parts.items():
-                values.append(_mb(static.get(part)) or 0.0)
-    if not labels:
-        return _empty(figure, "No run has started yet")
-    for part, values in parts.items():
-        figure.add_trace(go.Bar(x=labels, y=values, name=part.replace("_", " ")))
-    figure.update_layout(barmode="stack", hovermode="closest")
-    return figure
-
-
 def _static_total(rows: list[dict]) -> float | None:
     started = _of(rows, ev.RUN_STARTED)
     static = (started[0].get("static_memory") or {}) if started else {}
@@ -221,7 +193,7 @@ def memory_plan_figure(predicted: Mapping | Iterable, measured: Mapping | Iterab
 
 def equivalence_figure(rows: Iterable[dict], tolerance: float | None = None) -> go.Figure:
     """Relative error of each case against the reference, one bar group per loss normalization."""
-    rows = _rows(rows)
+    rows = list(rows or [])
     figure = _figure("Accumulated vs. full-batch gradients: relative error", "Case",
                      "Relative error (log scale)")
     if not rows:

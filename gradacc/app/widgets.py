@@ -11,7 +11,7 @@ import uuid
 import streamlit as st
 
 from gradacc.app import form
-from gradacc.serving import warmup
+from gradacc.serving import uploads, warmup
 from gradacc.config import BUILTIN_DATASETS, BUILTIN_MODELS, RunConfig, field_label
 from gradacc.training.sources.data import FILE_SUFFIXES, LABEL_COLUMNS, TEXT_COLUMNS
 from gradacc.errors import GradaccError
@@ -38,7 +38,6 @@ OTHER_DATASET = "other: hub id or local path"
 
 @st.cache_resource(show_spinner=False)
 def _create_manager() -> RunManager:
-    limits = Limits.from_env()
     warmup.torch_threads()  # a bad GRADACC_TORCH_THREADS stops the page with one sentence, like the limits
     # plotly looks numpy and pandas up in sys.modules without importing them; while the warm-up thread is
     # half-way through importing pandas, a chart drawn here would find a partial module and fail. Import both
@@ -46,8 +45,9 @@ def _create_manager() -> RunManager:
     import numpy  # noqa: F401
     import pandas  # noqa: F401
 
+    # Slots and the time limit come from the deployment's Limits (a bad value: GradaccError, shown below).
     # recover=True marks runs a previous server left queued/running as interrupted (once per server).
-    manager = RunManager(RunStore(), max_run_seconds=limits.max_run_seconds or 0, recover=True)
+    manager = RunManager(RunStore(), recover=True)
     warmup.start()  # torch and transformers import in the background while the page paints
     return manager
 
@@ -67,7 +67,7 @@ def run_manager() -> RunManager:
 @st.cache_resource(show_spinner=False)
 def check_runner():
     """The server's queue of equivalence checks (one worker thread, shared by every visitor)."""
-    from gradacc.app.equivalence_view import CheckRunner
+    from gradacc.serving.checks import CheckRunner
 
     return CheckRunner()
 
@@ -189,7 +189,7 @@ def _upload_input(prefix: str, errors: FieldErrors, limits: Limits):
     kept_key = f"{prefix}.uploaded"  # the saved file outlives the widget (which forgets it on a page switch)
     if uploaded is not None:
         try:
-            path = form.save_upload(uploaded.name, uploaded.getvalue(), limits)
+            path = uploads.save_upload(uploaded.name, uploaded.getvalue(), limits)
         except GradaccError as error:
             st.session_state.pop(kept_key, None)
             return "", None, None, error.message
@@ -284,11 +284,3 @@ def format_bytes(value) -> str:
         if abs(value) >= size:
             return f"{value / size:,.1f} {unit}"
     return f"{value:,.0f} B"
-
-
-def format_seconds(seconds) -> str:
-    if seconds is None:
-        return "—"
-    seconds = int(round(seconds))
-    minutes, seconds = divmod(seconds, 60)
-    return f"{minutes} min {seconds:02d} s" if minutes else f"{seconds} s"

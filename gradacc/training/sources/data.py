@@ -14,7 +14,7 @@ from pathlib import Path
 from gradacc import paths
 from gradacc.training.sources import builtin_data, hub
 from gradacc.config import RunConfig
-from gradacc.errors import GradaccError
+from gradacc.errors import GradaccError, one_line
 
 TEXT_COLUMNS = ("text", "sentence", "review", "content", "document", "comment", "utterance")
 LABEL_COLUMNS = ("label", "labels", "target", "class", "sentiment", "category")
@@ -43,7 +43,7 @@ def load_text_data(config: RunConfig) -> TextData:
     if source == "builtin-sentiment":
         data = _builtin(config)
     elif Path(source).suffix.lower() in FILE_SUFFIXES or Path(source).is_file():
-        data = _from_table(_read_file(source), config)
+        data = _from_table(read_table(source), config)
     elif Path(source).is_dir() or "/" in source and Path(source).expanduser().is_absolute():
         data = _from_saved(source, config)
     else:
@@ -59,7 +59,9 @@ def _builtin(config: RunConfig) -> TextData:
                     list(builtin_data.LABEL_NAMES))
 
 
-def _read_file(source: str):
+def read_table(source: str):
+    """A CSV/JSONL/JSON data file as a pandas DataFrame of text cells; GradaccError (field ``dataset``) when
+    the path is outside the allowed folders, missing, empty, not UTF-8 or not parseable."""
     import pandas as pd
 
     path = paths.confined(source, paths.allowed_data_dirs(), "dataset", "The data file")
@@ -76,8 +78,8 @@ def _read_file(source: str):
     except UnicodeDecodeError:
         raise GradaccError(f"{path.name!r} is not UTF-8 text; save it as UTF-8 and try again.", "dataset") from None
     except (ValueError, pd.errors.ParserError) as error:
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise GradaccError(f"Could not read {path.name!r} as {path.suffix[1:].upper()}: {first_line}.",
+        raise GradaccError(f"Could not read {path.name!r} as {path.suffix[1:].upper()}: "
+                           f"{one_line(error, with_type=False)}.",
                            "dataset") from None
 
 
@@ -165,7 +167,7 @@ def _from_saved(source: str, config: RunConfig) -> TextData:
     try:
         loaded = datasets.load_from_disk(str(path))
     except (FileNotFoundError, ValueError) as error:
-        raise GradaccError(f"{path.name!r} is not a folder written by save_to_disk ({_first_line(error)}).",
+        raise GradaccError(f"{path.name!r} is not a folder written by save_to_disk ({one_line(error, with_type=False)}).",
                            "dataset") from None
     return _from_hf(loaded, config)
 
@@ -178,7 +180,7 @@ def _from_hub(source: str, config: RunConfig) -> TextData:
         loaded = datasets.load_dataset(source, split=config.dataset_split)
     except Exception as error:  # the hub raises many types; the person needs one sentence
         raise GradaccError(f"Could not load hub dataset {source!r} split {config.dataset_split!r}: "
-                           f"{_first_line(error)}", "dataset") from None
+                           f"{one_line(error, with_type=False)}", "dataset") from None
     return _from_hf(loaded, config)
 
 
@@ -223,11 +225,6 @@ def _limit(data: TextData, config: RunConfig) -> TextData:
     if not data.train_texts or not data.eval_texts:
         raise GradaccError("The data needs at least one training row and one eval row.", "dataset")
     return data
-
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 # ---- tokenisation and micro-batches -------------------------------------------------------------

@@ -12,7 +12,7 @@ import streamlit as st
 
 from gradacc.app import form
 from gradacc.serving import uploads, warmup
-from gradacc.config import BUILTIN_DATASETS, BUILTIN_MODELS, RunConfig, field_label
+from gradacc.config import BACKENDS, BUILTIN_DATASETS, BUILTIN_MODELS, LOSS_NORMALIZATIONS, RunConfig, field_label
 from gradacc.training.sources.data import FILE_SUFFIXES, LABEL_COLUMNS, TEXT_COLUMNS
 from gradacc.errors import GradaccError
 from gradacc.serving.limits import Limits
@@ -29,6 +29,7 @@ WARM_UP_POLL_SECONDS = 1.0
 FORM = "form."
 
 BACKEND_NAMES = {"pytorch": "PyTorch loop", "accelerate": "🤗 Accelerate", "trainer": "🤗 Trainer"}
+NORMALIZATION_NAMES = {"exact": "exact (weight by items in the window)", "naive": "naive (each mean ÷ k)"}
 OTHER_MODEL = "other: hub id or local folder"
 UPLOAD_DATASET = "upload a CSV / JSONL file"
 OTHER_DATASET = "other: hub id or local path"
@@ -136,8 +137,6 @@ def accumulation_inputs(prefix: str, errors: FieldErrors, widths: list) -> tuple
 
     ``widths`` has at least three entries; columns past the third are returned for the page's own widgets.
     """
-    from gradacc.config import BACKENDS
-
     backend_column, m_column, k_column, *extra_columns = st.columns(widths)
     with backend_column:
         backend = st.radio(field_label("backend"), BACKENDS, key=prefix + "backend", persist_state="session",
@@ -148,8 +147,41 @@ def accumulation_inputs(prefix: str, errors: FieldErrors, widths: list) -> tuple
         grad_accum_steps = number_field(prefix, "grad_accum_steps", errors)
     return backend, micro_batch_size, grad_accum_steps, [backend_column, *extra_columns]
 
+
+def training_inputs(prefix: str, errors: FieldErrors) -> dict:
+    """The Train form's accumulation and training settings, each with its error slot: {RunConfig field: value}."""
+    left, right = st.columns(2)
+    with left:
+        values = {"micro_batch_size": number_field(prefix, "micro_batch_size", errors,
+                                                   help="Examples per forward/backward pass: what must fit in memory."),
+                  "epochs": number_field(prefix, "epochs", errors),
+                  "seed": number_field(prefix, "seed", errors)}
+    with right:
+        values |= {"grad_accum_steps": number_field(prefix, "grad_accum_steps", errors,
+                                                    help="Micro-batches whose gradients add up before one optimizer "
+                                                         "step."),
+                   "learning_rate": number_field(prefix, "learning_rate", errors, whole=False, step=1e-4,
+                                                 format="%.1e"),
+                   "dropout": number_field(prefix, "dropout", errors, whole=False, step=0.05, format="%.2f",
+                                           help="0 makes the three backends draw the same loss curve.")}
+    values["loss_normalization"] = st.radio(field_label("loss_normalization"), LOSS_NORMALIZATIONS,
+                                            key=prefix + "loss_normalization", persist_state="session",
+                                            format_func=NORMALIZATION_NAMES.get, horizontal=True)
+    errors.slot("loss_normalization")
+    values["num_processes"] = st.selectbox(
+        field_label("num_processes"), [1, 2], key=prefix + "num_processes", persist_state="session",
+        help="Data parallelism: 2 processes (started with accelerate launch) each train on their own micro-batches; "
+             "gradients are all-reduced once per window (no_sync).")
+    errors.slot("num_processes")
+    with st.expander("Advanced: data size and sequence length"):
+        values |= {"train_samples": number_field(prefix, "train_samples", errors, step=100),
+                   "eval_samples": number_field(prefix, "eval_samples", errors, step=50),
+                   "max_seq_length": number_field(prefix, "max_seq_length", errors, step=16)}
+    return values
+
+
 def model_input(prefix: str, errors: FieldErrors) -> str:
-    defaults({f"{FORM}{prefix}.model_choice": BUILTIN_MODELS[0], f"{FORM}{prefix}.model_custom": ""})
+    defaults(_model_widget_values(prefix, BUILTIN_MODELS[0]))
     choice = st.selectbox("Model", [*BUILTIN_MODELS, OTHER_MODEL], key=f"{FORM}{prefix}.model_choice",
                           persist_state="session",
                           help="tiny-bert: a 190k-parameter BERT, random init (fast). all-MiniLM-L6-v2: pretrained, "
@@ -160,6 +192,13 @@ def model_input(prefix: str, errors: FieldErrors) -> str:
                              persist_state="session", placeholder="prajjwal1/bert-tiny").strip()
     errors.slot("model")
     return name
+
+
+def _model_widget_values(prefix: str, model: str) -> dict:
+    """What ``model_input``'s widgets hold to show ``model``: a built-in one picked, or "other" and its name."""
+    builtin = model in BUILTIN_MODELS
+    return {f"{FORM}{prefix}.model_choice": model if builtin else OTHER_MODEL,
+            f"{FORM}{prefix}.model_custom": "" if builtin else model}
 
 
 def dataset_input(prefix: str, errors: FieldErrors, limits: Limits) -> tuple[str, str | None, str | None, str | None]:
@@ -251,6 +290,58 @@ def cached(name: str, version, build):
         held = (version, build())
         st.session_state[name] = held
     return held[1]
+
+
+# ---- the Train form's settings, shared by pages -----------------------------------------------------------
+# The Train page keeps its settings in session state as one RunConfig; the planner writes its advice into it
+# and the Code page reads it. No page reads or writes another page's widget keys.
+
+TRAIN_CONFIG = "train_config"
+TRAIN_FORM = f"{FORM}train."  # the Train form's widget keys: only the Train page and this section use them
+_TRAIN_CONFIG_SHOWN = "train_config.shown"  # the config the Train form's widgets showed when it last drew
+# The Train form's widgets, by RunConfig field (the model and the data have pickers of their own).
+TRAIN_FORM_FIELDS = ("backend", "micro_batch_size", "grad_accum_steps", "epochs", "learning_rate", "seed",
+                     "loss_normalization", "dropout", "train_samples", "eval_samples", "max_seq_length",
+                     "num_processes")
+
+
+def train_config() -> RunConfig:
+    """The Train form's settings (RunConfig's defaults until the visitor has been on the Train page)."""
+    return st.session_state.get(TRAIN_CONFIG) or RunConfig()
+
+
+def suggest_train_settings(**changes) -> None:
+    """Another page's advice for the Train form (the planner's m and k); the form shows it when it next draws."""
+    st.session_state[TRAIN_CONFIG] = train_config().replace(**changes)
+
+
+def prepare_train_form(limits: Limits) -> None:
+    """Before the Train form draws: its first values (the defaults within this deployment's limits), and any
+    setting another page has changed in the shared config since the form last drew."""
+
+    def within(value: int, limit: int | None) -> int:
+        return min(value, limit) if limit else value
+
+    base = RunConfig()
+    first = {field: getattr(base, field) for field in TRAIN_FORM_FIELDS}
+    first |= {"epochs": within(base.epochs, limits.max_epochs),
+              "train_samples": within(base.train_samples, limits.max_train_samples),
+              "eval_samples": within(base.eval_samples, limits.max_train_samples)}
+    defaults({TRAIN_FORM + field: value for field, value in first.items()})
+    shared, shown = st.session_state.get(TRAIN_CONFIG), st.session_state.get(_TRAIN_CONFIG_SHOWN)
+    if shared is None or shared is shown:
+        return
+    shown = shown or base
+    for field in TRAIN_FORM_FIELDS:
+        if getattr(shared, field) != getattr(shown, field):
+            st.session_state[TRAIN_FORM + field] = getattr(shared, field)
+    if shared.model != shown.model:
+        st.session_state.update(_model_widget_values("train", shared.model))
+
+
+def keep_train_config(config: RunConfig) -> None:
+    """After the Train form drew: its settings, for the other pages."""
+    st.session_state[TRAIN_CONFIG] = st.session_state[_TRAIN_CONFIG_SHOWN] = config
 
 
 # ---- status lines ---------------------------------------------------------------------------------

@@ -167,8 +167,8 @@ def _from_saved(source: str, config: RunConfig) -> TextData:
     try:
         loaded = datasets.load_from_disk(str(path))
     except (FileNotFoundError, ValueError) as error:
-        raise GradaccError(f"{path.name!r} is not a folder written by save_to_disk ({one_line(error, with_type=False)}).",
-                           "dataset") from None
+        raise GradaccError(f"{path.name!r} is not a folder written by save_to_disk "
+                           f"({one_line(error, with_type=False)}).", "dataset") from None
     return _from_hf(loaded, config)
 
 

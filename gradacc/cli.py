@@ -59,6 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="skip activation/RSS measurement (for overhead comparisons)")
     train.add_argument("--metrics-out", default=None, help="also write every event to this JSONL file")
     train.add_argument("--json", action="store_true", help="print each event as one JSON object per line")
+    train.add_argument("--report-to", default="none", metavar="none|tensorboard|trackio",
+                       help="also log to TensorBoard and/or a local Trackio project (comma-separated), written from "
+                            "gradacc's events: the same scalars for every backend, steps are optimizer steps")
+    train.add_argument("--log-dir", default=None,
+                       help="TensorBoard event files go to LOG_DIR/<run id>/ (default runs/); Trackio's store to "
+                            "LOG_DIR (default Trackio's own folder)")
     train.add_argument("--config", default=None, dest="config_file",
                        help="a RunConfig as a JSON file; replaces the other run options (the app's launcher uses it)")
     train.add_argument("--sync-each-micro-batch", action="store_true",
@@ -137,6 +143,9 @@ def _train(args) -> int:
     from gradacc.training import distributed
     from gradacc.training.engine import train
 
+    from gradacc.export.trackers import parse_report_to
+
+    parse_report_to(args.report_to)  # a misspelt tracker fails here, before torch is imported
     config = config_from_args(args)
     config.validate()
     _apply_limits(config)
@@ -153,8 +162,10 @@ def _train(args) -> int:
         show(event)
 
     stop = threading.Event()
+    run_id = events.new_run_id()
     try:
-        ended = train(config, on_event, stop, sync_each_micro_batch=args.sync_each_micro_batch)
+        ended = train(config, on_event, stop, report_to=args.report_to, log_dir=args.log_dir, run_id=run_id,
+                      sync_each_micro_batch=args.sync_each_micro_batch)
     except KeyboardInterrupt:  # Ctrl-C: the engine stops within one micro-batch on its own next check
         stop.set()
         raise
@@ -166,7 +177,23 @@ def _train(args) -> int:
         where = f"rank {distributed.rank()}: " if distributed.world_size() > 1 else ""
         print(f"error: {where}{in_cli_words(ended['reason'], ended.get('field'))}", file=sys.stderr)
         return EXIT_BAD_INPUT if ended.get("field") else EXIT_FAILED
+    if writes:
+        _say_where_trackers_wrote(args, run_id)
     return EXIT_OK
+
+
+def _say_where_trackers_wrote(args, run_id: str) -> None:
+    """On stderr: stdout may be the JSON event stream."""
+    from gradacc.export import trackers
+
+    names = trackers.parse_report_to(args.report_to)
+    if "tensorboard" in names:
+        log_dir = args.log_dir or trackers.DEFAULT_LOG_DIR
+        print(f"TensorBoard: {log_dir}/{run_id}/ (tensorboard --logdir {log_dir})", file=sys.stderr)
+    if "trackio" in names:
+        where = f"TRACKIO_DIR={args.log_dir} " if args.log_dir else ""
+        print(f"Trackio: run {run_id} in project {trackers.TRACKIO_PROJECT} "
+              f"({where}trackio show --project {trackers.TRACKIO_PROJECT})", file=sys.stderr)
 
 
 def _apply_limits(config: RunConfig) -> None:
@@ -207,6 +234,8 @@ class _Progress:
             print(f"{chr(10) if self.tty else ''}epoch {event['epoch']}: eval loss {event['eval_loss']:.4f}  "
                   f"accuracy {event['eval_accuracy']:.4f}  F1 {event['eval_f1']:.4f}", flush=True)
         elif kind == events.RUN_ENDED:
+            if event["status"] == events.FAILED and event.get("field"):
+                return  # bad input: the one error line on stderr says it, in the flag's words
             print(f"{event['status']} after {event['steps']} optimizer steps in {event['wall_s']:.1f} s"
                   + (f": {event['reason']}" if event["reason"] else ""))
 

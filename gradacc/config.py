@@ -43,6 +43,10 @@ FIELD_LABELS = {
     "dropout": "Dropout",
     "num_processes": "Processes",
     "instrument": "Instrumentation",
+    # Where a run is logged besides gradacc's own store (engine and CLI options, not RunConfig fields).
+    "report_to": "Report to",
+    "log_dir": "Log dir",
+    "run_id": "Run id",
     # Inputs of the Memory planner page, not of a run.
     "budget_mb": "Memory budget (MB)",
     "target_effective_batch": "Target effective batch",
@@ -70,6 +74,9 @@ CLI_FLAGS = {
     "dropout": "--dropout",
     "num_processes": None,  # set by the launch (accelerate launch / torchrun), not by a flag
     "instrument": "--no-instrument",
+    "report_to": "--report-to",
+    "log_dir": "--log-dir",
+    "run_id": None,  # the CLI makes its own
 }
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from typing import Callable
 
 EventSink = Callable[[dict], None]
@@ -43,6 +44,11 @@ def eval_(*, epoch: int, step: int, eval_loss: float, eval_accuracy: float, eval
 def run_ended(*, status: str, reason: str | None, steps: int, wall_s: float, field: str | None = None) -> dict:
     """``field`` names the setting at fault when the run failed on bad input (None for a fault in training)."""
     return _event(RUN_ENDED, status=status, reason=reason, steps=steps, wall_s=wall_s, field=field)
+
+
+def new_run_id() -> str:
+    """Sortable by start time and unique: 20250101-120000-1a2b3c (a folder name, a tracker's run name)."""
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
 
 
 def to_json(event: dict) -> str:

@@ -105,6 +105,12 @@ def run_status():
         accuracy.metric("Eval accuracy", f"{latest['eval_accuracy']:.3f}" if latest else "—")
         static = (current.started or {}).get("static_memory") or {}
         memory.metric("Params + grads + optimizer", ui.format_bytes(static.get("total")))
+        if not current.is_live and current.started is not None:
+            # Built from the stored events when clicked (runs from before the export too); nothing is pushed anywhere.
+            st.download_button("Download for TensorBoard", data=lambda: runview.tensorboard_zip(current),
+                               file_name=f"gradacc-{current.run_id}-tensorboard.zip", mime="application/zip",
+                               on_click="ignore", key="tensorboard_zip",
+                               help="The run's TensorBoard event files: unzip, then `tensorboard --logdir .`")
 
 
 # Charts poll less often than the status: building plotly figures holds the GIL that the training

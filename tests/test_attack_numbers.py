@@ -14,8 +14,9 @@ import textwrap
 
 import pytest
 import torch
-from app_support import app_home, error_after, metric, open_app, run_until, set_numbers  # noqa: F401
-from attack_support import ROOT, TINY, TINY_ARGS, assert_one_error_line, cli, one_torch_thread, sabotage  # noqa: F401
+from app_support import error_after, metric, open_app, run_until, set_numbers
+from attack_support import TINY, TINY_ARGS, assert_one_error_line, cli, sabotage
+from support import ROOT
 
 RUN_TIMEOUT_S = 120  # the first run in a process also imports torch and transformers
 GOOD = {"micro_batch_size": 8, "grad_accum_steps": 4, "epochs": 1, "learning_rate": 1e-3, "max_seq_length": 64,
@@ -203,9 +204,14 @@ def test_app_out_of_memory_fails_the_run_with_the_fix_and_the_page_stays_usable(
 
 def test_other_pages_refuse_absurd_numbers_without_an_exception(app_home):
     at = open_app("equivalence")
-    for m, k in ((0, 4), (4, -1), (10**9, 4)):
+    m_range, k_range = "Micro-batch size (m) must be a whole number", "Accumulation steps (k) must be a whole number"
+    for m, k, field, message in ((0, 4, "micro_batch_size", f"{m_range} from 1 to 4096; got 0."),
+                                 (4, -1, "grad_accum_steps", f"{k_range} from 1 to 4096; got -1."),
+                                 (10**9, 4, "micro_batch_size", f"{m_range} from 1 to 4096; got 1000000000.")):
         set_numbers(at, "equivalence", {"micro_batch_size": m, "grad_accum_steps": k})
-        assert not at.exception and at.error, (m, k)
+        assert not at.exception
+        assert [e.value for e in at.error] == [message], (m, k)  # this one reason, and no other
+        assert error_after(at, f"form.equivalence.{field}") == message, (m, k)
         assert at.button(key="run_check").disabled
     at = open_app("planner")
     for length in (0, -16, 100000):

@@ -80,6 +80,14 @@ def table_columns(path: str | Path) -> list[str]:
     return [str(c) for c in frame.columns]
 
 
+def label_column_guess(path: str | Path, text_column: str | None) -> str | None:
+    """The label column to pre-pick for an upload: the loader's own detection, else the first column that
+    could be a label; never an id, free text or a single class (None when no column could be one)."""
+    frame = data_module.read_table(str(path))
+    return data_module.detect_label_column(frame, text_column) or \
+        next(iter(data_module.usable_label_columns(frame, text_column)), None)
+
+
 def guess_column(columns: list[str], candidates) -> str | None:
     """The column the loader would pick by name (text, label, ...), or None."""
     lowered = {c.lower(): c for c in columns}

@@ -13,7 +13,7 @@ import streamlit as st
 from gradacc.app import form
 from gradacc.serving import uploads, warmup
 from gradacc.config import BACKENDS, BUILTIN_DATASETS, BUILTIN_MODELS, LOSS_NORMALIZATIONS, RunConfig, field_label
-from gradacc.training.sources.data import FILE_SUFFIXES, LABEL_COLUMNS, TEXT_COLUMNS
+from gradacc.training.sources.data import FILE_SUFFIXES, TEXT_COLUMNS
 from gradacc.errors import GradaccError
 from gradacc.serving.limits import Limits
 from gradacc.serving.manager import RunManager
@@ -246,12 +246,12 @@ def _upload_input(prefix: str, errors: FieldErrors, limits: Limits):
     file_key = kept["path"].rsplit("/", 1)[-1]
     left, right = st.columns(2)
     with left:
-        text_column = st.selectbox("Text column", columns, key=f"{prefix}.text_column.{file_key}",
+        text_column = st.selectbox(field_label("text_column"), columns, key=f"{prefix}.text_column.{file_key}",
                                    index=_index(columns, form.guess_column(columns, TEXT_COLUMNS), 0))
         errors.slot("text_column")
     with right:
-        label_column = st.selectbox("Label column", columns, key=f"{prefix}.label_column.{file_key}",
-                                    index=_index(columns, form.guess_column(columns, LABEL_COLUMNS),
+        label_column = st.selectbox(field_label("label_column"), columns, key=f"{prefix}.label_column.{file_key}",
+                                    index=_index(columns, _label_guess(kept["path"], text_column),
                                                  len(columns) - 1))
         errors.slot("label_column")
     return kept["path"], text_column, label_column, None
@@ -260,6 +260,11 @@ def _upload_input(prefix: str, errors: FieldErrors, limits: Limits):
 @st.cache_data(show_spinner=False, max_entries=32)
 def _columns(path: str) -> list[str]:
     return form.table_columns(path)
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def _label_guess(path: str, text_column: str | None) -> str | None:
+    return form.label_column_guess(path, text_column)
 
 
 def _index(options: list, value, fallback: int) -> int:

@@ -16,7 +16,6 @@ import collections
 import logging
 import threading
 import time
-import uuid
 from typing import Callable
 
 from gradacc import events as ev
@@ -86,7 +85,7 @@ class RunManager:
             config = RunConfig.from_dict(config)
         # A copy, validated now so a bad value is reported next to its widget instead of after the queue.
         config = RunConfig.from_dict(config.to_dict()).validate()
-        run_id = new_run_id()
+        run_id = ev.new_run_id()
         with self._lock:
             if self._closed:
                 raise GradaccError("The server is shutting down; no new runs are accepted.")
@@ -287,9 +286,3 @@ class RunManager:
 def _hit_limit(state: RunState, stop: threading.Event, reason: str) -> None:
     state.request_stop(reason)
     stop.set()
-
-
-def new_run_id() -> str:
-    """Sortable by start time and unique: 20250101-120000-1a2b3c."""
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
-

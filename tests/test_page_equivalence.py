@@ -1,6 +1,6 @@
 """The Equivalence page: the check runs off the page's thread and its numbers and meaning are shown."""
 
-from app_support import app_home, chart, error_after, open_app, run_until, set_numbers  # noqa: F401
+from app_support import chart, error_after, open_app, run_until, set_numbers
 
 CHECK_TIMEOUT_S = 90
 

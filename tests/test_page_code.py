@@ -1,7 +1,7 @@
 """The Code page: each backend's real train loop from gradacc's source, with the settings filled in."""
 
 import pytest
-from app_support import app_home, error_after, open_app, set_numbers  # noqa: F401
+from app_support import error_after, open_app, set_numbers
 
 EXPECTED = {
     "pytorch": ["loss.backward()", "optimizer.step()"],

@@ -17,9 +17,9 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Mapping
 
+from gradacc import paths
 from gradacc.config import BUILTIN_DATASETS, BUILTIN_MODELS, RunConfig, field_label
 from gradacc.errors import GradaccError
 from gradacc.training.sources.hub import hub_allowed  # light: os and socket only
@@ -93,21 +93,14 @@ class Limits:
         ]
 
 
-# Mirrors how gradacc.training.sources.models and gradacc.training.sources.data tell a hub id from a built-in name or a local path.
 def is_hub_model(name: str) -> bool:
     name = (name or "").strip()
-    if not name or name in BUILTIN_MODELS:
-        return False
-    path = Path(name).expanduser()
-    return not (path.exists() or path.is_absolute() or name.startswith("."))
+    return bool(name) and name not in BUILTIN_MODELS and not paths.model_is_local(name)
 
 
 def is_hub_dataset(name: str) -> bool:
     name = (name or "").strip()
-    if not name or name in BUILTIN_DATASETS:
-        return False
-    path = Path(name).expanduser()
-    return not (path.suffix.lower() in (".csv", ".jsonl", ".json") or path.exists() or path.is_absolute())
+    return bool(name) and name not in BUILTIN_DATASETS and not paths.dataset_is_local(name)
 
 
 # ---- numbers read from environment variables ------------------------------------------------------

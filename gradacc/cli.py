@@ -16,7 +16,7 @@ import sys
 import threading
 
 from gradacc import events
-from gradacc.config import BACKENDS, LOSS_NORMALIZATIONS, RunConfig
+from gradacc.config import BACKENDS, LOSS_NORMALIZATIONS, RunConfig, in_cli_words
 from gradacc.errors import GradaccError
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
@@ -30,6 +30,17 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_BAD_INPUT)
 
 
+def _value(text: str):
+    """A number as typed, or the text itself: RunConfig.validate refuses it in the flag's words
+    ("--micro-batch-size must be a whole number ...; got 2.5."), where argparse would say "invalid int value"."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m gradacc", description="See, and trust, gradient accumulation.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -37,19 +48,27 @@ def build_parser() -> argparse.ArgumentParser:
     train = commands.add_parser("train", help="train one run")
     _add_run_options(train)
     recipe = "default: the model's recipe"
-    train.add_argument("--epochs", type=int, default=None, help=recipe)
-    train.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps")
-    train.add_argument("--lr", type=float, default=None, dest="learning_rate", help=recipe)
-    train.add_argument("--warmup-ratio", type=float, default=None, help=recipe)
-    train.add_argument("--weight-decay", type=float, default=RunConfig.weight_decay)
-    train.add_argument("--max-grad-norm", type=float, default=RunConfig.max_grad_norm, help="0 disables clipping")
-    train.add_argument("--train-samples", type=int, default=RunConfig.train_samples)
-    train.add_argument("--eval-samples", type=int, default=RunConfig.eval_samples)
-    train.add_argument("--dropout", type=float, default=None, help=recipe)
+    train.add_argument("--epochs", type=_value, default=None, help=recipe)
+    train.add_argument("--max-steps", type=_value, default=None, help="stop after this many optimizer steps")
+    train.add_argument("--lr", type=_value, default=None, dest="learning_rate", help=recipe)
+    train.add_argument("--warmup-ratio", type=_value, default=None, help=recipe)
+    train.add_argument("--weight-decay", type=_value, default=RunConfig.weight_decay)
+    train.add_argument("--max-grad-norm", type=_value, default=RunConfig.max_grad_norm, help="0 disables clipping")
+    train.add_argument("--train-samples", type=_value, default=RunConfig.train_samples)
+    train.add_argument("--eval-samples", type=_value, default=RunConfig.eval_samples)
+    train.add_argument("--dropout", type=_value, default=None, help=recipe)
+    train.add_argument("--trainer-library-default", action="store_true",
+                       help="Trainer backend: keep Trainer's own loss scaling (k× too large on BERT in transformers 5)")
     train.add_argument("--no-instrument", action="store_false", dest="instrument",
                        help="skip activation/RSS measurement (for overhead comparisons)")
     train.add_argument("--metrics-out", default=None, help="also write every event to this JSONL file")
     train.add_argument("--json", action="store_true", help="print each event as one JSON object per line")
+    train.add_argument("--report-to", default="none", metavar="none|tensorboard|trackio",
+                       help="also log to TensorBoard and/or a local Trackio project (comma-separated), written from "
+                            "gradacc's events: the same scalars for every backend, steps are optimizer steps")
+    train.add_argument("--log-dir", default=None,
+                       help="TensorBoard event files go to LOG_DIR/<run id>/ (default runs/); Trackio's store to "
+                            "LOG_DIR (default Trackio's own folder)")
     train.add_argument("--config", default=None, dest="config_file",
                        help="a RunConfig as a JSON file; replaces the other run options (the app's launcher uses it)")
     train.add_argument("--sync-each-micro-batch", action="store_true",
@@ -80,13 +99,14 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=RunConfig.model, help="tiny-bert, all-MiniLM-L6-v2, a folder or a hub id")
     parser.add_argument("--dataset", default=RunConfig.dataset,
                         help="builtin-sentiment, a CSV/JSONL file, a save_to_disk folder or a hub id")
+    parser.add_argument("--dataset-split", default=RunConfig.dataset_split, help="split of a hub dataset id")
     parser.add_argument("--text-column", default=None)
     parser.add_argument("--label-column", default=None)
-    parser.add_argument("--micro-batch-size", "-m", type=int, default=RunConfig.micro_batch_size)
-    parser.add_argument("--grad-accum-steps", "-k", type=int, default=RunConfig.grad_accum_steps)
+    parser.add_argument("--micro-batch-size", "-m", type=_value, default=RunConfig.micro_batch_size)
+    parser.add_argument("--grad-accum-steps", "-k", type=_value, default=RunConfig.grad_accum_steps)
     parser.add_argument("--loss-normalization", choices=LOSS_NORMALIZATIONS, default=RunConfig.loss_normalization)
-    parser.add_argument("--seed", type=int, default=RunConfig.seed)
-    parser.add_argument("--max-seq-length", type=int, default=None, help="default: the model's recipe")
+    parser.add_argument("--seed", type=_value, default=RunConfig.seed)
+    parser.add_argument("--max-seq-length", type=_value, default=None, help="default: the model's recipe")
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
@@ -118,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             return _compare(args)
         return args.run(args)
     except GradaccError as error:
-        print(f"error: {error.message}", file=sys.stderr)
+        print(f"error: {in_cli_words(error.message, error.field)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
@@ -134,6 +154,9 @@ def _train(args) -> int:
     from gradacc.training import distributed
     from gradacc.training.engine import train
 
+    from gradacc.export.trackers import parse_report_to
+
+    parse_report_to(args.report_to)  # a misspelt tracker fails here, before torch is imported
     config = config_from_args(args)
     config.validate()
     _apply_limits(config)
@@ -150,8 +173,10 @@ def _train(args) -> int:
         show(event)
 
     stop = threading.Event()
+    run_id = events.new_run_id()
     try:
-        ended = train(config, on_event, stop, sync_each_micro_batch=args.sync_each_micro_batch)
+        ended = train(config, on_event, stop, report_to=args.report_to, log_dir=args.log_dir, run_id=run_id,
+                      sync_each_micro_batch=args.sync_each_micro_batch)
     except KeyboardInterrupt:  # Ctrl-C: the engine stops within one micro-batch on its own next check
         stop.set()
         raise
@@ -161,9 +186,25 @@ def _train(args) -> int:
     if ended["status"] == events.FAILED:
         # Every rank says why it failed: a launcher reports the failed rank's last error line.
         where = f"rank {distributed.rank()}: " if distributed.world_size() > 1 else ""
-        print(f"error: {where}{ended['reason']}", file=sys.stderr)
+        print(f"error: {where}{in_cli_words(ended['reason'], ended.get('field'))}", file=sys.stderr)
         return EXIT_BAD_INPUT if ended.get("field") else EXIT_FAILED
+    if writes:
+        _say_where_trackers_wrote(args, run_id)
     return EXIT_OK
+
+
+def _say_where_trackers_wrote(args, run_id: str) -> None:
+    """On stderr: stdout may be the JSON event stream."""
+    from gradacc.export import trackers
+
+    names = trackers.parse_report_to(args.report_to)
+    if "tensorboard" in names:
+        log_dir = args.log_dir or trackers.DEFAULT_LOG_DIR
+        print(f"TensorBoard: {log_dir}/{run_id}/ (tensorboard --logdir {log_dir})", file=sys.stderr)
+    if "trackio" in names:
+        where = f"TRACKIO_DIR={args.log_dir} " if args.log_dir else ""
+        print(f"Trackio: run {run_id} in project {trackers.TRACKIO_PROJECT} "
+              f"({where}trackio show --project {trackers.TRACKIO_PROJECT})", file=sys.stderr)
 
 
 def _apply_limits(config: RunConfig) -> None:
@@ -204,6 +245,8 @@ class _Progress:
             print(f"{chr(10) if self.tty else ''}epoch {event['epoch']}: eval loss {event['eval_loss']:.4f}  "
                   f"accuracy {event['eval_accuracy']:.4f}  F1 {event['eval_f1']:.4f}", flush=True)
         elif kind == events.RUN_ENDED:
+            if event["status"] == events.FAILED and event.get("field"):
+                return  # bad input: the one error line on stderr says it, in the flag's words
             print(f"{event['status']} after {event['steps']} optimizer steps in {event['wall_s']:.1f} s"
                   + (f": {event['reason']}" if event["reason"] else ""))
             for warning in event.get("warnings") or []:

@@ -49,6 +49,86 @@ MAX_MICRO_BATCH = 4096
 MAX_ACCUM_STEPS = 4096
 MAX_SEQ_LEN = 512
 
+# The words a person sees for each RunConfig field: its label on the page, and its flag on the command
+# line. Every message about a field starts with its label (the CLI swaps in the flag), so adding a field
+# means adding one line to each table (tests/test_config.py checks that every field has both).
+FIELD_LABELS = {
+    "backend": "Backend",
+    "model": "Model",
+    "dataset": "Dataset",
+    "text_column": "Text column",
+    "label_column": "Label column",
+    "dataset_split": "Dataset split",
+    "micro_batch_size": "Micro-batch size (m)",
+    "grad_accum_steps": "Accumulation steps (k)",
+    "epochs": "Epochs",
+    "max_steps": "Max optimizer steps",
+    "learning_rate": "Learning rate",
+    "warmup_ratio": "Warm-up ratio",
+    "weight_decay": "Weight decay",
+    "max_grad_norm": "Max gradient norm",
+    "seed": "Seed",
+    "max_seq_length": "Max sequence length (tokens)",
+    "train_samples": "Training samples",
+    "eval_samples": "Eval samples",
+    "loss_normalization": "Loss normalisation",
+    "dropout": "Dropout",
+    "num_processes": "Processes",
+    "instrument": "Instrumentation",
+    "trainer_library_default": "Trainer library default",
+    # Where a run is logged besides gradacc's own store (engine and CLI options, not RunConfig fields).
+    "report_to": "Report to",
+    "log_dir": "Log dir",
+    "run_id": "Run id",
+    # Inputs of the Memory planner page, not of a run.
+    "budget_mb": "Memory budget (MB)",
+    "target_effective_batch": "Target effective batch",
+}
+CLI_FLAGS = {
+    "backend": "--backend",
+    "model": "--model",
+    "dataset": "--dataset",
+    "text_column": "--text-column",
+    "label_column": "--label-column",
+    "dataset_split": "--dataset-split",
+    "micro_batch_size": "--micro-batch-size",
+    "grad_accum_steps": "--grad-accum-steps",
+    "epochs": "--epochs",
+    "max_steps": "--max-steps",
+    "learning_rate": "--lr",
+    "warmup_ratio": "--warmup-ratio",
+    "weight_decay": "--weight-decay",
+    "max_grad_norm": "--max-grad-norm",
+    "seed": "--seed",
+    "max_seq_length": "--max-seq-length",
+    "train_samples": "--train-samples",
+    "eval_samples": "--eval-samples",
+    "loss_normalization": "--loss-normalization",
+    "dropout": "--dropout",
+    "num_processes": None,  # set by the launch (accelerate launch / torchrun), not by a flag
+    "instrument": "--no-instrument",
+    "trainer_library_default": "--trainer-library-default",
+    "report_to": "--report-to",
+    "log_dir": "--log-dir",
+    "run_id": None,  # the CLI makes its own
+}
+
+
+def field_label(name: str) -> str:
+    """The field's label on the page (a readable fallback for a field not in FIELD_LABELS yet)."""
+    return FIELD_LABELS.get(name) or name.replace("_", " ").capitalize()
+
+
+def in_cli_words(message: str, field: str | None) -> str:
+    """A message in the words of the command line: the field's page label becomes its flag."""
+    flag = CLI_FLAGS.get(field or "")
+    if not flag:
+        return message
+    label = field_label(field)
+    if label in message:
+        return message.replace(label, flag, 1)
+    return f"{flag}: {message}"
+
 
 @dataclass
 class RunConfig:
@@ -146,14 +226,20 @@ class RunConfig:
             self.eval_samples = _integer("eval_samples", self.eval_samples, 1, 10_000_000)
         self.num_processes = _integer("num_processes", self.num_processes, 1, 1024)
         if not isinstance(self.trainer_library_default, bool):
-            raise GradaccError(f"trainer library default must be true or false; got {self.trainer_library_default!r}.",
-                               "trainer_library_default")
+            raise GradaccError(f"{field_label('trainer_library_default')} must be true or false; "
+                               f"got {self.trainer_library_default!r}.", "trainer_library_default")
         return self
 
 
 def effective_batch(micro_batch_size: int, grad_accum_steps: int, num_processes: int = 1) -> int:
     """Examples behind one optimizer step: the one place this product is computed."""
     return micro_batch_size * grad_accum_steps * num_processes
+
+
+def too_few_examples(micro_batch_size: int, train_examples: int) -> str:
+    """The sentence for a micro-batch larger than the training set (checked where the data size is known)."""
+    return (f"{field_label('micro_batch_size')} must be at most the {train_examples} training examples; "
+            f"got {micro_batch_size}.")
 
 
 def micro_batches_per_epoch(num_examples: int, micro_batch_size: int, num_processes: int = 1) -> int:
@@ -175,38 +261,46 @@ def total_optimizer_steps(config: RunConfig, num_examples: int) -> int:
     return min(total, config.max_steps) if config.max_steps else total
 
 
-def _label(name: str) -> str:
-    return name.replace("_", " ")
+def _count(value: int) -> str:
+    return f"{value:,}" if abs(value) >= 10_000 else str(value)
+
+
+def _shown(value) -> str:
+    """A refused value as the person typed it: numbers plain, anything else quoted."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{value:g}" if isinstance(value, float) else str(value)
+    return repr(value)
 
 
 def _choice(name, value, allowed):
     if value not in allowed:
-        raise GradaccError(f"{_label(name)} must be one of {', '.join(allowed)}; got {value!r}.", name)
+        raise GradaccError(f"{field_label(name)} must be one of {', '.join(allowed)}; got {_shown(value)}.", name)
 
 
 def _text(name, value):
     if not isinstance(value, str) or not value.strip():
-        raise GradaccError(f"{_label(name)} must be a non-empty name or path.", name)
+        raise GradaccError(f"{field_label(name)} must be a name or a path; got nothing.", name)
 
 
 def _integer(name, value, low, high):
-    if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        else:
-            raise GradaccError(f"{_label(name)} must be a whole number from {low} to {high}; got {value!r}.", name)
-    if not low <= value <= high:
-        raise GradaccError(f"{_label(name)} must be from {low} to {high}; got {value}.", name)
+    """A whole number in [low, high]; 4.0 is 4, but 2.5 is refused, never rounded."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    if not whole or not low <= value <= high:
+        raise GradaccError(f"{field_label(name)} must be a whole number from {_count(low)} to {_count(high)}; "
+                           f"got {_shown(value)}.", name)
     return value
 
 
 def _number(name, value, low, high, low_open=False):
+    label = field_label(name)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise GradaccError(f"{_label(name)} must be a number; got {value!r}.", name)
+        raise GradaccError(f"{label} must be a number; got {_shown(value)}.", name)
     if math.isnan(value) or math.isinf(value):
-        raise GradaccError(f"{_label(name)} must be a finite number; got {value}.", name)
+        raise GradaccError(f"{label} must be a finite number; got {value}.", name)
     too_low = value <= low if low_open else value < low
     if too_low or value > high:
         bound = f"greater than {low:g}" if low_open else f"at least {low:g}"
-        raise GradaccError(f"{_label(name)} must be {bound} and at most {high:g}; got {value:g}.", name)
+        raise GradaccError(f"{label} must be {bound} and at most {high:g}; got {value:g}.", name)
     return float(value)

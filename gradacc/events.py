@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from typing import Callable
 
 EventSink = Callable[[dict], None]
@@ -49,6 +50,11 @@ def run_ended(*, status: str, reason: str | None, steps: int, wall_s: float, fie
     ``warnings``: one line per sign that a run went badly (empty when all is well; see analysis.health)."""
     return _event(RUN_ENDED, status=status, reason=reason, steps=steps, wall_s=wall_s, field=field,
                   warnings=list(warnings or []))
+
+
+def new_run_id() -> str:
+    """Sortable by start time and unique: 20250101-120000-1a2b3c (a folder name, a tracker's run name)."""
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
 
 
 def to_json(event: dict) -> str:

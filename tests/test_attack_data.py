@@ -8,8 +8,8 @@ import io
 import json
 
 import pytest
-from app_support import alerts, app_home, error_after, open_app, run_until  # noqa: F401
-from attack_support import TINY, TINY_ARGS, assert_one_error_line, cli, one_torch_thread  # noqa: F401
+from app_support import alerts, error_after, open_app, run_until
+from attack_support import TINY, TINY_ARGS, assert_one_error_line, cli
 
 from gradacc.analysis.compare import FORMULA_STARTS
 from gradacc.config import RunConfig
@@ -37,6 +37,13 @@ def reviews(n=60):
     return [(f"the movie was {'great' if i % 2 else 'awful'} number {i}", "pos" if i % 2 else "neg") for i in range(n)]
 
 
+def people(n=100) -> bytes:
+    """Reviews with columns a careless pick could take for the label: an author per row (an id), a free-text
+    comment, and 30 topics (too many classes for 100 rows); only sentiment is a label."""
+    return table([(t, f"author{i}", l, f"I read review number {i} on a rainy day", f"topic{i % 30}")
+                  for i, (t, l) in enumerate(reviews(n))], header="text,author,sentiment,comment,topic")
+
+
 def jsonl(records) -> bytes:
     return "\n".join(json.dumps(r) for r in records).encode("utf-8")
 
@@ -53,16 +60,10 @@ BAD_FILES = [
     ("empty-texts.csv", table([("", "pos"), ("   ", "neg"), ("", "neg")]), "dataset",
      "No row has both a non-empty text and a label."),
     ("one-class.csv", table([(t, "pos") for t, _ in reviews()]), "label_column",
-     "Every row has the same label ('pos')"),
+     "'label' cannot be a label: every row has the same label ('pos')"),
     ("mixed.jsonl", jsonl([{"text": t, "label": 1 if i % 2 else "neg"} for i, (t, _) in enumerate(reviews())]),
      "label_column", "Labels mix numbers and text"),
 ]
-
-
-@pytest.fixture
-def data_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("GRADACC_DATA_DIRS", str(tmp_path))
-    return tmp_path
 
 
 # ---- the engine ----------------------------------------------------------------------------------
@@ -135,6 +136,40 @@ def test_cli_refuses_a_named_column_that_cannot_be_used(args, message, data_dir,
     assert_one_error_line(code, out, err, 2, message)
 
 
+@pytest.mark.parametrize("column,reason", [
+    ("author", "it has a different value in almost every row (100 values in 100 rows), like an id or a name."),
+    ("comment", "it holds free text (100 different sentences in 100 rows), not classes."),
+    ("topic", "it has 30 classes, more than 100 rows can teach (at most 20: 5 rows per class on average, "
+              "1000 at most)."),
+])
+def test_cli_refuses_a_label_column_that_cannot_be_a_label_and_names_one_that_works(column, reason, data_dir, capsys):
+    path = data_dir / "people.csv"
+    path.write_bytes(people())
+    code, out, err = cli(capsys, "train", *TINY_ARGS, "--dataset", str(path), "--label-column", column)
+    assert_one_error_line(code, out, err, 2, f"--label-column {column!r} cannot be a label: {reason} "
+                                             "Pick one: 'sentiment' would work.")
+    assert out == "", "refused before training"
+
+
+def test_auto_detection_never_picks_an_id_like_label_column(data_dir):
+    rows = [(t, f"id-{i}", l) for i, (t, l) in enumerate(reviews(100))]
+    path = data_dir / "ids.csv"
+    path.write_bytes(table(rows, header="text,label,sentiment"))  # 'label' is first by name, but an id
+    assert load_text_data(RunConfig(dataset=str(path), **TINY)).label_names == ["neg", "pos"]
+    path.write_bytes(table([(t, i) for t, i, _ in rows], header="text,label"))
+    with pytest.raises(GradaccError) as raised:
+        load_text_data(RunConfig(dataset=str(path), **TINY))
+    assert raised.value.message == ("Label column 'label' cannot be a label: it has a different value in almost every "
+                                    "row (100 values in 100 rows), like an id or a name. No column of this data "
+                                    "would work as a label.")
+    path.write_bytes(table([(t, f"author{i}", l) for i, (t, l) in enumerate(reviews(100))],
+                           header="text,author,mood"))  # no column is named like a label: say which would work
+    with pytest.raises(GradaccError) as raised:
+        load_text_data(RunConfig(dataset=str(path), **TINY))
+    assert raised.value.message.endswith("Name one explicitly: 'mood' would work.")
+    assert raised.value.field == "label_column"
+
+
 def test_cli_refuses_data_outside_the_allowed_folders(data_dir, tmp_path_factory, capsys):
     elsewhere = tmp_path_factory.mktemp("elsewhere") / "reviews.csv"
     elsewhere.write_bytes(table(reviews()))
@@ -181,6 +216,22 @@ def test_app_refuses_a_bad_upload_next_to_the_right_field(name, content, field, 
     # The page is still usable: back to the built-in data, and Start is enabled again.
     at.selectbox(key="form.train.dataset_choice").set_value("builtin-sentiment").run()
     assert not at.exception and not at.button(key="start").disabled
+
+
+def test_app_never_pre_picks_an_id_column_and_refuses_it_next_to_the_picker(app_home):
+    # The issue's file: 100 authors in 100 rows. Today the last column was pre-picked, trained, "completed".
+    authors = table([(t, f"author{i}") for i, (t, _) in enumerate(reviews(100))], header="text,author")
+    at = upload(open_app(), "authors.csv", authors)
+    shown = error_after(at, picker_key(at, "Label column"))
+    assert shown == ("Label column 'author' cannot be a label: it has a different value in almost every row "
+                     "(100 values in 100 rows), like an id or a name. No column of this data would work as a label.")
+    assert at.button(key="start").disabled
+    at = upload(open_app(), "people.csv", people())
+    picker = at.selectbox(key=picker_key(at, "Label column"))
+    assert picker.value == "sentiment", "the picker starts on the one column that can be a label"
+    assert error_after(at, picker.key) is None and not at.button(key="start").disabled
+    picker.set_value("topic").run()
+    assert "'topic' cannot be a label: it has 30 classes" in error_after(at, picker.key)
 
 
 def test_app_refuses_an_upload_over_the_size_cap_and_keeps_nothing(app_home, monkeypatch):

@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 
 from gradacc import events as ev
-from gradacc.config import RunConfig
+from gradacc.config import FIELD_LABELS, RunConfig
 
 # Columns of the table and the CSV, in order: what accumulation trades first, the rest after.
 COLUMNS = ("name", "m", "k", "effective batch", "peak activation bytes", "time per step (s)", "samples/s",
@@ -242,15 +242,13 @@ def _eval_claim(metrics: dict) -> str | None:
 
 
 METRIC_NAMES = {"eval_f1": "F1", "eval_accuracy": "accuracy", "eval_loss": "eval loss"}
-# How fields are named in a label, a legend and the headline: as the Train page calls them, short.
-FIELD_NAMES = {"micro_batch_size": "m", "grad_accum_steps": "k", "loss_normalization": "normalisation",
-               "learning_rate": "lr", "max_seq_length": "max length", "num_processes": "processes",
-               "train_samples": "training samples", "eval_samples": "eval samples",
-               "trainer_library_default": "Trainer library default", "max_grad_norm": "clipping"}
+# Legends and headlines need shorter names than the page's labels (config.FIELD_LABELS) for a few fields.
+SHORT_NAMES = {"micro_batch_size": "m", "grad_accum_steps": "k", "loss_normalization": "normalisation",
+               "learning_rate": "lr", "max_seq_length": "max length"}
 
 
 def field_name(name: str) -> str:
-    return FIELD_NAMES.get(name, name.replace("_", " "))
+    return SHORT_NAMES.get(name) or FIELD_LABELS.get(name, name.replace("_", " ")).lower()
 
 
 def _value(value) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from gradacc.training.sources import data as data_module
 from gradacc import paths
-from gradacc.config import BUILTIN_DATASETS, RunConfig, total_optimizer_steps
+from gradacc.config import BUILTIN_DATASETS, RunConfig, too_few_examples, total_optimizer_steps
 from gradacc.errors import GradaccError
 from gradacc.serving.limits import Limits
 
@@ -49,8 +49,7 @@ def all_errors(config: RunConfig, limits: Limits | None = None, train_examples: 
         errors.setdefault(field, message)
     if train_examples is not None and "micro_batch_size" not in errors \
             and candidate.micro_batch_size > train_examples:
-        errors["micro_batch_size"] = (f"micro batch size {candidate.micro_batch_size} is larger than the "
-                                      f"{train_examples} training examples.")
+        errors["micro_batch_size"] = too_few_examples(candidate.micro_batch_size, train_examples)
     return errors
 
 
@@ -118,6 +117,14 @@ def table_columns(path: str | Path) -> list[str]:
     """Column names of a CSV/JSONL file (GradaccError when it cannot be read)."""
     frame = data_module._read_file(str(path))  # the loader's own reader: same checks, same messages
     return [str(c) for c in frame.columns]
+
+
+def label_column_guess(path: str | Path, text_column: str | None) -> str | None:
+    """The label column to pre-pick for an upload: the loader's own detection, else the first column that
+    could be a label; never an id, free text or a single class (None when no column could be one)."""
+    frame = data_module._read_file(str(path))
+    return data_module.detect_label_column(frame, text_column) or \
+        next(iter(data_module.usable_label_columns(frame, text_column)), None)
 
 
 def guess_column(columns: list[str], candidates) -> str | None:

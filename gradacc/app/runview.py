@@ -54,3 +54,10 @@ def latest_eval(run) -> dict | None:
 def notes(run) -> list[str]:
     started = run.started
     return list((started or {}).get("notes") or [])
+
+
+def tensorboard_zip(run) -> bytes:
+    """The run's TensorBoard event files, zipped, written from its events (stored ones for an older run)."""
+    from gradacc.export.trackers import tensorboard_zip as zip_events
+
+    return zip_events(run.events, run.run_id)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gradacc import env as env_numbers
-from gradacc.config import BUILTIN_DATASETS, BUILTIN_MODELS, RunConfig
+from gradacc.config import BUILTIN_DATASETS, BUILTIN_MODELS, RunConfig, field_label
 from gradacc.errors import GradaccError
 from gradacc.serving.manager import DEFAULT_MAX_RUN_SECONDS
 
@@ -52,21 +52,21 @@ class Limits:
         """Every limit ``config`` breaks, as {field: one sentence}."""
         found = {}
         if self.max_epochs is not None and config.epochs > self.max_epochs:
-            found["epochs"] = f"This deployment allows at most {self.max_epochs} epoch(s); got {config.epochs}."
+            found["epochs"] = (f"{field_label('epochs')} must be at most {self.max_epochs} on this deployment; "
+                               f"got {config.epochs}.")
         if self.max_train_samples is not None:
             for name in ("train_samples", "eval_samples"):
                 value = getattr(config, name)
                 if value is None or value > self.max_train_samples:
-                    what = "all of them" if value is None else value
-                    found[name] = (f"This deployment allows at most {self.max_train_samples} "
-                                   f"{name.split('_')[0]} samples; got {what}.")
+                    found[name] = (f"{field_label(name)} must be at most {self.max_train_samples:,} on this "
+                                   f"deployment; got {'all of them' if value is None else value}.")
         if not self.allow_hub:
             if is_hub_model(config.model):
-                found["model"] = (f"Hub ids are disabled on this deployment; {config.model!r} is not a built-in "
-                                  f"model ({', '.join(BUILTIN_MODELS)}).")
+                found["model"] = (f"{field_label('model')} must be a built-in model ({', '.join(BUILTIN_MODELS)}): "
+                                  f"hub ids are disabled on this deployment; got {config.model!r}.")
             if is_hub_dataset(config.dataset):
-                found["dataset"] = (f"Hub ids are disabled on this deployment; {config.dataset!r} is not a built-in "
-                                    "dataset or an uploaded file.")
+                found["dataset"] = (f"{field_label('dataset')} must be a built-in dataset or an uploaded file: hub "
+                                    f"ids are disabled on this deployment; got {config.dataset!r}.")
         return found
 
     def check(self, config: RunConfig) -> RunConfig:

@@ -16,7 +16,6 @@ import logging
 import os
 import threading
 import time
-import uuid
 import weakref
 from typing import Callable
 
@@ -211,7 +210,7 @@ class RunManager:
             config = RunConfig.from_dict(config)
         # A copy, validated now so a bad value is reported next to its widget instead of after the queue.
         config = RunConfig.from_dict(config.to_dict()).validate()
-        run_id = new_run_id()
+        run_id = ev.new_run_id()
         with self._lock:
             if self._closed:
                 raise GradaccError("The server is shutting down; no new runs are accepted.")
@@ -459,11 +458,6 @@ def _engine_train(config: RunConfig | None = None) -> TrainFn:
     from gradacc.training.engine import train  # lazy: imports torch
 
     return train
-
-
-def new_run_id() -> str:
-    """Sortable by start time and unique: 20250101-120000-1a2b3c."""
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
 
 
 def _env_max_concurrent() -> int:

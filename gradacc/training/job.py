@@ -14,7 +14,7 @@ from typing import Callable
 from gradacc.training.sources import data as data_module
 from gradacc.training import distributed, windows
 from gradacc.training.sources import models
-from gradacc.config import RunConfig, optimizer_steps_per_epoch, total_optimizer_steps
+from gradacc.config import RunConfig, optimizer_steps_per_epoch, too_few_examples, total_optimizer_steps
 from gradacc.errors import GradaccError, RunStopped
 from gradacc.events import EventSink
 
@@ -84,22 +84,24 @@ def _stop_requested(stop: threading.Event) -> None:
 
 
 def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, token_level: bool = False,
-            whole_micro_batch: bool = True) -> Job:
+            whole_micro_batch: bool = True, *, before_optimizer_step: Callable | None = None,
+            trainer_library_default: bool = False, sync_each_micro_batch: bool = False,
+            collate: Callable | None = None) -> Job:
     """Validate, load data and model, tokenise and order the data; GradaccError on bad input.
 
     ``whole_micro_batch``: refuse a micro-batch larger than the training set (a run's config is surely
-    wrong then; the equivalence check builds such windows on purpose).
+    wrong then; the equivalence check builds such windows on purpose). ``collate``: replaces the default
+    collator (the memory benchmark pads every micro-batch to one length). The other options are ``Job``'s.
     """
     config.validate()
     if config.num_processes != distributed.world_size():
-        raise GradaccError(f"num processes is {config.num_processes}, but this is a {distributed.world_size()}-process "
+        raise GradaccError(f"Processes is {config.num_processes}, but this is a {distributed.world_size()}-process "
                            f"launch; start a {config.num_processes}-process run with accelerate launch or torchrun "
                            "(the app does it through gradacc.training.launch).", "num_processes")
     _stop_requested(stop)  # e.g. the run's time ran out while torch was still importing
     text_data = data_module.load_text_data(config)
     if whole_micro_batch and config.micro_batch_size > len(text_data.train_texts):
-        raise GradaccError(f"micro batch size {config.micro_batch_size} is larger than the "
-                           f"{len(text_data.train_texts)} training examples.", "micro_batch_size")
+        raise GradaccError(too_few_examples(config.micro_batch_size, len(text_data.train_texts)), "micro_batch_size")
     _stop_requested(stop)
     loaded = models.load(config, text_data.num_labels, text_data.label_names, token_level)
     _stop_requested(stop)
@@ -123,10 +125,12 @@ def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, token_lev
     device = pick_device()
     return Job(config=config, model=loaded.model.to(device), tokenizer=loaded.tokenizer,
                train_examples=train_examples, eval_examples=eval_examples, label_names=text_data.label_names,
-               collate=data_module.collator(loaded.tokenizer, token_level), emit=emit, stop=stop, device=device,
+               collate=collate or data_module.collator(loaded.tokenizer, token_level), emit=emit, stop=stop, device=device,
                steps_per_epoch=optimizer_steps_per_epoch(len(train_examples), config.micro_batch_size,
                                                          config.grad_accum_steps, config.num_processes),
                total_steps=total_optimizer_steps(config, len(train_examples)),
                micro_batches=plan[rank], window_items=windows.window_totals(rank_items, config.grad_accum_steps),
                batch_items=rank_items[rank], token_level=token_level, notes=notes,
-               trainer_library_default=config.trainer_library_default)
+               before_optimizer_step=before_optimizer_step,
+               trainer_library_default=trainer_library_default or config.trainer_library_default,
+               sync_each_micro_batch=sync_each_micro_batch)

@@ -44,13 +44,20 @@ def make_scheduler(optimizer, config, total_steps: int, calls_per_step: int = 1)
                                            total_steps * calls_per_step)
 
 
-def grad_norm(model: torch.nn.Module, max_norm: float) -> float:
-    """Total gradient norm before clipping; clips to ``max_norm`` when it is positive."""
-    params = [p for p in model.parameters() if p.grad is not None]
-    return float(torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf")))
+def clip_gradients(model: torch.nn.Module, max_grad_norm: float, accelerator=None) -> float:
+    """The total gradient norm before clipping; clips to ``max_grad_norm`` when it is positive (0: only measure).
+
+    With an ``accelerator`` it clips through ``accelerator.clip_grad_norm_`` (which unscales mixed-precision
+    gradients first), as Accelerate's docs ask; Trainer clips the same way inside its own loop.
+    """
+    limit = max_grad_norm if max_grad_norm > 0 else float("inf")
+    if accelerator is not None:
+        return float(accelerator.clip_grad_norm_(model.parameters(), limit))
+    return float(torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], limit))
 
 
 def check_finite(loss: torch.Tensor, step: int) -> None:
+    """RunFailed("loss became NaN at step 3") as soon as a micro-batch's loss is not finite."""
     if not torch.isfinite(loss):
         kind = "NaN" if torch.isnan(loss) else "inf"
         raise RunFailed(f"loss became {kind} at step {step}")

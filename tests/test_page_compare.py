@@ -1,6 +1,6 @@
 """The Compare page: any session's runs overlaid, a table of configs and results, CSV and JSON downloads."""
 
-from app_support import APP, SCRIPT_TIMEOUT_S, app_home, chart, charts, open_app  # noqa: F401
+from app_support import APP, SCRIPT_TIMEOUT_S, chart, charts, open_app
 from streamlit.testing.v1 import AppTest
 
 from gradacc import events as ev

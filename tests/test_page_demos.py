@@ -2,7 +2,7 @@
 its scenario to a headline (shrunk with GRADACC_DEMO_SCALE so the suite stays fast)."""
 
 import pytest
-from app_support import APP, SCRIPT_TIMEOUT_S, app_home, charts, page_text, run_until  # noqa: F401
+from app_support import APP, SCRIPT_TIMEOUT_S, charts, run_until
 from streamlit.testing.v1 import AppTest
 
 from gradacc.analysis import demos

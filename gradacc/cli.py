@@ -4,6 +4,9 @@
     check   the gradient-equivalence errors, naive vs exact
     compare the headline of two runs from their --metrics-out files
     bench   benchmark suites (see gradacc.bench)
+    app     the Streamlit app (what follows goes to ``streamlit run``, e.g. --server.port 8502)
+
+``gradacc`` (the installed console script) is the same command.
 
 Exit codes: 0 success, 2 bad input (one ``error:`` line on stderr), 1 a run that failed.
 """
@@ -15,7 +18,7 @@ import json
 import sys
 import threading
 
-from gradacc import events
+from gradacc import events, paths
 from gradacc.config import BACKENDS, LOSS_NORMALIZATIONS, RunConfig, in_cli_words
 from gradacc.errors import GradaccError
 
@@ -42,8 +45,13 @@ def _value(text: str):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m gradacc", description="See, and trust, gradient accumulation.")
+    from gradacc import __version__
+
+    parser = _Parser(prog="gradacc", description="See, and trust, gradient accumulation.")
+    parser.add_argument("--version", action="version", version=f"gradacc {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    commands.add_parser("app", help="start the Streamlit app; other options go to streamlit run "
+                                    "(e.g. --server.port 8502)")
 
     train = commands.add_parser("train", help="train one run")
     _add_run_options(train)
@@ -71,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "LOG_DIR (default Trackio's own folder)")
     train.add_argument("--config", default=None, dest="config_file",
                        help="a RunConfig as a JSON file; replaces the other run options (the app's launcher uses it)")
+    train.add_argument("--confine", action="store_true",
+                       help="keep local paths inside GRADACC_DATA_DIRS / GRADACC_MODEL_DIRS, as the app does for its "
+                            "visitors (its launcher passes this); without it, any file you can read")
     train.add_argument("--sync-each-micro-batch", action="store_true",
                        help="several processes: all-reduce gradients after every micro-batch (no no_sync), "
                             "to measure what no_sync saves")
@@ -128,7 +139,12 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "app":
+        return _app(extra)
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         if args.command == "train":
             return _train(args)
@@ -176,7 +192,8 @@ def _train(args) -> int:
     run_id = events.new_run_id()
     try:
         ended = train(config, on_event, stop, report_to=args.report_to, log_dir=args.log_dir, run_id=run_id,
-                      sync_each_micro_batch=args.sync_each_micro_batch)
+                      sync_each_micro_batch=args.sync_each_micro_batch,
+                      confinement=None if args.confine else paths.TRUST_USER)  # None: the visitors' folders
     except KeyboardInterrupt:  # Ctrl-C: the engine stops within one micro-batch on its own next check
         stop.set()
         raise
@@ -205,6 +222,18 @@ def _say_where_trackers_wrote(args, run_id: str) -> None:
         where = f"TRACKIO_DIR={args.log_dir} " if args.log_dir else ""
         print(f"Trackio: run {run_id} in project {trackers.TRACKIO_PROJECT} "
               f"({where}trackio show --project {trackers.TRACKIO_PROJECT})", file=sys.stderr)
+
+
+def _app(streamlit_options: list[str]) -> int:
+    """Become ``streamlit run``: Ctrl-C and a container's SIGTERM then reach the server itself."""
+    import os
+
+    from gradacc.app.command import streamlit_command
+
+    command = streamlit_command(streamlit_options)
+    sys.stdout.flush()
+    os.execv(command[0], command)
+    return EXIT_FAILED  # not reached
 
 
 def _apply_limits(config: RunConfig) -> None:

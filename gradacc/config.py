@@ -206,8 +206,8 @@ class RunConfig:
         self.resolve()
         _choice("backend", self.backend, BACKENDS)
         _choice("loss_normalization", self.loss_normalization, LOSS_NORMALIZATIONS)
-        _text("model", self.model)
-        _text("dataset", self.dataset)
+        _source("model", self.model, BUILTIN_MODELS, "a built-in model, a local folder or a hub id like org/name")
+        _source("dataset", self.dataset, BUILTIN_DATASETS, "built-in data, a local file or folder, or a hub id")
         self.micro_batch_size = _integer("micro_batch_size", self.micro_batch_size, 1, MAX_MICRO_BATCH)
         self.grad_accum_steps = _integer("grad_accum_steps", self.grad_accum_steps, 1, MAX_ACCUM_STEPS)
         self.epochs = _integer("epochs", self.epochs, 1, 1000)
@@ -280,6 +280,21 @@ def _choice(name, value, allowed):
 def _text(name, value):
     if not isinstance(value, str) or not value.strip():
         raise GradaccError(f"{field_label(name)} must be a name or a path; got nothing.", name)
+
+
+def _source(name, value, builtin, what):
+    """A built-in name, a local path, or a syntactically valid hub id (checked offline, before any download)."""
+    from gradacc import paths
+
+    _text(name, value)
+    value = value.strip()
+    local = paths.model_is_local(value) if name == "model" else paths.dataset_is_local(value)
+    if value in builtin or local:
+        return
+    problem = paths.hub_id_problem(value)
+    if problem:
+        raise GradaccError(f"{field_label(name)} must be {what}; got {value!r}, which is not a valid hub id "
+                           f"({problem[0].lower() + problem[1:]}).", name)
 
 
 def _integer(name, value, low, high):

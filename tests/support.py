@@ -48,20 +48,26 @@ class StreamlitServer:
     offline and without hub ids; its output is appended to ``log_path``. Started (healthy) on construction."""
 
     def __init__(self, home: Path, log_path: Path, extra_env: dict | None = None,
-                 start_timeout: float = SERVER_START_TIMEOUT_S):
+                 start_timeout: float = SERVER_START_TIMEOUT_S, command: list[str] | None = None,
+                 cwd: Path = ROOT):
+        """``command``: what starts the server instead of ``streamlit run app.py`` (e.g. ``gradacc app``);
+        the port and address flags are added to it."""
         self.home = home
         self.log_path = log_path
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "GRADACC_HOME": str(home), "GRADACC_DEVICE": "cpu", "HF_HUB_OFFLINE": "1",
-               "GRADACC_ALLOW_HUB": "0", "PYTHONUNBUFFERED": "1", **(extra_env or {})}
-        command = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(self.port),
-                   "--server.address", "127.0.0.1", "--server.headless", "true",
-                   "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
+               "GRADACC_ALLOW_HUB": "0", "PYTHONUNBUFFERED": "1", **(extra_env or {}),
+               # Also for a command that takes no flags (a shell line such as the README's).
+               "STREAMLIT_SERVER_PORT": str(self.port), "STREAMLIT_SERVER_ADDRESS": "127.0.0.1"}
+        if command is None:
+            command = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
+                       "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
+        command = [*command, "--server.port", str(self.port), "--server.address", "127.0.0.1"]
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
             # Own process group: stopping it ends the server and any child it started, and nothing else.
-            self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+            self.process = subprocess.Popen(command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, start_new_session=True)
         try:
             wait_for(self._healthy, start_timeout,

@@ -37,7 +37,7 @@ def test_train_json_emits_one_event_per_line_in_order_and_metrics_out_keeps_them
 # here the two refusals that are neither.
 @pytest.mark.parametrize("args,message", [
     (["--backend", "jax"], "argument --backend: invalid choice: 'jax'"),
-    (["--model", "/etc"], "outside the allowed folders"),
+    (["--model", "/etc"], "'etc' is not a model folder: it has no config.json"),  # the CLI trusts, and checks
 ])
 def test_bad_input_is_one_error_line_and_exit_2(args, message, capsys):
     code, out, err = cli(capsys, "train", *args, *SMALL)  # in-process: no seconds spent importing torch again
@@ -57,3 +57,10 @@ def test_check_json_has_the_main_pair_and_every_case():
     assert report["exact_rel_error"] < 1e-5
     assert set(report["cases"]) == {"equal_windows", "short_last_window", "token_level"}
     assert all({"naive_rel_error", "exact_rel_error"} <= set(c) for c in report["cases"].values())
+
+
+def test_the_apps_launcher_keeps_a_visitors_run_confined():
+    """A multi-process run from the app goes through this CLI; --confine keeps the visitors' folders."""
+    from gradacc.training import launch
+
+    assert launch.command("run.json", 2, 29500)[-1] == "--confine"

@@ -62,3 +62,10 @@ def test_old_uploads_are_pruned(tmp_path, monkeypatch):
     for i in range(5):
         form.save_upload(f"f{i}.csv", f"text,label\n{i},1\n".encode(), Limits())
     assert len(list((tmp_path / "uploads").iterdir())) == 3
+
+
+def test_a_run_is_labelled_with_the_model_as_given_never_a_trimmed_path():
+    assert form.run_label(RunConfig(model="../../etc")).endswith(" · ../../etc")
+    long_path = "/data/" + "deep/" * 20 + "my-model"
+    label = form.run_label(RunConfig(model=long_path))
+    assert label.endswith("· …" + long_path[-(form.RUN_LABEL_MODEL_CHARS - 1):]) and "my-model" in label

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
-from gradacc import env as env_numbers
+from gradacc import env as env_numbers, paths
 from gradacc.config import BUILTIN_DATASETS, BUILTIN_MODELS, RunConfig, field_label
 from gradacc.errors import GradaccError
 from gradacc.serving.manager import DEFAULT_MAX_RUN_SECONDS
@@ -86,18 +85,11 @@ class Limits:
         ]
 
 
-# Mirrors how gradacc.training.sources.models and gradacc.training.sources.data tell a hub id from a built-in name or a local path.
 def is_hub_model(name: str) -> bool:
     name = (name or "").strip()
-    if not name or name in BUILTIN_MODELS:
-        return False
-    path = Path(name).expanduser()
-    return not (path.exists() or path.is_absolute() or name.startswith("."))
+    return bool(name) and name not in BUILTIN_MODELS and not paths.model_is_local(name)
 
 
 def is_hub_dataset(name: str) -> bool:
     name = (name or "").strip()
-    if not name or name in BUILTIN_DATASETS:
-        return False
-    path = Path(name).expanduser()
-    return not (path.suffix.lower() in (".csv", ".jsonl", ".json") or path.exists() or path.is_absolute())
+    return bool(name) and name not in BUILTIN_DATASETS and not paths.dataset_is_local(name)

@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from gradacc import events
+from gradacc import events, paths
 from gradacc.config import RunConfig
 from gradacc.errors import GradaccError, RunFailed, RunStopped
 from gradacc.events import EventSink
@@ -29,7 +29,8 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
           token_level: bool = False, whole_micro_batch: bool = True, before_optimizer_step: Callable | None = None,
           trainer_library_default: bool = False, sync_each_micro_batch: bool = False,
           collate: Callable | None = None, report_to: str | Iterable[str] | None = None,
-          log_dir: str | os.PathLike | None = None, run_id: str | None = None) -> dict:
+          log_dir: str | os.PathLike | None = None, run_id: str | None = None,
+          confinement: paths.Confinement | None = None) -> dict:
     """Train ``config``; emit events to ``on_event``; return the ``run_ended`` event.
 
     The keyword options are what the equivalence check, the benchmarks and the CLI ask of a run beyond its
@@ -38,6 +39,8 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
     ``report_to``: ``"tensorboard"``, ``"trackio"``, both (comma-separated or a list) or None; written from
     these same events (gradacc.export.trackers), under ``log_dir``, the run named ``run_id`` (a new id if None).
     A tracker that cannot start fails the run before training, with ``field`` ``report_to`` or ``log_dir``.
+    ``confinement``: where a local model or data path may lie; the command line passes ``paths.TRUST_USER``,
+    None means the app's visitors' folders (GRADACC_DATA_DIRS, GRADACC_MODEL_DIRS).
     """
     on_event = on_event or (lambda event: None)
     stop = stop or threading.Event()
@@ -60,7 +63,7 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
         trackers = _open_trackers(config, report_to, log_dir, run_id)
         job = _prepare(config, emit, stop, token_level=token_level, whole_micro_batch=whole_micro_batch,
                        before_optimizer_step=before_optimizer_step, trainer_library_default=trainer_library_default,
-                       sync_each_micro_batch=sync_each_micro_batch, collate=collate)
+                       sync_each_micro_batch=sync_each_micro_batch, collate=collate, confinement=confinement)
         emit(announce(job))
         job.check_stop()
         _run_backend(job)

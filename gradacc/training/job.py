@@ -14,6 +14,7 @@ from typing import Callable
 from gradacc.training.sources import data as data_module
 from gradacc.training import distributed, windows
 from gradacc.training.sources import models
+from gradacc import paths
 from gradacc.config import RunConfig, optimizer_steps_per_epoch, too_few_examples, total_optimizer_steps
 from gradacc.errors import GradaccError, RunStopped
 from gradacc.events import EventSink
@@ -86,12 +87,14 @@ def _stop_requested(stop: threading.Event) -> None:
 def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, token_level: bool = False,
             whole_micro_batch: bool = True, *, before_optimizer_step: Callable | None = None,
             trainer_library_default: bool = False, sync_each_micro_batch: bool = False,
-            collate: Callable | None = None) -> Job:
+            collate: Callable | None = None, confinement: paths.Confinement | None = None) -> Job:
     """Validate, load data and model, tokenise and order the data; GradaccError on bad input.
 
     ``whole_micro_batch``: refuse a micro-batch larger than the training set (a run's config is surely
     wrong then; the equivalence check builds such windows on purpose). ``collate``: replaces the default
-    collator (the memory benchmark pads every micro-batch to one length). The other options are ``Job``'s.
+    collator (the memory benchmark pads every micro-batch to one length). ``confinement``: where local
+    paths may lie (``paths.TRUST_USER`` from the command line; None: the app's visitors' folders). The other
+    options are ``Job``'s.
     """
     config.validate()
     if config.num_processes != distributed.world_size():
@@ -99,11 +102,11 @@ def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, token_lev
                            f"launch; start a {config.num_processes}-process run with accelerate launch or torchrun "
                            "(the app does it through gradacc.training.launch).", "num_processes")
     _stop_requested(stop)  # e.g. the run's time ran out while torch was still importing
-    text_data = data_module.load_text_data(config)
+    text_data = data_module.load_text_data(config, confinement)
     if whole_micro_batch and config.micro_batch_size > len(text_data.train_texts):
         raise GradaccError(too_few_examples(config.micro_batch_size, len(text_data.train_texts)), "micro_batch_size")
     _stop_requested(stop)
-    loaded = models.load(config, text_data.num_labels, text_data.label_names, token_level)
+    loaded = models.load(config, text_data.num_labels, text_data.label_names, token_level, confinement)
     _stop_requested(stop)
     train_examples, train_cut = data_module.tokenize(loaded.tokenizer, text_data.train_texts, text_data.train_labels,
                                                      config.max_seq_length, token_level)

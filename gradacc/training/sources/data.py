@@ -18,7 +18,7 @@ from gradacc.errors import GradaccError
 
 TEXT_COLUMNS = ("text", "sentence", "review", "content", "document", "comment", "utterance")
 LABEL_COLUMNS = ("label", "labels", "target", "class", "sentiment", "category")
-FILE_SUFFIXES = (".csv", ".jsonl", ".json")
+FILE_SUFFIXES = paths.DATA_FILE_SUFFIXES
 EVAL_FRACTION = 0.2
 # What a label column must look like. A class needs examples to learn from and, with 20 % held out, one to
 # be evaluated on: at most one class per MIN_ROWS_PER_CLASS rows on average (never fewer than 2 allowed,
@@ -45,15 +45,20 @@ class TextData:
         return len(self.label_names)
 
 
-def load_text_data(config: RunConfig) -> TextData:
-    """Load, label-map, split and trim the data a config names; GradaccError on anything unusable."""
+def load_text_data(config: RunConfig, confinement: paths.Confinement | None = None) -> TextData:
+    """Load, label-map, split and trim the data a config names; GradaccError on anything unusable.
+
+    ``confinement``: where a local path may lie (``paths.TRUST_USER`` on the command line); None: the app's
+    visitors' folders.
+    """
     source = config.dataset.strip()
+    where = paths.visitors_unless(confinement)
     if source == "builtin-sentiment":
         data = _builtin(config)
-    elif Path(source).suffix.lower() in FILE_SUFFIXES or Path(source).is_file():
-        data = _from_table(_read_file(source), config)
-    elif Path(source).is_dir() or "/" in source and Path(source).expanduser().is_absolute():
-        data = _from_saved(source, config)
+    elif Path(source).suffix.lower() in FILE_SUFFIXES or Path(source).expanduser().is_file():
+        data = _from_table(_read_file(source, where), config)
+    elif paths.dataset_is_local(source):
+        data = _from_saved(source, config, where)
     else:
         data = _from_hub(source, config)
     return _limit(data, config)
@@ -67,10 +72,10 @@ def _builtin(config: RunConfig) -> TextData:
                     list(builtin_data.LABEL_NAMES))
 
 
-def _read_file(source: str):
+def _read_file(source: str, confinement: paths.Confinement | None = None):
     import pandas as pd
 
-    path = paths.confined(source, paths.allowed_data_dirs(), "dataset", "The data file")
+    path = paths.visitors_unless(confinement).data_path(source)
     if not path.is_file():
         raise GradaccError(f"No data file at {source!r}.", "dataset")
     if path.stat().st_size == 0:
@@ -220,11 +225,11 @@ def _natural_key(name: str):
         return (1, 0.0, name)
 
 
-def _from_saved(source: str, config: RunConfig) -> TextData:
+def _from_saved(source: str, config: RunConfig, confinement: paths.Confinement) -> TextData:
     """A folder written by ``Dataset.save_to_disk`` or ``DatasetDict.save_to_disk``."""
     import datasets
 
-    path = paths.confined(source, paths.allowed_data_dirs(), "dataset", "The dataset folder")
+    path = confinement.data_path(source)
     try:
         loaded = datasets.load_from_disk(str(path))
     except (FileNotFoundError, ValueError) as error:

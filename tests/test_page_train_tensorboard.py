@@ -4,7 +4,7 @@ import io
 import zipfile
 
 import numpy as np
-from app_support import APP, SCRIPT_TIMEOUT_S, app_home  # noqa: F401
+from app_support import APP, SCRIPT_TIMEOUT_S
 from streamlit.testing.v1 import AppTest
 
 from gradacc import events as ev

@@ -57,7 +57,9 @@ class StreamlitServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "GRADACC_HOME": str(home), "GRADACC_DEVICE": "cpu", "HF_HUB_OFFLINE": "1",
-               "GRADACC_ALLOW_HUB": "0", "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+               "GRADACC_ALLOW_HUB": "0", "PYTHONUNBUFFERED": "1", **(extra_env or {}),
+               # Also for a command that takes no flags (a shell line such as the README's).
+               "STREAMLIT_SERVER_PORT": str(self.port), "STREAMLIT_SERVER_ADDRESS": "127.0.0.1"}
         if command is None:
             command = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
                        "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]

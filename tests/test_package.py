@@ -103,6 +103,20 @@ def test_gradacc_app_serves_the_checkouts_app_with_its_settings(tmp_path):
         server.stop()
 
 
+def readme_commands() -> tuple[str, str]:
+    """The README's two opening commands: install and start the app; install the test needs and run the tests."""
+    intro = (ROOT / "README.md").read_text(encoding="utf-8").split("\n## ", 1)[0]
+    start_app, run_tests = re.findall(r"```bash\n(.*?)\n```", intro, re.S)[:2]
+    return start_app, run_tests
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    start_app, run_tests = readme_commands()
+    assert ".venv/bin/python -m streamlit run app.py" in start_app and "pip install" not in start_app
+    ci_lines = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
+    assert ci_lines[-1] == run_tests
+
+
 def readme_python_example() -> str:
     section = (ROOT / "README.md").read_text(encoding="utf-8").split("\n## Python API\n", 1)[1].split("\n## ", 1)[0]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
@@ -178,3 +192,45 @@ def test_pip_install_with_debians_python_gives_a_working_gradacc(tmp_path):
         print("pages ok", len({PAGES!r}))
     """)
     assert "pages ok" in run([venv / "bin" / "python", "-c", pages], cwd=work, env=env, timeout=600).stdout
+
+
+@pytest.mark.install
+@pytest.mark.timeout(3600)
+def test_the_readme_commands_work_with_debians_python3(tmp_path):
+    """A copy of the checkout without .venv, and python3 = Debian's (externally managed): the README's first
+    command installs and serves the app; its second reuses that .venv, adds the test needs and runs pytest."""
+    if not DEBIAN_PYTHON.exists():
+        pytest.skip("no /usr/bin/python3 (this test is about Debian's own interpreter)")
+    checkout = source_copy(tmp_path / "checkout")
+    start_app, run_tests = readme_commands()
+    # Debian's python3 first on PATH, as on a fresh machine; the test's own interpreter nowhere.
+    env = {**os.environ, "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONPATH": "",
+           "GRADACC_HOME": str(tmp_path / "home"), "GRADACC_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"}
+    env.pop("VIRTUAL_ENV", None)
+    assert run(["bash", "-c", "command -v python3"], env=env).stdout.strip() == "/usr/bin/python3"
+
+    # The first command as written (the server's port comes through Streamlit's environment variables).
+    started = time.perf_counter()
+    server = StreamlitServer(tmp_path / "home", tmp_path / "readme-app.log", command=["bash", "-c", start_app],
+                             cwd=checkout, extra_env=env, start_timeout=3000)
+    try:
+        first_s = time.perf_counter() - started
+        with urllib.request.urlopen(f"{server.url}/_stcore/health", timeout=10) as response:
+            assert response.read() == b"ok"
+    finally:
+        server.stop()
+    venv_python = checkout / ".venv" / "bin" / "python"
+    assert run([venv_python, "-c", "import sys; print(sys.base_prefix)"]).stdout.strip() == "/usr"
+
+    install_tests, test_command = run_tests.split(" && ")
+    started = time.perf_counter()
+    run(["bash", "-c", install_tests], cwd=checkout, env=env, timeout=3000)  # reuses .venv, adds pytest & co.
+    second_s = time.perf_counter() - started
+    assert test_command == ".venv/bin/python -m pytest"
+    collected = run(["bash", "-c", f"{test_command} -q -p no:cacheprovider tests/test_config.py"], cwd=checkout,
+                    env=env, timeout=600)
+    assert " passed" in collected.stdout
+    ARTIFACTS.mkdir(exist_ok=True)
+    (ARTIFACTS / "readme-commands.json").write_text(json.dumps(
+        {"first_command_to_healthy_s": round(first_s, 1), "test_install_reusing_venv_s": round(second_s, 1)}))
+    print(f"README command 1 to a healthy app: {first_s:.0f} s; test install reusing .venv: {second_s:.0f} s")

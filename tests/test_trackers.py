@@ -183,6 +183,24 @@ def test_an_interrupted_run_without_run_ended_still_zips(exported, tmp_path):
     assert sorted(tensorboard_scalars(tmp_path / "cut-short")["train/loss"]) == [1, 2]
 
 
+def test_trackio_writes_without_touching_the_network(exported, trackio_dir, monkeypatch):
+    """No Space, no server, no upload: every socket connection is refused while Trackio opens, logs and finishes."""
+    import socket
+
+    attempts = []
+
+    def refuse(self, address, *args):
+        attempts.append(address)
+        raise OSError("the network is off in this test")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    run_events, _, _ = exported["pytorch"]
+    trackers.export_events(run_events, "trackio", trackio_dir, "no-network")
+    assert attempts == []
+    assert_matches_events(run_events, trackio_by_tag(trackio_rows("no-network")), exact=True)
+
+
 # --- failures: one line at start, never a failed run halfway ------------------------------------------------
 
 

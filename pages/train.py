@@ -93,12 +93,19 @@ def run_status():
     # Keyed by the run: the browser (and a browser test) can tell this run's panel from the last one's.
     with st.container(key=f"run-{current.run_id}-status"):
         st.caption(f"Run {current.run_id} · {current.name}")
-        kind, sentence = runview.status_message(current, manager.queue_position(run_id))
+        position = manager.queue_position(run_id)
+        queue = (position, runview.queue_wait(*manager.ahead_of(run_id), manager.max_concurrent,
+                                              manager.recent_wall_seconds(), manager.max_run_seconds or None)) \
+            if position else None
+        kind, sentence = runview.status_message(current, queue)
         getattr(st, kind)(sentence)
-        fraction, progress_text = runview.progress(current)
-        st.progress(fraction, text=progress_text)
+        bar = runview.progress(current)
+        if bar is not None:  # a queued run, or one that failed before it counted steps, has no bar to show
+            st.progress(bar[0], text=bar[1])
         for note in runview.notes(current):
             st.caption(f"ℹ️ {note}")
+        if not runview.has_anything_to_show(current):
+            return  # ended before it trained: the reason above is all there is; no empty scores or charts
         latest = runview.latest_eval(current)
         f1, accuracy, memory = st.columns(3)
         f1.metric("Eval F1", f"{latest['eval_f1']:.3f}" if latest else "—")
@@ -118,6 +125,8 @@ def run_status():
 @st.fragment(run_every=ui.CHART_POLL_SECONDS if live else None)
 def run_charts():
     current = manager.get(run_id) if run_id else None
+    if current is not None and not runview.has_anything_to_show(current):
+        return
     # Before a run has started the charts are drawn empty: the page keeps its layout, and the browser
     # loads plotly while the visitor chooses settings instead of after Start (about 1.3 s here).
     run_events = current.events if current is not None and current.started is not None else []

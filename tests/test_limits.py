@@ -23,7 +23,7 @@ def test_values_are_read_and_zero_seconds_means_no_limit():
     assert "no time limit" in limits.describe() and "hub ids disabled" in limits.describe()
 
 
-# The one home of environment-variable parsing (gradacc/serving/limits.py, through Limits.from_env): every bad value is
+# The one home of environment-variable parsing (gradacc/env.py, through Limits.from_env): every bad value is
 # refused with one sentence naming the variable. Other tests only check that a value reaches its reader.
 @pytest.mark.parametrize("name, raw, message", [
     ("GRADACC_MAX_EPOCHS", "0", "GRADACC_MAX_EPOCHS must be a whole number of at least 1; got '0'."),

@@ -1,5 +1,6 @@
 """The Train page: live numbers, refusals next to the field, a run to the end, Stop, the queue, limits, uploads."""
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -87,7 +88,9 @@ def test_a_second_session_queues_behind_the_first_and_only_the_owner_can_stop(ap
     start(first)
     set_numbers(second, "train", SMALL_RUN)
     start(second)
-    assert "Queued: position 1 in the queue" in status(second)
+    assert re.search(r"Queued: position 1 in the queue; (about|at most) \d+ (s|min \d\d s) to wait", status(second)), \
+        status(second)
+    assert not second.get("progress"), "a queued run has no progress bar: its status says where it stands"
     assert "Queued" not in status(first)
     # A third visitor with the first run's link sees it, but gets no Stop button: it is not theirs.
     onlooker = AppTest.from_file(APP, default_timeout=60)
@@ -184,6 +187,11 @@ def test_a_run_that_fails_says_why_in_one_line(app_home):
     run_until(at, lambda at: bool(at.error), RUN_TIMEOUT_S, "the run to fail")
     assert at.error[0].value.startswith("Failed: Model 'someone/some-model' is a hub id, and the Hugging Face Hub cannot be reached")
     assert "\n" not in at.error[0].value
+    # Nothing under the red box says otherwise: no progress bar waiting for a first step, no empty "yet" charts.
+    assert not at.get("progress") and not at.get("plotly_chart")
+    shown = " ".join(e.value for kind in ("markdown", "caption", "info", "warning", "success") for e in at.get(kind)
+                     if isinstance(getattr(e, "value", None), str))
+    assert "waiting" not in shown and "yet" not in shown and "Press Start" not in shown, shown
 
 
 def test_the_deployment_time_limit_stops_a_run(app_home, monkeypatch):

@@ -311,8 +311,8 @@ TRAIN_FORM_FIELDS = ("backend", "micro_batch_size", "grad_accum_steps", "epochs"
 
 
 def train_config() -> RunConfig:
-    """The Train form's settings (RunConfig's defaults until the visitor has been on the Train page)."""
-    return st.session_state.get(TRAIN_CONFIG) or RunConfig()
+    """The Train form's settings (the defaults, recipe filled in, until the visitor has been on the Train page)."""
+    return st.session_state.get(TRAIN_CONFIG) or RunConfig().resolved()
 
 
 def suggest_train_settings(**changes) -> None:
@@ -327,7 +327,7 @@ def prepare_train_form(limits: Limits) -> None:
     def within(value: int, limit: int | None) -> int:
         return min(value, limit) if limit else value
 
-    base = RunConfig()
+    base = RunConfig().resolved()  # the default model (tiny-bert) and its recipe
     first = {field: getattr(base, field) for field in TRAIN_FORM_FIELDS}
     first |= {"epochs": within(base.epochs, limits.max_epochs),
               "train_samples": within(base.train_samples, limits.max_train_samples),

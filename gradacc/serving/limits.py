@@ -14,12 +14,10 @@ and a bad environment value is refused with one sentence naming the variable.
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
-from typing import Mapping
 
-from gradacc import paths
+from gradacc import env, paths
 from gradacc.config import BUILTIN_DATASETS, BUILTIN_MODELS, RunConfig, field_label
 from gradacc.errors import GradaccError
 from gradacc.training.sources.hub import hub_allowed  # light: os and socket only
@@ -41,14 +39,14 @@ class Limits:
 
     @classmethod
     def from_env(cls, environ: dict | None = None) -> "Limits":
-        env = os.environ if environ is None else environ
-        run_seconds = env_number(env, "GRADACC_MAX_RUN_SECONDS", DEFAULT_MAX_RUN_SECONDS, allow_zero=True)
-        return cls(max_epochs=env_whole_number(env, "GRADACC_MAX_EPOCHS"),
-                   max_train_samples=env_whole_number(env, "GRADACC_MAX_TRAIN_SAMPLES"),
+        variables = os.environ if environ is None else environ
+        run_seconds = env.number(variables, "GRADACC_MAX_RUN_SECONDS", DEFAULT_MAX_RUN_SECONDS, allow_zero=True)
+        return cls(max_epochs=env.whole_number(variables, "GRADACC_MAX_EPOCHS"),
+                   max_train_samples=env.whole_number(variables, "GRADACC_MAX_TRAIN_SAMPLES"),
                    max_run_seconds=run_seconds or None,
-                   max_upload_mb=env_number(env, "GRADACC_MAX_UPLOAD_MB", DEFAULT_MAX_UPLOAD_MB),
-                   allow_hub=hub_allowed(env),
-                   max_concurrent_runs=env_whole_number(env, "GRADACC_MAX_CONCURRENT_RUNS")
+                   max_upload_mb=env.number(variables, "GRADACC_MAX_UPLOAD_MB", DEFAULT_MAX_UPLOAD_MB),
+                   allow_hub=hub_allowed(variables),
+                   max_concurrent_runs=env.whole_number(variables, "GRADACC_MAX_CONCURRENT_RUNS")
                    or DEFAULT_MAX_CONCURRENT_RUNS)
 
     @property
@@ -102,33 +100,3 @@ def is_hub_dataset(name: str) -> bool:
     name = (name or "").strip()
     return bool(name) and name not in BUILTIN_DATASETS and not paths.dataset_is_local(name)
 
-
-# ---- numbers read from environment variables ------------------------------------------------------
-
-def env_whole_number(env: Mapping[str, str], name: str) -> int | None:
-    """A whole number of at least 1; None when the variable is unset or empty."""
-    raw = env.get(name, "").strip()
-    if not raw:
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise GradaccError(f"{name} must be a whole number of at least 1; got {raw!r}.")
-    return value
-
-
-def env_number(env: Mapping[str, str], name: str, default: float, allow_zero: bool = False) -> float:
-    """A finite number greater than 0 (or 0 too, with ``allow_zero``); ``default`` when unset or empty."""
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (value >= 0 if allow_zero else value > 0) or math.isinf(value):
-        bound = "0 or more" if allow_zero else "greater than 0"
-        raise GradaccError(f"{name} must be a number {bound}; got {raw!r}.")
-    return value

@@ -147,6 +147,20 @@ class RunManager:
         with self._lock:
             return self._queue.index(run_id) + 1 if run_id in self._queue else None
 
+    def ahead_of(self, run_id: str) -> tuple[list[RunState], list[RunState]]:
+        """(runs holding a slot now, queued runs that start before ``run_id``): what a queued run waits for."""
+        with self._lock:
+            running = [state for rid, state in self._live.items() if rid not in self._queue]
+            ahead = list(self._queue)[:self._queue.index(run_id)] if run_id in self._queue else []
+            return running, [self._live[rid] for rid in ahead]
+
+    def recent_wall_seconds(self) -> list[float]:
+        """How long this server's recently finished runs took (completed ones), newest last."""
+        with self._lock:
+            finished = list(self._finished.values())
+        return [state.ended["wall_s"] for state in finished
+                if state.status == "completed" and state.ended and state.ended.get("wall_s")]
+
     def is_live(self, run_id: str) -> bool:
         with self._lock:
             return run_id in self._live

@@ -26,7 +26,7 @@ import os
 import threading
 
 from gradacc.errors import one_line
-from gradacc.serving.limits import env_whole_number
+from gradacc.env import whole_number
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def parse(source: str) -> ast.Module:
 
 def torch_threads() -> int:
     """Threads torch computes with in the app: ``GRADACC_TORCH_THREADS``, else 1."""
-    return env_whole_number(os.environ, "GRADACC_TORCH_THREADS") or DEFAULT_TORCH_THREADS
+    return whole_number(os.environ, "GRADACC_TORCH_THREADS") or DEFAULT_TORCH_THREADS
 
 
 def _import_all() -> None:

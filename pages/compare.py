@@ -35,8 +35,8 @@ def comparison():
     if any_live and not any(run.is_live for run in chosen):
         st.rerun()  # all ended: stop polling
     curves = [(compare.legend_name(run), run.events) for run in chosen]
-    loss_figure, eval_figure, memory_figure = ui.cached(
-        "compare.figures", [(name, len(run_events)) for name, run_events in curves],
+    loss_figure, eval_figure, memory_figure = ui.shared_figures(
+        ("compare", tuple((run.run_id, name, len(events)) for run, (name, events) in zip(chosen, curves))),
         lambda: (charts.loss_figure(curves, x="samples_seen"), charts.eval_figure(curves),
                  charts.memory_figure(curves, x="samples_seen")))
     loss_chart, eval_chart = st.columns(2)

@@ -173,8 +173,8 @@ def run_charts():
         x_axis = st.radio("Loss against", ["step", "samples_seen"], format_func=charts.X_TITLES.get, horizontal=True,
                           key="loss_x")
         curves = [("this run", run_events)]
-        loss_figure, memory_figure, eval_figure = ui.cached(
-            "train.figures", (run_id if run_events else None, len(run_events), x_axis),
+        loss_figure, memory_figure, eval_figure = ui.shared_figures(
+            ("train", run_id if run_events else None, len(run_events), x_axis),
             lambda: (charts.loss_figure(curves, x=x_axis), charts.memory_figure(curves), charts.eval_figure(curves)))
         loss_chart, eval_chart = st.columns(2)
         loss_chart.plotly_chart(loss_figure, key="loss_chart")

@@ -23,7 +23,7 @@ def within(value: int, limit: int | None) -> int:
     return min(value, limit) if limit else value
 
 
-base = RunConfig()
+base = RunConfig().resolved()  # the default model (tiny-bert) and its recipe
 ui.defaults({K + "backend": base.backend, K + "micro_batch_size": base.micro_batch_size,
              K + "grad_accum_steps": base.grad_accum_steps, K + "epochs": within(base.epochs, limits.max_epochs),
              K + "learning_rate": base.learning_rate, K + "seed": base.seed,
@@ -132,11 +132,7 @@ def run_status():
     # Keyed by the run: the browser (and a browser test) can tell this run's panel from the last one's.
     with st.container(key=f"run-{current.run_id}-status"):
         st.caption(f"Run {current.run_id} · {current.name}")
-        position = manager.queue_position(run_id)
-        queue = (position, runview.queue_wait(*manager.ahead_of(run_id), manager.max_concurrent,
-                                              manager.recent_wall_seconds(), manager.max_run_seconds or None)) \
-            if position else None
-        kind, sentence = runview.status_message(current, queue)
+        kind, sentence = runview.status_message(current, runview.queue(manager, run_id))
         getattr(st, kind)(sentence)
         bar = runview.progress(current)
         if bar is not None:  # a queued run, or one that failed before it counted steps, has no bar to show

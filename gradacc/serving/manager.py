@@ -92,6 +92,14 @@ class RunState:
     def of(self, kind: str) -> list[dict]:
         return [e for e in self.events if e.get("event") == kind]
 
+    def snapshot(self) -> "RunState":
+        """This run frozen now: a page that draws its status and its charts from one snapshot shows the same
+        step in both (the worker keeps appending to the live state meanwhile)."""
+        with self._lock:
+            status, reason = self.status, self.reason
+        return RunState(self.run_id, self.owner, self.label, self.config, status, reason, self.created,
+                        events=self.events)
+
     @property
     def started(self) -> dict | None:
         found = self.of(ev.RUN_STARTED)

@@ -47,12 +47,14 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
     started = time.perf_counter()
     steps_done = 0
     bad_field = None
+    emitted: list[dict] = []  # what the warnings at the end are computed from
     trackers = None
 
     def emit(event: dict) -> None:
         nonlocal steps_done
         if event["event"] == events.STEP:
             steps_done = event["step"]
+        emitted.append(event)
         on_event(event)
         if trackers is not None:
             trackers(event)
@@ -79,11 +81,21 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
             trackers.close()
         raise
     ended = events.run_ended(status=status, reason=reason, steps=steps_done, wall_s=time.perf_counter() - started,
-                             field=bad_field)
+                             field=bad_field, warnings=_warnings(emitted, config) if status == events.COMPLETED else [])
     on_event(ended)
     if trackers is not None:
         trackers.close()
     return ended
+
+
+def _warnings(emitted: list[dict], config: RunConfig) -> list[str]:
+    """A run that completed badly says so (see gradacc.analysis.health); a bug there never fails the run."""
+    from gradacc.analysis.health import run_warnings
+
+    try:
+        return run_warnings(emitted, config)
+    except Exception as error:  # noqa: BLE001 - the run itself succeeded; keep its result
+        return [f"could not check the run for warnings ({type(error).__name__}: {error})"]
 
 
 def _open_trackers(config: RunConfig, report_to, log_dir, run_id):

@@ -93,11 +93,7 @@ def run_status():
     # Keyed by the run: the browser (and a browser test) can tell this run's panel from the last one's.
     with st.container(key=f"run-{current.run_id}-status"):
         st.caption(f"Run {current.run_id} · {current.name}")
-        position = manager.queue_position(run_id)
-        queue = (position, runview.queue_wait(*manager.ahead_of(run_id), manager.max_concurrent,
-                                              manager.recent_wall_seconds(), manager.max_run_seconds or None)) \
-            if position else None
-        kind, sentence = runview.status_message(current, queue)
+        kind, sentence = runview.status_message(current, runview.queue(manager, run_id))
         getattr(st, kind)(sentence)
         bar = runview.progress(current)
         if bar is not None:  # a queued run, or one that failed before it counted steps, has no bar to show
@@ -134,8 +130,8 @@ def run_charts():
         x_axis = st.radio("Loss against", ["step", "samples_seen"], format_func=charts.X_TITLES.get, horizontal=True,
                           key="loss_x")
         curves = [("this run", run_events)]
-        loss_figure, memory_figure, eval_figure = ui.cached(
-            "train.figures", (run_id if run_events else None, len(run_events), x_axis),
+        loss_figure, memory_figure, eval_figure = ui.shared_figures(
+            ("train", run_id if run_events else None, len(run_events), x_axis),
             lambda: (charts.loss_figure(curves, x=x_axis), charts.memory_figure(curves), charts.eval_figure(curves)))
         loss_chart, eval_chart = st.columns(2)
         loss_chart.plotly_chart(loss_figure, key="loss_chart")

@@ -117,3 +117,33 @@ def test_figures_serialise_to_json_with_every_value():
     nan_loss = run_events()
     nan_loss[1] = {**nan_loss[1], "loss": math.nan}
     assert y_values(charts.loss_figure(nan_loss)) == [[None, 1.0, 2.0 / 3]]  # NaN is a gap (null), not invalid JSON
+
+
+def test_a_frozen_figure_draws_the_same_dict_as_the_figure_it_was():
+    figure = charts.loss_figure([("run", run_events())])
+    expected = figure.to_dict()
+    frozen = charts.freeze(figure)
+    assert frozen.to_dict() == expected and frozen.to_dict() is frozen.to_dict()  # computed once
+
+
+def test_the_figure_cache_builds_once_per_key_for_every_caller_and_stays_bounded():
+    import threading
+
+    cache, builds = charts.FigureCache(max_entries=2), []
+
+    def build():
+        builds.append(1)
+        return (charts.loss_figure([("run", run_events())]),)
+
+    # Eight sessions asking for the same run at the same event count at once: one build.
+    threads = [threading.Thread(target=cache.get, args=(("train", "r1", 10, "step"), build)) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(builds) == cache.builds == 1
+    cache.get(("train", "r1", 12, "step"), build)  # new events: a new build
+    cache.get(("train", "r2", 5, "step"), build)
+    assert cache.builds == 3
+    cache.get(("train", "r1", 10, "step"), build)  # dropped (bounded at 2): built again, not kept forever
+    assert cache.builds == 4 and len(cache._figures) == 2

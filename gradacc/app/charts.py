@@ -6,8 +6,10 @@ picks what it needs). A bare list of events counts as one run.
 
 from __future__ import annotations
 
+import collections
 import math
-from typing import Iterable, Mapping
+import threading
+from typing import Callable, Hashable, Iterable, Mapping
 
 import plotly.colors
 import plotly.graph_objects as go
@@ -20,6 +22,54 @@ X_TITLES = {"step": "Optimizer step", "samples_seen": "Samples seen", "tokens_se
             "elapsed_s": "Elapsed time (s)"}
 # Relative errors of 0 cannot sit on a log axis; they are drawn at this floor and hover shows 0.
 LOG_FLOOR = 1e-12
+
+
+# --- one build for every watcher --------------------------------------------------------------
+
+class FrozenFigure(go.Figure):
+    """A finished figure whose dict is computed once. ``st.plotly_chart`` deep-copies a figure with
+    ``to_dict()`` on every draw (about 7 ms for the Train page's three); a shared figure is never changed
+    after it is built, so every session can draw the same dict."""
+
+    def to_dict(self):
+        if getattr(self, "_frozen_dict", None) is None:
+            self._frozen_dict = super().to_dict()
+        return self._frozen_dict
+
+
+def freeze(figure: go.Figure) -> go.Figure:
+    # Re-classing, not copying: go.Figure(figure) would validate every point again (as slow as the build).
+    figure.__class__ = FrozenFigure
+    return figure
+
+
+class FigureCache:
+    """Figures shared by every session of the server, built once per key and kept for the latest
+    ``max_entries`` keys (least recently drawn dropped first).
+
+    A key names the figures' content: (page, run id, event count, view). A run's events only grow, so the
+    count says whether anything changed. Building is pure Python and holds the GIL the training thread
+    needs: twenty visitors watching one run now cost one build per new batch of events, not twenty.
+    """
+
+    def __init__(self, max_entries: int = 32):
+        self.max_entries = max_entries
+        self.builds = 0  # how many times ``build`` ran: what the tests and the watchers benchmark count
+        self._figures: collections.OrderedDict = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable, build: Callable[[], tuple]) -> tuple:
+        """The figures for ``key``: ``build()`` (a tuple of figures) runs only if no session built them yet."""
+        with self._lock:  # held while building, so two sessions asking at once build once
+            if key in self._figures:
+                self._figures.move_to_end(key)
+                return self._figures[key]
+            figures = tuple(freeze(figure) for figure in build())
+            self.builds += 1
+            self._figures[key] = figures
+            while len(self._figures) > self.max_entries:
+                self._figures.popitem(last=False)
+            return figures
 
 
 # --- inputs -----------------------------------------------------------------------------------

@@ -288,13 +288,17 @@ def train_examples(config: RunConfig) -> tuple[int | None, dict[str, str]]:
         return None, {error.field or form.GENERAL: error.message}
 
 
-def cached(name: str, version, build):
-    """``build()`` once per ``version`` in this session: charts are rebuilt only when new events arrived."""
-    held = st.session_state.get(name)
-    if held is None or held[0] != version:
-        held = (version, build())
-        st.session_state[name] = held
-    return held[1]
+@st.cache_resource(show_spinner=False)
+def figure_cache():
+    """The server's figures, shared by every session (gradacc.app.charts.FigureCache)."""
+    from gradacc.app.charts import FigureCache  # plotly: imported when a chart is first drawn, not per page
+
+    return FigureCache()
+
+
+def shared_figures(key, build) -> tuple:
+    """``build()``'s figures for ``key`` (page, run ids, event counts, view), built once for all sessions."""
+    return figure_cache().get(key, build)
 
 
 # ---- the Train form's settings, shared by pages -----------------------------------------------------------

@@ -2,6 +2,7 @@
 
     train   one run; progress and a summary, or JSON events (one per line) with --json
     check   the gradient-equivalence errors, naive vs exact
+    compare the headline of two runs from their --metrics-out files
     bench   benchmark suites (see gradacc.bench)
     app     the Streamlit app (what follows goes to ``streamlit run``, e.g. --server.port 8502)
 
@@ -54,15 +55,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = commands.add_parser("train", help="train one run")
     _add_run_options(train)
-    train.add_argument("--epochs", type=_value, default=RunConfig.epochs)
+    recipe = "default: the model's recipe"
+    train.add_argument("--epochs", type=_value, default=None, help=recipe)
     train.add_argument("--max-steps", type=_value, default=None, help="stop after this many optimizer steps")
-    train.add_argument("--lr", type=_value, default=RunConfig.learning_rate, dest="learning_rate")
-    train.add_argument("--warmup-ratio", type=_value, default=RunConfig.warmup_ratio)
+    train.add_argument("--lr", type=_value, default=None, dest="learning_rate", help=recipe)
+    train.add_argument("--warmup-ratio", type=_value, default=None, help=recipe)
     train.add_argument("--weight-decay", type=_value, default=RunConfig.weight_decay)
     train.add_argument("--max-grad-norm", type=_value, default=RunConfig.max_grad_norm, help="0 disables clipping")
     train.add_argument("--train-samples", type=_value, default=RunConfig.train_samples)
     train.add_argument("--eval-samples", type=_value, default=RunConfig.eval_samples)
-    train.add_argument("--dropout", type=_value, default=RunConfig.dropout)
+    train.add_argument("--dropout", type=_value, default=None, help=recipe)
+    train.add_argument("--trainer-library-default", action="store_true",
+                       help="Trainer backend: keep Trainer's own loss scaling (k× too large on BERT in transformers 5)")
     train.add_argument("--memory-budget-mb", type=_value, default=None,
                        help="fail like out-of-memory when the run needs more than this (measured before step 1 and "
                             "on every measured micro-batch; a real allocator cap on CUDA)")
@@ -90,6 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--samples", type=int, default=None, help="examples in the window (default m×k×processes)")
     check.add_argument("--json", action="store_true")
 
+    compare = commands.add_parser("compare", help="the headline of two runs from their --metrics-out event files")
+    compare.add_argument("run_a", metavar="A.jsonl")
+    compare.add_argument("run_b", metavar="B.jsonl", help="described against A (\"activations 4× smaller\")")
+    compare.add_argument("--json", action="store_true", help="the figures as JSON keys, plus 'headline'")
+
     try:
         from gradacc import bench
     except ImportError:
@@ -111,7 +120,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grad-accum-steps", "-k", type=_value, default=RunConfig.grad_accum_steps)
     parser.add_argument("--loss-normalization", choices=LOSS_NORMALIZATIONS, default=RunConfig.loss_normalization)
     parser.add_argument("--seed", type=_value, default=RunConfig.seed)
-    parser.add_argument("--max-seq-length", type=_value, default=RunConfig.max_seq_length)
+    parser.add_argument("--max-seq-length", type=_value, default=None, help="default: the model's recipe")
     parser.add_argument("--gradient-checkpointing", action="store_true",
                         help="recompute activations in backward instead of keeping them (use_reentrant=False)")
     parser.add_argument("--precision", choices=PRECISIONS, default=RunConfig.precision,
@@ -150,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
             return _train(args)
         if args.command == "check":
             return _check(args)
+        if args.command == "compare":
+            return _compare(args)
         return args.run(args)
     except GradaccError as error:
         print(f"error: {in_cli_words(error.message, error.field)}", file=sys.stderr)
@@ -279,6 +290,19 @@ class _Progress:
                 return  # bad input: the one error line on stderr says it, in the flag's words
             print(f"{event['status']} after {event['steps']} optimizer steps in {event['wall_s']:.1f} s"
                   + (f": {event['reason']}" if event["reason"] else ""))
+            for warning in event.get("warnings") or []:
+                print(f"warning: {warning}")
+
+
+def _compare(args) -> int:
+    from gradacc.analysis import compare
+
+    figures = compare.headline(compare.read_events(args.run_a), compare.read_events(args.run_b))
+    if args.json:
+        print(json.dumps(figures))
+    else:
+        print(figures["headline"])
+    return EXIT_OK
 
 
 def _check(args) -> int:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 
 from gradacc import events, paths
 from gradacc.config import RunConfig
-from gradacc.errors import GradaccError, RunFailed, RunStopped
+from gradacc.errors import GradaccError, RunFailed, RunStopped, one_line
 from gradacc.events import EventSink
 from gradacc.training import budget
 
@@ -52,12 +52,14 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
     bad_field = None
     guard = None
     out_of_memory = None
+    emitted: list[dict] = []  # what the warnings at the end are computed from
     trackers = None
 
     def emit(event: dict) -> None:
         nonlocal steps_done
         if event["event"] == events.STEP:
             steps_done = event["step"]
+        emitted.append(event)
         on_event(event)
         if trackers is not None:
             trackers(event)
@@ -93,11 +95,22 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
         if guard is not None:
             guard.release_device()
     ended = events.run_ended(status=status, reason=reason, steps=steps_done, wall_s=time.perf_counter() - started,
-                             field=bad_field, out_of_memory=out_of_memory)
+                             field=bad_field, warnings=_warnings(emitted, config) if status == events.COMPLETED else [],
+                             out_of_memory=out_of_memory)
     on_event(ended)
     if trackers is not None:
         trackers.close()
     return ended
+
+
+def _warnings(emitted: list[dict], config: RunConfig) -> list[str]:
+    """A run that completed badly says so (see gradacc.analysis.health); a bug there never fails the run."""
+    from gradacc.analysis.health import run_warnings
+
+    try:
+        return run_warnings(emitted, config)
+    except Exception as error:  # noqa: BLE001 - the run itself succeeded; keep its result
+        return [f"could not check the run for warnings ({type(error).__name__}: {error})"]
 
 
 def _open_trackers(config: RunConfig, report_to, log_dir, run_id):
@@ -155,12 +168,10 @@ def announce(job) -> dict:
 
 def describe_failure(error: Exception, config: RunConfig) -> str:
     """One line for an unexpected fault; out-of-memory gets a hint of what to change."""
-    text = str(error).strip()
-    first = text.splitlines()[0] if text else ""
     if is_out_of_memory(error):
         return (f"out of memory at micro-batch size {config.micro_batch_size}: lower the micro-batch size and "
                 "raise accumulation steps (the Memory planner page shows what fits)")
-    return f"{type(error).__name__}: {first}" if first else type(error).__name__
+    return one_line(error)
 
 
 def is_out_of_memory(error: Exception) -> bool:

@@ -45,6 +45,7 @@ class Job:
     # Called with the model right before each optimizer step (the equivalence check reads gradients here).
     before_optimizer_step: Callable | None = None
     # Trainer only: leave Trainer's own loss scaling untouched (shows the library default, pitfall included).
+    # From the config (a run that shows the pitfall); the equivalence check sets it per case.
     trainer_library_default: bool = False
     # Several processes: all-reduce gradients after every micro-batch instead of once per window (no no_sync),
     # to measure what no_sync saves.
@@ -135,11 +136,13 @@ def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, token_lev
         enable_gradient_checkpointing(loaded.model, config.model)
     return Job(config=config, model=loaded.model.to(device), precision=precision, tokenizer=loaded.tokenizer,
                train_examples=train_examples, eval_examples=eval_examples, label_names=text_data.label_names,
-               collate=collate or data_module.collator(loaded.tokenizer, token_level), emit=emit, stop=stop, device=device,
+               collate=collate or data_module.collator(loaded.tokenizer, token_level), emit=emit, stop=stop,
+               device=device,
                steps_per_epoch=optimizer_steps_per_epoch(len(train_examples), config.micro_batch_size,
                                                          config.grad_accum_steps, config.num_processes),
                total_steps=total_optimizer_steps(config, len(train_examples)),
                micro_batches=plan[rank], window_items=windows.window_totals(rank_items, config.grad_accum_steps),
                batch_items=rank_items[rank], token_level=token_level, notes=notes,
-               before_optimizer_step=before_optimizer_step, trainer_library_default=trainer_library_default,
+               before_optimizer_step=before_optimizer_step,
+               trainer_library_default=trainer_library_default or config.trainer_library_default,
                sync_each_micro_batch=sync_each_micro_batch)

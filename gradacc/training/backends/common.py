@@ -181,7 +181,7 @@ def _evaluate(model: torch.nn.Module, job) -> dict:
     model.train(was_training)
     scores = classification_metrics(predictions, labels, job.num_labels)
     return {"eval_loss": total_loss / len(job.eval_examples), "eval_accuracy": scores["accuracy"],
-            "eval_f1": scores["f1"]}
+            "eval_f1": scores["f1"], "eval_majority_f1": scores["majority_f1"]}
 
 
 class StepReporter:
@@ -219,4 +219,5 @@ class StepReporter:
 
     def evaluation(self, *, epoch: int, step: int, metrics: dict) -> None:
         self.job.emit(events.eval_(epoch=epoch, step=step, eval_loss=metrics["eval_loss"],
-                                   eval_accuracy=metrics["eval_accuracy"], eval_f1=metrics["eval_f1"]))
+                                   eval_accuracy=metrics["eval_accuracy"], eval_f1=metrics["eval_f1"],
+                                   majority_f1=metrics.get("eval_majority_f1")))

@@ -201,7 +201,7 @@ def train(job) -> None:
         def compute_metrics(eval_prediction):
             scores = classification_metrics(eval_prediction.predictions.argmax(-1), eval_prediction.label_ids,
                                             job.num_labels)
-            return {"accuracy": scores["accuracy"], "f1": scores["f1"]}
+            return {"accuracy": scores["accuracy"], "f1": scores["f1"], "majority_f1": scores["majority_f1"]}
 
         trainer = GradaccTrainer(
             model=job.model,

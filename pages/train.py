@@ -37,6 +37,8 @@ data_column, settings_column = st.columns(2, gap="large")
 with data_column:
     st.subheader("Model and data")
     model = ui.model_input("train", errors)
+    ui.follow_recipe("train", model, limits)  # untouched fields move to the new model's recipe
+    ui.recipe_note("train")
     dataset, text_column, label_column, dataset_problem = ui.dataset_input("train", errors, limits)
     backend = st.radio(field_label("backend"), BACKENDS, key=K + "backend", persist_state="session",
                        format_func=ui.BACKEND_NAMES.get, captions=[DESCRIPTIONS[b] for b in BACKENDS])
@@ -121,9 +123,18 @@ if own_live and stop_column.button("Stop", key="stop"):
 st.divider()
 
 
-@st.fragment(run_every=ui.POLL_SECONDS if live else None)
-def run_status():
-    current = manager.get(run_id) if run_id else None
+# Status and charts are drawn from one snapshot of the run per poll, so the chart shows the step the status
+# names. One poll a second: building plotly figures holds the GIL that the training thread needs, and on a
+# 2-CPU server twice a second would slow the run it draws.
+@st.fragment(run_every=ui.CHART_POLL_SECONDS if live else None)
+def run_panel():
+    live_run = manager.get(run_id) if run_id else None
+    current = live_run.snapshot() if live_run is not None else None
+    run_status(current)
+    run_charts(current)
+
+
+def run_status(current):
     if current is None:
         st.info("Press Start to train; loss, memory and F1 appear here as the run goes.")
         return
@@ -132,11 +143,7 @@ def run_status():
     # Keyed by the run: the browser (and a browser test) can tell this run's panel from the last one's.
     with st.container(key=f"run-{current.run_id}-status"):
         st.caption(f"Run {current.run_id} · {current.name}")
-        position = manager.queue_position(run_id)
-        queue = (position, runview.queue_wait(*manager.ahead_of(run_id), manager.max_concurrent,
-                                              manager.recent_wall_seconds(), manager.max_run_seconds or None)) \
-            if position else None
-        kind, sentence = runview.status_message(current, queue)
+        kind, sentence = runview.status_message(current, runview.queue(manager, run_id))
         getattr(st, kind)(sentence)
         bar = runview.progress(current)
         if bar is not None:  # a queued run, or one that failed before it counted steps, has no bar to show
@@ -159,11 +166,7 @@ def run_status():
                                help="The run's TensorBoard event files: unzip, then `tensorboard --logdir .`")
 
 
-# Charts poll less often than the status: building plotly figures holds the GIL that the training
-# thread needs, and on a 2-CPU server twice a second would slow the run it draws.
-@st.fragment(run_every=ui.CHART_POLL_SECONDS if live else None)
-def run_charts():
-    current = manager.get(run_id) if run_id else None
+def run_charts(current):
     if current is not None and not runview.has_anything_to_show(current):
         return
     # Before a run has started the charts are drawn empty: the page keeps its layout, and the browser
@@ -182,5 +185,4 @@ def run_charts():
         st.plotly_chart(memory_figure, key="memory_chart")  # full width: its two panels need the room
 
 
-run_status()
-run_charts()
+run_panel()

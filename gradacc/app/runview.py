@@ -35,10 +35,23 @@ def status_message(run, queue: tuple[int, str] | None = None) -> tuple[str, str]
     wall = ended.get("wall_s")
     took = f" in {wall:.1f} s" if wall else ""
     if status == "completed":
+        warnings = ended.get("warnings") or []
+        if warnings:  # a run that completed badly is not a green success
+            return "warning", f"Completed: {steps} optimizer steps{took}, but it went badly. " + " ".join(
+                w[0].upper() + w[1:] for w in warnings)
         return style, f"Completed: {steps} optimizer steps{took}."
     if status == "failed":
         return style, f"Failed: {run.reason or 'no reason given'}"
     return style, f"{status.capitalize()} after {steps} optimizer steps{took}: {run.reason or 'no reason given'}."
+
+
+def queue(manager, run_id: str) -> tuple[int, str] | None:
+    """(position, how long it waits) for a queued run, as ``status_message`` takes it; None when not queued."""
+    position = manager.queue_position(run_id)
+    if not position:
+        return None
+    return position, queue_wait(*manager.ahead_of(run_id), manager.max_concurrent, manager.recent_wall_seconds(),
+                                manager.max_run_seconds or None)
 
 
 def progress(run) -> tuple[float, str] | None:

@@ -10,8 +10,12 @@ from gradacc.errors import GradaccError
 
 BACKENDS = ("pytorch", "accelerate", "trainer")
 LOSS_NORMALIZATIONS = ("exact", "naive")
-BUILTIN_MODELS = ("tiny-bert", "all-MiniLM-L6-v2")
-BUILTIN_DATASETS = ("builtin-sentiment",)
+CLASSIFICATION, CAUSAL_LM = "classification", "causal-lm"
+TASKS = (CLASSIFICATION, CAUSAL_LM)
+BUILTIN_MODELS = ("tiny-bert", "all-MiniLM-L6-v2", "tiny-gpt")
+BUILTIN_DATASETS = ("builtin-sentiment", "builtin-text")
+# What each built-in model is for: a run that names no task gets its model's.
+BUILTIN_MODEL_TASKS = {"tiny-bert": CLASSIFICATION, "all-MiniLM-L6-v2": CLASSIFICATION, "tiny-gpt": CAUSAL_LM}
 
 MAX_MICRO_BATCH = 4096
 MAX_ACCUM_STEPS = 4096
@@ -23,6 +27,8 @@ class RunConfig:
     backend: str = "pytorch"
     model: str = "tiny-bert"
     dataset: str = "builtin-sentiment"
+    # classification or causal-lm; None: the model's (a *ForCausalLM architecture or tiny-gpt is causal-lm).
+    task: str | None = None
     # Columns of a CSV/JSONL/saved dataset; None means detect them.
     text_column: str | None = None
     label_column: str | None = None
@@ -67,6 +73,8 @@ class RunConfig:
         """Raise GradaccError with one sentence for the first bad value; return self."""
         _choice("backend", self.backend, BACKENDS)
         _choice("loss_normalization", self.loss_normalization, LOSS_NORMALIZATIONS)
+        if self.task is not None:
+            _choice("task", self.task, TASKS)
         _text("model", self.model)
         _text("dataset", self.dataset)
         self.micro_batch_size = _integer("micro_batch_size", self.micro_batch_size, 1, MAX_MICRO_BATCH)

@@ -1,7 +1,23 @@
-"""gradacc: see, and trust, gradient accumulation."""
+"""gradacc: see, and trust, gradient accumulation.
+
+The Python API, in full (README "Python API"): ``train(config, on_event)`` trains ``config`` (a ``RunConfig``)
+and calls ``on_event`` with every event (``run_started``, ``step`` per optimizer step, ``eval`` per epoch,
+``run_ended``) as it happens; it returns the ``run_ended`` event and never raises for bad input or a failed
+run (``status`` and ``reason`` say what happened). Importing gradacc imports neither torch nor transformers.
+"""
 
 from gradacc.config import RunConfig, effective_batch
 from gradacc.errors import GradaccError, RunFailed
 
-__all__ = ["RunConfig", "GradaccError", "RunFailed", "effective_batch"]
+__all__ = ["RunConfig", "GradaccError", "RunFailed", "effective_batch", "train", "__version__"]
+# The one version string: the package's metadata (pyproject.toml) and `gradacc --version` read it here.
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # `from gradacc import train` loads the engine only when asked for (it lives in the training layer).
+    if name == "train":
+        from gradacc.training.engine import train
+
+        return train
+    raise AttributeError(f"module 'gradacc' has no attribute {name!r}")

@@ -2,7 +2,11 @@
 
     train   one run; progress and a summary, or JSON events (one per line) with --json
     check   the gradient-equivalence errors, naive vs exact
+    compare the headline of two runs from their --metrics-out files
     bench   benchmark suites (see gradacc.bench)
+    app     the Streamlit app (what follows goes to ``streamlit run``, e.g. --server.port 8502)
+
+``gradacc`` (the installed console script) is the same command.
 
 Exit codes: 0 success, 2 bad input (one ``error:`` line on stderr), 1 a run that failed.
 """
@@ -14,8 +18,8 @@ import json
 import sys
 import threading
 
-from gradacc import events
-from gradacc.config import BACKENDS, LOSS_NORMALIZATIONS, TASKS, RunConfig
+from gradacc import events, paths
+from gradacc.config import BACKENDS, LOSS_NORMALIZATIONS, TASKS, RunConfig, in_cli_words
 from gradacc.errors import GradaccError
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
@@ -29,27 +33,55 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_BAD_INPUT)
 
 
+def _value(text: str):
+    """A number as typed, or the text itself: RunConfig.validate refuses it in the flag's words
+    ("--micro-batch-size must be a whole number ...; got 2.5."), where argparse would say "invalid int value"."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m gradacc", description="See, and trust, gradient accumulation.")
+    from gradacc import __version__
+
+    parser = _Parser(prog="gradacc", description="See, and trust, gradient accumulation.")
+    parser.add_argument("--version", action="version", version=f"gradacc {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    commands.add_parser("app", help="start the Streamlit app; other options go to streamlit run "
+                                    "(e.g. --server.port 8502)")
 
     train = commands.add_parser("train", help="train one run")
     _add_run_options(train)
-    train.add_argument("--epochs", type=int, default=RunConfig.epochs)
-    train.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps")
-    train.add_argument("--lr", type=float, default=RunConfig.learning_rate, dest="learning_rate")
-    train.add_argument("--warmup-ratio", type=float, default=RunConfig.warmup_ratio)
-    train.add_argument("--weight-decay", type=float, default=RunConfig.weight_decay)
-    train.add_argument("--max-grad-norm", type=float, default=RunConfig.max_grad_norm, help="0 disables clipping")
-    train.add_argument("--train-samples", type=int, default=RunConfig.train_samples)
-    train.add_argument("--eval-samples", type=int, default=RunConfig.eval_samples)
-    train.add_argument("--dropout", type=float, default=RunConfig.dropout)
+    recipe = "default: the model's recipe"
+    train.add_argument("--epochs", type=_value, default=None, help=recipe)
+    train.add_argument("--max-steps", type=_value, default=None, help="stop after this many optimizer steps")
+    train.add_argument("--lr", type=_value, default=None, dest="learning_rate", help=recipe)
+    train.add_argument("--warmup-ratio", type=_value, default=None, help=recipe)
+    train.add_argument("--weight-decay", type=_value, default=RunConfig.weight_decay)
+    train.add_argument("--max-grad-norm", type=_value, default=RunConfig.max_grad_norm, help="0 disables clipping")
+    train.add_argument("--train-samples", type=_value, default=RunConfig.train_samples)
+    train.add_argument("--eval-samples", type=_value, default=RunConfig.eval_samples)
+    train.add_argument("--dropout", type=_value, default=None, help=recipe)
+    train.add_argument("--trainer-library-default", action="store_true",
+                       help="Trainer backend: keep Trainer's own loss scaling (k× too large on BERT in transformers 5)")
     train.add_argument("--no-instrument", action="store_false", dest="instrument",
                        help="skip activation/RSS measurement (for overhead comparisons)")
     train.add_argument("--metrics-out", default=None, help="also write every event to this JSONL file")
     train.add_argument("--json", action="store_true", help="print each event as one JSON object per line")
+    train.add_argument("--report-to", default="none", metavar="none|tensorboard|trackio",
+                       help="also log to TensorBoard and/or a local Trackio project (comma-separated), written from "
+                            "gradacc's events: the same scalars for every backend, steps are optimizer steps")
+    train.add_argument("--log-dir", default=None,
+                       help="TensorBoard event files go to LOG_DIR/<run id>/ (default runs/); Trackio's store to "
+                            "LOG_DIR (default Trackio's own folder)")
     train.add_argument("--config", default=None, dest="config_file",
                        help="a RunConfig as a JSON file; replaces the other run options (the app's launcher uses it)")
+    train.add_argument("--confine", action="store_true",
+                       help="keep local paths inside GRADACC_DATA_DIRS / GRADACC_MODEL_DIRS, as the app does for its "
+                            "visitors (its launcher passes this); without it, any file you can read")
     train.add_argument("--sync-each-micro-batch", action="store_true",
                        help="several processes: all-reduce gradients after every micro-batch (no no_sync), "
                             "to measure what no_sync saves")
@@ -58,6 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_options(check)
     check.add_argument("--samples", type=int, default=None, help="examples in the window (default m×k×processes)")
     check.add_argument("--json", action="store_true")
+
+    compare = commands.add_parser("compare", help="the headline of two runs from their --metrics-out event files")
+    compare.add_argument("run_a", metavar="A.jsonl")
+    compare.add_argument("run_b", metavar="B.jsonl", help="described against A (\"activations 4× smaller\")")
+    compare.add_argument("--json", action="store_true", help="the figures as JSON keys, plus 'headline'")
 
     try:
         from gradacc import bench
@@ -77,13 +114,14 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                              "a hub id (default: builtin-text for a causal-lm run, else builtin-sentiment)")
     parser.add_argument("--task", choices=TASKS, default=None,
                         help="default: the model's (a *ForCausalLM model or tiny-gpt means causal-lm)")
+    parser.add_argument("--dataset-split", default=RunConfig.dataset_split, help="split of a hub dataset id")
     parser.add_argument("--text-column", default=None)
     parser.add_argument("--label-column", default=None)
-    parser.add_argument("--micro-batch-size", "-m", type=int, default=RunConfig.micro_batch_size)
-    parser.add_argument("--grad-accum-steps", "-k", type=int, default=RunConfig.grad_accum_steps)
+    parser.add_argument("--micro-batch-size", "-m", type=_value, default=RunConfig.micro_batch_size)
+    parser.add_argument("--grad-accum-steps", "-k", type=_value, default=RunConfig.grad_accum_steps)
     parser.add_argument("--loss-normalization", choices=LOSS_NORMALIZATIONS, default=RunConfig.loss_normalization)
-    parser.add_argument("--seed", type=int, default=RunConfig.seed)
-    parser.add_argument("--max-seq-length", type=int, default=RunConfig.max_seq_length)
+    parser.add_argument("--seed", type=_value, default=RunConfig.seed)
+    parser.add_argument("--max-seq-length", type=_value, default=None, help="default: the model's recipe")
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
@@ -119,15 +157,22 @@ def default_dataset(config: RunConfig) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "app":
+        return _app(extra)
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         if args.command == "train":
             return _train(args)
         if args.command == "check":
             return _check(args)
+        if args.command == "compare":
+            return _compare(args)
         return args.run(args)
     except GradaccError as error:
-        print(f"error: {error.message}", file=sys.stderr)
+        print(f"error: {in_cli_words(error.message, error.field)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
@@ -143,6 +188,9 @@ def _train(args) -> int:
     from gradacc.training import distributed
     from gradacc.training.engine import train
 
+    from gradacc.export.trackers import parse_report_to
+
+    parse_report_to(args.report_to)  # a misspelt tracker fails here, before torch is imported
     config = config_from_args(args)
     config.validate()
     _apply_limits(config)
@@ -159,8 +207,11 @@ def _train(args) -> int:
         show(event)
 
     stop = threading.Event()
+    run_id = events.new_run_id()
     try:
-        ended = train(config, on_event, stop, sync_each_micro_batch=args.sync_each_micro_batch)
+        ended = train(config, on_event, stop, report_to=args.report_to, log_dir=args.log_dir, run_id=run_id,
+                      sync_each_micro_batch=args.sync_each_micro_batch,
+                      confinement=None if args.confine else paths.TRUST_USER)  # None: the visitors' folders
     except KeyboardInterrupt:  # Ctrl-C: the engine stops within one micro-batch on its own next check
         stop.set()
         raise
@@ -170,9 +221,37 @@ def _train(args) -> int:
     if ended["status"] == events.FAILED:
         # Every rank says why it failed: a launcher reports the failed rank's last error line.
         where = f"rank {distributed.rank()}: " if distributed.world_size() > 1 else ""
-        print(f"error: {where}{ended['reason']}", file=sys.stderr)
+        print(f"error: {where}{in_cli_words(ended['reason'], ended.get('field'))}", file=sys.stderr)
         return EXIT_BAD_INPUT if ended.get("field") else EXIT_FAILED
+    if writes:
+        _say_where_trackers_wrote(args, run_id)
     return EXIT_OK
+
+
+def _say_where_trackers_wrote(args, run_id: str) -> None:
+    """On stderr: stdout may be the JSON event stream."""
+    from gradacc.export import trackers
+
+    names = trackers.parse_report_to(args.report_to)
+    if "tensorboard" in names:
+        log_dir = args.log_dir or trackers.DEFAULT_LOG_DIR
+        print(f"TensorBoard: {log_dir}/{run_id}/ (tensorboard --logdir {log_dir})", file=sys.stderr)
+    if "trackio" in names:
+        where = f"TRACKIO_DIR={args.log_dir} " if args.log_dir else ""
+        print(f"Trackio: run {run_id} in project {trackers.TRACKIO_PROJECT} "
+              f"({where}trackio show --project {trackers.TRACKIO_PROJECT})", file=sys.stderr)
+
+
+def _app(streamlit_options: list[str]) -> int:
+    """Become ``streamlit run``: Ctrl-C and a container's SIGTERM then reach the server itself."""
+    import os
+
+    from gradacc.app.command import streamlit_command
+
+    command = streamlit_command(streamlit_options)
+    sys.stdout.flush()
+    os.execv(command[0], command)
+    return EXIT_FAILED  # not reached
 
 
 def _apply_limits(config: RunConfig) -> None:
@@ -218,8 +297,23 @@ class _Progress:
             print(f"{chr(10) if self.tty else ''}epoch {event['epoch']}: eval loss {event['eval_loss']:.4f}  {scores}",
                   flush=True)
         elif kind == events.RUN_ENDED:
+            if event["status"] == events.FAILED and event.get("field"):
+                return  # bad input: the one error line on stderr says it, in the flag's words
             print(f"{event['status']} after {event['steps']} optimizer steps in {event['wall_s']:.1f} s"
                   + (f": {event['reason']}" if event["reason"] else ""))
+            for warning in event.get("warnings") or []:
+                print(f"warning: {warning}")
+
+
+def _compare(args) -> int:
+    from gradacc.analysis import compare
+
+    figures = compare.headline(compare.read_events(args.run_a), compare.read_events(args.run_b))
+    if args.json:
+        print(json.dumps(figures))
+    else:
+        print(figures["headline"])
+    return EXIT_OK
 
 
 def _check(args) -> int:

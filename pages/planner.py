@@ -31,10 +31,8 @@ model_column, length_column = st.columns([2, 1])
 with model_column:
     model = ui.model_input("planner", errors)
 with length_column:
-    max_seq_length = st.number_input("Sequence length (tokens)", step=16, key=K + "max_seq_length",
-                                     persist_state="session",
+    max_seq_length = ui.number_field(K, "max_seq_length", errors, step=16,
                                      help="Every example is padded to this length: the worst case of a batch.")
-    errors.slot("max_seq_length")
 
 general = st.container()
 try:
@@ -78,12 +76,10 @@ with budget_column:
                                 persist_state="session")
     errors.slot("budget_mb")
 with target_column:
-    target = st.number_input("Target effective batch", step=16, key=K + "target_effective_batch",
-                             persist_state="session")
-    errors.slot("target_effective_batch")
+    target = ui.number_field(K, "target_effective_batch", errors, step=16)
 
 try:
-    plan = planner.recommend(static["total"], fit, budget_mb * planner.MB, int(target))
+    plan = planner.recommend(static["total"], fit, budget_mb * planner.MB, target)
 except GradaccError as error:
     plan = None
     errors.show({error.field or "config": error.message}, general)

@@ -4,7 +4,7 @@ import streamlit as st
 
 from gradacc.app import charts, form, runview, widgets as ui
 from gradacc.training.backends import DESCRIPTIONS
-from gradacc.config import BACKENDS, LOSS_NORMALIZATIONS, RunConfig
+from gradacc.config import BACKENDS, LOSS_NORMALIZATIONS, RunConfig, field_label
 from gradacc.errors import GradaccError
 
 NORMALIZATION_NAMES = {"exact": "exact (weight by items in the window)", "naive": "naive (each mean ÷ k)"}
@@ -23,7 +23,7 @@ def within(value: int, limit: int | None) -> int:
     return min(value, limit) if limit else value
 
 
-base = RunConfig()
+base = RunConfig().resolved()  # the default model (tiny-bert) and its recipe
 ui.defaults({K + "backend": base.backend, K + "micro_batch_size": base.micro_batch_size,
              K + "grad_accum_steps": base.grad_accum_steps, K + "epochs": within(base.epochs, limits.max_epochs),
              K + "learning_rate": base.learning_rate, K + "seed": base.seed,
@@ -38,7 +38,7 @@ with data_column:
     st.subheader("Model and data")
     model = ui.model_input("train", errors)
     dataset, text_column, label_column, dataset_problem = ui.dataset_input("train", errors, limits)
-    backend = st.radio("Backend", BACKENDS, key=K + "backend", persist_state="session",
+    backend = st.radio(field_label("backend"), BACKENDS, key=K + "backend", persist_state="session",
                        format_func=ui.BACKEND_NAMES.get, captions=[DESCRIPTIONS[b] for b in BACKENDS])
     errors.slot("backend")
 
@@ -46,40 +46,27 @@ with settings_column:
     st.subheader("Accumulation and training")
     left, right = st.columns(2)
     with left:
-        micro_batch_size = st.number_input("Micro-batch size (m)", step=1, key=K + "micro_batch_size",
-                                           persist_state="session",
+        micro_batch_size = ui.number_field(K, "micro_batch_size", errors,
                                            help="Examples per forward/backward pass: what must fit in memory.")
-        errors.slot("micro_batch_size")
-        epochs = st.number_input("Epochs", step=1, key=K + "epochs", persist_state="session")
-        errors.slot("epochs")
-        seed = st.number_input("Seed", step=1, key=K + "seed", persist_state="session")
-        errors.slot("seed")
+        epochs = ui.number_field(K, "epochs", errors)
+        seed = ui.number_field(K, "seed", errors)
     with right:
-        grad_accum_steps = st.number_input("Accumulation steps (k)", step=1, key=K + "grad_accum_steps",
-                                           persist_state="session",
+        grad_accum_steps = ui.number_field(K, "grad_accum_steps", errors,
                                            help="Micro-batches whose gradients add up before one optimizer step.")
-        errors.slot("grad_accum_steps")
-        learning_rate = st.number_input("Learning rate", step=1e-4, format="%.1e", key=K + "learning_rate",
-                                        persist_state="session")
-        errors.slot("learning_rate")
-        dropout = st.number_input("Dropout", step=0.05, format="%.2f", key=K + "dropout", persist_state="session",
+        learning_rate = ui.number_field(K, "learning_rate", errors, whole=False, step=1e-4, format="%.1e")
+        dropout = ui.number_field(K, "dropout", errors, whole=False, step=0.05, format="%.2f",
                                   help="0 makes the three backends draw the same loss curve.")
-        errors.slot("dropout")
-    loss_normalization = st.radio("Loss normalisation", LOSS_NORMALIZATIONS, key=K + "loss_normalization",
+    loss_normalization = st.radio(field_label("loss_normalization"), LOSS_NORMALIZATIONS, key=K + "loss_normalization",
                                   persist_state="session", format_func=NORMALIZATION_NAMES.get, horizontal=True)
     errors.slot("loss_normalization")
-    num_processes = st.selectbox("Processes", [1, 2], key=K + "num_processes", persist_state="session",
+    num_processes = st.selectbox(field_label("num_processes"), [1, 2], key=K + "num_processes", persist_state="session",
                                  help="Data parallelism: 2 processes (started with accelerate launch) each train on "
                                       "their own micro-batches; gradients are all-reduced once per window (no_sync).")
     errors.slot("num_processes")
     with st.expander("Advanced: data size and sequence length"):
-        train_samples = st.number_input("Training samples", step=100, key=K + "train_samples", persist_state="session")
-        errors.slot("train_samples")
-        eval_samples = st.number_input("Eval samples", step=50, key=K + "eval_samples", persist_state="session")
-        errors.slot("eval_samples")
-        max_seq_length = st.number_input("Max sequence length (tokens)", step=16, key=K + "max_seq_length",
-                                         persist_state="session")
-        errors.slot("max_seq_length")
+        train_samples = ui.number_field(K, "train_samples", errors, step=100)
+        eval_samples = ui.number_field(K, "eval_samples", errors, step=50)
+        max_seq_length = ui.number_field(K, "max_seq_length", errors, step=16)
 
 config = RunConfig(backend=backend, model=model, dataset=dataset, text_column=text_column,
                    label_column=label_column, micro_batch_size=micro_batch_size, grad_accum_steps=grad_accum_steps,
@@ -145,18 +132,31 @@ def run_status():
     # Keyed by the run: the browser (and a browser test) can tell this run's panel from the last one's.
     with st.container(key=f"run-{current.run_id}-status"):
         st.caption(f"Run {current.run_id} · {current.name}")
-        kind, sentence = runview.status_message(current, manager.queue_position(run_id))
+        position = manager.queue_position(run_id)
+        queue = (position, runview.queue_wait(*manager.ahead_of(run_id), manager.max_concurrent,
+                                              manager.recent_wall_seconds(), manager.max_run_seconds or None)) \
+            if position else None
+        kind, sentence = runview.status_message(current, queue)
         getattr(st, kind)(sentence)
-        fraction, progress_text = runview.progress(current)
-        st.progress(fraction, text=progress_text)
+        bar = runview.progress(current)
+        if bar is not None:  # a queued run, or one that failed before it counted steps, has no bar to show
+            st.progress(bar[0], text=bar[1])
         for note in runview.notes(current):
             st.caption(f"ℹ️ {note}")
+        if not runview.has_anything_to_show(current):
+            return  # ended before it trained: the reason above is all there is; no empty scores or charts
         latest = runview.latest_eval(current)
         f1, accuracy, memory = st.columns(3)
         f1.metric("Eval F1", f"{latest['eval_f1']:.3f}" if latest else "—")
         accuracy.metric("Eval accuracy", f"{latest['eval_accuracy']:.3f}" if latest else "—")
         static = (current.started or {}).get("static_memory") or {}
         memory.metric("Params + grads + optimizer", ui.format_bytes(static.get("total")))
+        if not current.is_live and current.started is not None:
+            # Built from the stored events when clicked (runs from before the export too); nothing is pushed anywhere.
+            st.download_button("Download for TensorBoard", data=lambda: runview.tensorboard_zip(current),
+                               file_name=f"gradacc-{current.run_id}-tensorboard.zip", mime="application/zip",
+                               on_click="ignore", key="tensorboard_zip",
+                               help="The run's TensorBoard event files: unzip, then `tensorboard --logdir .`")
 
 
 # Charts poll less often than the status: building plotly figures holds the GIL that the training
@@ -164,6 +164,8 @@ def run_status():
 @st.fragment(run_every=ui.CHART_POLL_SECONDS if live else None)
 def run_charts():
     current = manager.get(run_id) if run_id else None
+    if current is not None and not runview.has_anything_to_show(current):
+        return
     # Before a run has started the charts are drawn empty: the page keeps its layout, and the browser
     # loads plotly while the visitor chooses settings instead of after Start (about 1.3 s here).
     run_events = current.events if current is not None and current.started is not None else []

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Install what the test suite needs on a Debian machine: Chromium for the browser tests (Debian's,
 # since Playwright's own browser download needs network access we may not have), an emoji font so
-# screenshots show the page icons, and the pinned Python packages. Safe to run again: it skips
-# what is already there.
+# screenshots show the page icons, and the pinned Python packages in .venv (scripts/install.sh). Safe
+# to run again: it skips what is already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,4 +17,4 @@ if [ ${#packages[@]} -gt 0 ]; then
 fi
 
 # requirements.txt pins torch==2.13.0 exactly: a range could pull a multi-GB CUDA build.
-python3 -m pip install -r requirements-dev.txt
+bash scripts/install.sh requirements-dev.txt

@@ -1,57 +1,24 @@
-"""Shared pieces of the AppTest suites (tests/test_app_*.py): a clean server per test, polling helpers.
+"""Driving the app's pages with Streamlit's AppTest (tests/test_page_*.py and the attack battery).
 
-AppTest runs the app's scripts in this process, so what Streamlit caches per server (the RunManager,
-the equivalence queue) outlives a test unless cleared; every test gets its own GRADACC_HOME too.
+The ``app_home`` fixture (conftest.py) gives each test a clean server; these helpers open pages, set
+widgets, poll a live run and read what the page shows.
 """
 
 from __future__ import annotations
 
 import json
-import time
-from pathlib import Path
 
-import pytest
-import streamlit as st
 from streamlit.testing.v1 import AppTest
 
-ROOT = Path(__file__).resolve().parent.parent
+from support import ROOT, wait_for
+
 APP = str(ROOT / "app.py")
 # A script run is quick, but the first one in a process imports plotly, pandas and friends.
 SCRIPT_TIMEOUT_S = 60
-LIMIT_VARIABLES = ("GRADACC_MAX_EPOCHS", "GRADACC_MAX_TRAIN_SAMPLES", "GRADACC_MAX_RUN_SECONDS",
-                   "GRADACC_MAX_UPLOAD_MB", "GRADACC_ALLOW_HUB", "GRADACC_MAX_CONCURRENT_RUNS",
-                   "GRADACC_TORCH_THREADS")
 # Small enough to finish in seconds on 2 CPU cores.
 SMALL_RUN = {"train_samples": 64, "eval_samples": 32, "epochs": 1, "micro_batch_size": 8, "grad_accum_steps": 2}
 # Long enough to still be running when a test stops it.
 LONG_RUN = {"train_samples": 2000, "eval_samples": 32, "epochs": 5, "micro_batch_size": 8, "grad_accum_steps": 1}
-
-
-def _release_server_resources() -> None:
-    from gradacc.app import widgets as ui
-    from gradacc.errors import GradaccError
-
-    try:
-        ui._create_manager().shutdown(timeout=30)  # stops runs a test left going, joins their threads
-    except GradaccError:
-        pass  # a test with a broken setting never had a manager
-    ui.check_runner().shutdown()
-    st.cache_resource.clear()
-    st.cache_data.clear()
-
-
-@pytest.fixture
-def app_home(tmp_path, monkeypatch):
-    """A fresh server: its own GRADACC_HOME, no deployment limits, no hub, a new RunManager."""
-    monkeypatch.setenv("GRADACC_HOME", str(tmp_path))
-    monkeypatch.setenv("GRADACC_DEVICE", "cpu")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    for name in LIMIT_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    st.cache_resource.clear()
-    st.cache_data.clear()
-    yield tmp_path
-    _release_server_resources()
 
 
 def open_app(page: str | None = None) -> AppTest:
@@ -71,15 +38,13 @@ def set_numbers(at: AppTest, prefix: str, values: dict) -> AppTest:
 
 def run_until(at: AppTest, condition, timeout: float, what: str, every: float = 0.2) -> AppTest:
     """Rerun the app (a run_every fragment does not poll by itself in AppTest) until ``condition(at)``."""
-    deadline = time.monotonic() + timeout
-    while True:
+    def rerun_and_check():
         at.run()
         assert not at.exception, [e.value for e in at.exception]
-        if condition(at):
-            return at
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}; page says: {page_text(at)}")
-        time.sleep(every)
+        return condition(at)
+
+    wait_for(rerun_and_check, timeout, lambda: f"{what}; page says: {page_text(at)}", every=every)
+    return at
 
 
 def alerts(at: AppTest) -> list[str]:

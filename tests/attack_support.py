@@ -3,51 +3,21 @@
 - ``cli``: ``python -m gradacc`` in-process (a subprocess per case would spend seconds importing torch), with
   the checks every bad-input case must pass: exit code, exactly one ``error:`` line, no traceback.
 - ``sabotage``: make the built-in model's training forward misbehave, for one run only (picked by seed).
-- ``StreamlitServer`` / ``Visitor``: a real ``streamlit run app.py`` and a browserless visitor that speaks
+- ``Visitor``: a browserless visitor of a real ``streamlit run app.py`` (``support.StreamlitServer``) that speaks
   Streamlit's websocket protocol (protobuf BackMsg/ForwardMsg), so server-level checks need no browser.
+- ``read_store`` / ``integrity_check``: the server's SQLite file, read from outside.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
 import sqlite3
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
-import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
+from support import StreamlitServer
 # Small enough to finish in about a second on 2 CPU cores once torch is warm.
 TINY = dict(train_samples=48, eval_samples=16, epochs=1, micro_batch_size=8, grad_accum_steps=2, max_seq_length=32)
 TINY_ARGS = ["--train-samples", "48", "--eval-samples", "16", "--epochs", "1", "--max-seq-length", "32"]
-
-
-def wait_for(condition, timeout: float, what: str, every: float = 0.05):
-    """Poll ``condition()`` until it returns something truthy (returned); AssertionError after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(every)
-
-
-@pytest.fixture
-def one_torch_thread():
-    """Tiny models on a shared 2-core machine run many times faster on one intra-op thread."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 # ---- the command line, in-process ------------------------------------------------------------------
@@ -116,79 +86,7 @@ def nan_loss(output):
     return output
 
 
-# ---- a real server ---------------------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class StreamlitServer:
-    """``streamlit run app.py`` in its own process group, with its own GRADACC_HOME."""
-
-    def __init__(self, home: Path, log_path: Path, extra_env: dict | None = None):
-        self.home = home
-        self.log_path = log_path
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "GRADACC_HOME": str(home), "GRADACC_DEVICE": "cpu", "HF_HUB_OFFLINE": "1",
-               "GRADACC_ALLOW_HUB": "0", "PYTHONUNBUFFERED": "1", **(extra_env or {})}
-        command = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(self.port),
-                   "--server.address", "127.0.0.1", "--server.headless", "true",
-                   "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
-        with open(log_path, "ab") as log:
-            self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, start_new_session=True)
-        try:
-            wait_for(self._healthy, 90, f"streamlit to answer /_stcore/health\n{self.log_tail()}", every=0.2)
-        except BaseException:
-            self.stop()
-            raise
-
-    def _healthy(self) -> bool:
-        if self.process.poll() is not None:
-            raise AssertionError(f"streamlit exited with {self.process.returncode}:\n{self.log_tail()}")
-        try:
-            return self.health()[0] == 200
-        except OSError:
-            return False
-
-    def health(self, timeout: float = 5.0) -> tuple[int, float]:
-        """(HTTP status, seconds) of one GET /_stcore/health."""
-        started = time.perf_counter()
-        with urllib.request.urlopen(f"{self.url}/_stcore/health", timeout=timeout) as response:
-            response.read()
-            return response.status, time.perf_counter() - started
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-    def kill(self) -> None:
-        """SIGKILL, as the OOM killer or a pulled plug would: no shutdown code runs."""
-        os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait(10)
-
-    def terminate(self, timeout: float = 30) -> int:
-        """SIGTERM, as ``docker stop`` or a Space restart sends it; the exit code."""
-        os.killpg(self.process.pid, signal.SIGTERM)
-        return self.process.wait(timeout)
-
-    def stop(self) -> None:
-        if self.process.poll() is not None:
-            return
-        try:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            self.process.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(5)
-        except ProcessLookupError:
-            pass
-
+# ---- a visitor without a browser -----------------------------------------------------------------
 
 class Visitor:
     """A browser tab without a browser: one websocket session on the app, driven with Streamlit's own protobufs.

@@ -1,11 +1,22 @@
+"""Fixtures shared by the whole suite (browser-only ones are in tests/browser/conftest.py).
+
+Plain helpers are in support.py (polling, ports, a real Streamlit server), app_support.py (driving pages
+with AppTest) and attack_support.py (the CLI in-process, sabotaged models, a browserless visitor).
+"""
+
 import os
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from support import ROOT
+
+sys.path.insert(0, str(ROOT))  # gradacc itself, without installing it
+
+# What a deployment may set; a test that does not set them itself must not inherit a developer's values.
+LIMIT_VARIABLES = ("GRADACC_MAX_EPOCHS", "GRADACC_MAX_TRAIN_SAMPLES", "GRADACC_MAX_RUN_SECONDS",
+                   "GRADACC_MAX_UPLOAD_MB", "GRADACC_ALLOW_HUB", "GRADACC_MAX_CONCURRENT_RUNS",
+                   "GRADACC_TORCH_THREADS")
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -16,3 +27,88 @@ def gradacc_home(tmp_path_factory):
     os.environ.setdefault("GRADACC_DEVICE", "cpu")
     os.environ["HF_HUB_OFFLINE"] = "1"
     yield home
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Tiny models on a shared 2-core machine run many times faster on one intra-op thread."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def data_dir(tmp_path, monkeypatch):
+    """A folder the data loaders may read (GRADACC_DATA_DIRS) for the files a test writes."""
+    monkeypatch.setenv("GRADACC_DATA_DIRS", str(tmp_path))
+    return tmp_path
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    """A RunStore at its default path under this test's own GRADACC_HOME (``tmp_path / "home"``)."""
+    from gradacc.serving.store import RunStore
+
+    monkeypatch.setenv("GRADACC_HOME", str(tmp_path / "home"))
+    for name in LIMIT_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    store = RunStore()
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def make_manager(store):
+    """``make_manager(**options)``: a RunManager on ``store`` (training with the real engine unless given a
+    ``train_fn``); every one is shut down at the end of the test, its run threads joined."""
+    from gradacc.serving.manager import RunManager
+
+    managers = []
+
+    def make(**options):
+        manager = RunManager(store, **options)
+        managers.append(manager)
+        return manager
+
+    yield make
+    for manager in managers:
+        assert manager.shutdown(timeout=30), "a run thread did not end"
+
+
+@pytest.fixture
+def app_home(tmp_path, monkeypatch):
+    """A fresh Streamlit server for AppTest: its own GRADACC_HOME, no deployment limits, no hub, a new
+    RunManager. AppTest runs the scripts in this process, so what the server caches is cleared afterwards."""
+    import streamlit as st
+
+    monkeypatch.setenv("GRADACC_HOME", str(tmp_path))
+    monkeypatch.setenv("GRADACC_DEVICE", "cpu")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for name in LIMIT_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    st.cache_resource.clear()
+    st.cache_data.clear()
+    yield tmp_path
+    _release_server_resources()
+
+
+def _release_server_resources() -> None:
+    import streamlit as st
+
+    from gradacc.app import widgets as ui
+    from gradacc.errors import GradaccError
+    from gradacc.serving import warmup
+
+    # The app's warm-up imports torch and transformers in a thread: the next test must not import them beside it
+    # (a module fixture that imports transformers then can find it half initialised).
+    assert warmup.wait_until_warm(timeout=180), "the warm-up did not finish"
+    try:
+        ui._create_manager().shutdown(timeout=30)  # stops runs a test left going, joins their threads
+    except GradaccError:
+        pass  # a test with a broken setting never had a manager
+    ui.check_runner().shutdown()
+    st.cache_resource.clear()
+    st.cache_data.clear()

@@ -14,8 +14,9 @@ import textwrap
 
 import pytest
 import torch
-from app_support import app_home, error_after, metric, open_app, run_until, set_numbers  # noqa: F401
-from attack_support import ROOT, TINY, TINY_ARGS, assert_one_error_line, cli, one_torch_thread, sabotage  # noqa: F401
+from app_support import error_after, metric, open_app, run_until, set_numbers
+from attack_support import TINY, TINY_ARGS, assert_one_error_line, cli, sabotage
+from support import ROOT
 
 RUN_TIMEOUT_S = 120  # the first run in a process also imports torch and transformers
 GOOD = {"micro_batch_size": 8, "grad_accum_steps": 4, "epochs": 1, "learning_rate": 1e-3, "max_seq_length": 64,
@@ -25,26 +26,27 @@ GOOD = {"micro_batch_size": 8, "grad_accum_steps": 4, "epochs": 1, "learning_rat
 # ---- the command line --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("args,message", [
-    (["-m", "0"], "micro batch size must be from 1 to 4096; got 0."),
-    (["-m", "-5"], "micro batch size must be from 1 to 4096; got -5."),
-    (["-m", "2.5"], "invalid int value: '2.5'"),
-    (["-m", str(10**12)], f"micro batch size must be from 1 to 4096; got {10**12}."),
-    (["-k", "0"], "grad accum steps must be from 1 to 4096; got 0."),
-    (["-k", "-3"], "grad accum steps must be from 1 to 4096; got -3."),
-    (["--epochs", "0"], "epochs must be from 1 to 1000; got 0."),
-    (["--epochs", str(10**9)], f"epochs must be from 1 to 1000; got {10**9}."),
-    (["--epochs", "1e9"], "invalid int value: '1e9'"),
-    (["--max-steps", "0"], "max steps must be from 1 to 10000000; got 0."),
-    (["--max-steps", str(10**12)], f"max steps must be from 1 to 10000000; got {10**12}."),
-    (["--lr", "0"], "learning rate must be greater than 0 and at most 10; got 0."),
-    (["--lr", "-0.001"], "learning rate must be greater than 0 and at most 10; got -0.001."),
-    (["--lr", "nan"], "learning rate must be a finite number; got nan."),
-    (["--lr", "inf"], "learning rate must be a finite number; got inf."),
-    (["--lr=-inf"], "learning rate must be a finite number; got -inf."),
-    (["--max-seq-length", "4"], "max seq length must be from 8 to 512; got 4."),
-    (["--max-seq-length", "100000"], "max seq length must be from 8 to 512; got 100000."),
-    (["--max-seq-length", "-1"], "max seq length must be from 8 to 512; got -1."),
-    (["--train-samples", "0"], "train samples must be from 1 to 10000000; got 0."),
+    (["-m", "0"], "--micro-batch-size must be a whole number from 1 to 4096; got 0."),
+    (["-m", "-5"], "--micro-batch-size must be a whole number from 1 to 4096; got -5."),
+    (["-m", "2.5"], "--micro-batch-size must be a whole number from 1 to 4096; got 2.5."),
+    (["-m", str(10**12)], f"--micro-batch-size must be a whole number from 1 to 4096; got {10**12}."),
+    (["-k", "0"], "--grad-accum-steps must be a whole number from 1 to 4096; got 0."),
+    (["-k", "-3"], "--grad-accum-steps must be a whole number from 1 to 4096; got -3."),
+    (["--epochs", "0"], "--epochs must be a whole number from 1 to 1000; got 0."),
+    (["--epochs", str(10**9)], f"--epochs must be a whole number from 1 to 1000; got {10**9}."),
+    (["--epochs", "1e9"], "--epochs must be a whole number from 1 to 1000; got 1000000000."),
+    (["--max-steps", "0"], "--max-steps must be a whole number from 1 to 10,000,000; got 0."),
+    (["--max-steps", str(10**12)], f"--max-steps must be a whole number from 1 to 10,000,000; got {10**12}."),
+    (["--lr", "0"], "--lr must be greater than 0 and at most 10; got 0."),
+    (["--lr", "-0.001"], "--lr must be greater than 0 and at most 10; got -0.001."),
+    (["--lr", "nan"], "--lr must be a finite number; got nan."),
+    (["--lr", "inf"], "--lr must be a finite number; got inf."),
+    (["--lr=-inf"], "--lr must be a finite number; got -inf."),
+    (["--max-seq-length", "4"], "--max-seq-length must be a whole number from 8 to 512; got 4."),
+    (["--max-seq-length", "100000"], "--max-seq-length must be a whole number from 8 to 512; got 100000."),
+    (["--max-seq-length", "-1"], "--max-seq-length must be a whole number from 8 to 512; got -1."),
+    (["--train-samples", "0"], "--train-samples must be a whole number from 1 to 10,000,000; got 0."),
+    (["--seed", "abc"], "--seed must be a whole number from 0 to 4,294,967,295; got 'abc'."),
 ])
 def test_cli_refuses_a_bad_number_with_one_error_line_and_exit_2(args, message, capsys):
     # Each bad value comes after the small-run options, so it is the one argparse keeps.
@@ -55,13 +57,13 @@ def test_cli_refuses_a_bad_number_with_one_error_line_and_exit_2(args, message, 
 
 def test_cli_refuses_a_micro_batch_larger_than_the_data(capsys, one_torch_thread):
     code, out, err = cli(capsys, "train", *TINY_ARGS, "-m", "64")
-    assert_one_error_line(code, out, err, 2, "micro batch size 64 is larger than the 48 training examples.")
+    assert_one_error_line(code, out, err, 2, "--micro-batch-size must be at most the 48 training examples; got 64.")
 
 
 @pytest.mark.parametrize("variable,value,args,message", [
-    ("GRADACC_MAX_EPOCHS", "3", ["--epochs", "1000"], "This deployment allows at most 3 epoch(s); got 1000."),
+    ("GRADACC_MAX_EPOCHS", "3", ["--epochs", "1000"], "--epochs must be at most 3 on this deployment; got 1000."),
     ("GRADACC_MAX_TRAIN_SAMPLES", "100", ["--train-samples", "5000"],
-     "This deployment allows at most 100 train samples; got 5000."),
+     "--train-samples must be at most 100 on this deployment; got 5000."),
 ])
 def test_cli_applies_the_deployment_caps(variable, value, args, message, capsys, monkeypatch):
     monkeypatch.setenv(variable, value)
@@ -122,12 +124,12 @@ def test_cli_a_micro_batch_larger_than_memory_really_runs_out_and_is_handled(tmp
 # ---- the app -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("field,values,message", [
-    ("micro_batch_size", [0, -4, 10**12], "micro batch size must be from 1 to 4096"),
-    ("grad_accum_steps", [0, -2, 10**9], "grad accum steps must be from 1 to 4096"),
-    ("epochs", [0, -1, 10**6], "epochs must be from 1 to 1000"),
-    ("learning_rate", [0.0, -1e-3, 1e9], "learning rate must be greater than 0 and at most 10"),
-    ("max_seq_length", [4, -1, 100000], "max seq length must be from 8 to 512"),
-    ("train_samples", [0, -100], "train samples must be from 1 to 10000000"),
+    ("micro_batch_size", [0, -4, 10**12], "Micro-batch size (m) must be a whole number from 1 to 4096"),
+    ("grad_accum_steps", [0, -2, 10**9], "Accumulation steps (k) must be a whole number from 1 to 4096"),
+    ("epochs", [0, -1, 10**6], "Epochs must be a whole number from 1 to 1000"),
+    ("learning_rate", [0.0, -1e-3, 1e9], "Learning rate must be greater than 0 and at most 10"),
+    ("max_seq_length", [4, -1, 100000], "Max sequence length (tokens) must be a whole number from 8 to 512"),
+    ("train_samples", [0, -100], "Training samples must be a whole number from 1 to 10,000,000"),
 ])
 def test_app_refuses_a_bad_number_next_to_its_field(field, values, message, app_home):
     at = open_app()
@@ -148,22 +150,25 @@ def test_app_nan_and_inf_learning_rates_never_reach_a_run(app_home):
         set_numbers(at, "train", {"learning_rate": value})
         assert not at.exception
         assert math.isfinite(at.number_input(key="form.train.learning_rate").value)
-        assert "learning rate must be" in (error_after(at, "form.train.learning_rate") or "")
+        assert "Learning rate must be" in (error_after(at, "form.train.learning_rate") or "")
         assert at.button(key="start").disabled
 
 
-def test_app_a_fractional_micro_batch_becomes_a_whole_number(app_home):
+def test_app_refuses_a_fractional_micro_batch_instead_of_rounding_it(app_home):
     at = open_app()
     set_numbers(at, "train", {"micro_batch_size": 2.5, "grad_accum_steps": 4})
     assert not at.exception
-    assert at.number_input(key="form.train.micro_batch_size").value == 2
-    assert metric(at, "Effective batch") == "8"
+    assert error_after(at, "form.train.micro_batch_size") == \
+        "Micro-batch size (m) must be a whole number from 1 to 4096; got 2.5."
+    assert metric(at, "Effective batch") == "—" and at.button(key="start").disabled
+    set_numbers(at, "train", {"micro_batch_size": 3})
+    assert error_after(at, "form.train.micro_batch_size") is None and metric(at, "Effective batch") == "12"
 
 
 def test_app_refuses_a_micro_batch_larger_than_the_data(app_home):
     at = open_app()
     set_numbers(at, "train", {"train_samples": 48, "micro_batch_size": 64})
-    assert "micro batch size 64 is larger than the 48 training examples" in \
+    assert "Micro-batch size (m) must be at most the 48 training examples; got 64." in \
         error_after(at, "form.train.micro_batch_size")
     assert at.button(key="start").disabled
 
@@ -173,9 +178,9 @@ def test_app_caps_epochs_and_samples_at_the_deployment_limits(app_home, monkeypa
     monkeypatch.setenv("GRADACC_MAX_TRAIN_SAMPLES", "100")
     at = open_app()
     set_numbers(at, "train", {"epochs": 50, "train_samples": 100, "eval_samples": 50})
-    assert "This deployment allows at most 3 epoch(s); got 50." in error_after(at, "form.train.epochs")
+    assert "Epochs must be at most 3 on this deployment; got 50." in error_after(at, "form.train.epochs")
     set_numbers(at, "train", {"epochs": 3, "train_samples": 10**6})
-    assert "at most 100 train samples" in error_after(at, "form.train.train_samples")
+    assert "Training samples must be at most 100 on this deployment" in error_after(at, "form.train.train_samples")
     assert at.button(key="start").disabled
     set_numbers(at, "train", {"train_samples": 100})
     assert not at.error and not at.button(key="start").disabled
@@ -199,13 +204,18 @@ def test_app_out_of_memory_fails_the_run_with_the_fix_and_the_page_stays_usable(
 
 def test_other_pages_refuse_absurd_numbers_without_an_exception(app_home):
     at = open_app("equivalence")
-    for m, k in ((0, 4), (4, -1), (10**9, 4)):
+    m_range, k_range = "Micro-batch size (m) must be a whole number", "Accumulation steps (k) must be a whole number"
+    for m, k, field, message in ((0, 4, "micro_batch_size", f"{m_range} from 1 to 4096; got 0."),
+                                 (4, -1, "grad_accum_steps", f"{k_range} from 1 to 4096; got -1."),
+                                 (10**9, 4, "micro_batch_size", f"{m_range} from 1 to 4096; got 1000000000.")):
         set_numbers(at, "equivalence", {"micro_batch_size": m, "grad_accum_steps": k})
-        assert not at.exception and at.error, (m, k)
+        assert not at.exception
+        assert [e.value for e in at.error] == [message], (m, k)  # this one reason, and no other
+        assert error_after(at, f"form.equivalence.{field}") == message, (m, k)
         assert at.button(key="run_check").disabled
     at = open_app("planner")
     for length in (0, -16, 100000):
         set_numbers(at, "planner", {"max_seq_length": length})
         assert not at.exception
-        assert "max seq length must be from 8 to 512" in error_after(at, "form.planner.max_seq_length")
+        assert "Max sequence length (tokens) must be a whole number from 8 to 512" in error_after(at, "form.planner.max_seq_length")
         assert at.button(key="measure").disabled

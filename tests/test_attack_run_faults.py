@@ -6,8 +6,9 @@ an accumulation window (here for the three backends at engine level too).
 import threading
 
 import pytest
-from app_support import alerts, app_home, chart, open_app, points, run_until  # noqa: F401
-from attack_support import nan_loss, one_torch_thread, sabotage, wait_for  # noqa: F401
+from app_support import alerts, chart, open_app, points, run_until
+from attack_support import nan_loss, sabotage
+from support import wait_for
 
 from gradacc.config import RunConfig
 from gradacc.training.engine import train

@@ -7,8 +7,9 @@ real ``streamlit run`` in test_attack_server.py.)
 import threading
 
 import pytest
-from app_support import APP, alerts, app_home, open_app, run_until  # noqa: F401
-from attack_support import TINY, one_torch_thread, sabotage, wait_for  # noqa: F401
+from app_support import APP, alerts, open_app, run_until
+from attack_support import TINY, sabotage
+from support import wait_for
 from streamlit.testing.v1 import AppTest
 
 RUN_TIMEOUT_S = 120

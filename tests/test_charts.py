@@ -1,3 +1,4 @@
+import json
 import math
 
 import pandas as pd
@@ -95,7 +96,10 @@ def test_equivalence_figure_log_scale_with_zero_and_nan():
     assert list(figure.data[0].y) == [charts.LOG_FLOOR, 1e-7]
     assert list(figure.data[0].customdata) == [0.0, 1e-7]  # hover shows the real value
     assert figure.data[1].y[1] is None
-    assert figure.layout.shapes  # the tolerance line
+    tolerance_line, = figure.layout.shapes  # one line, across the whole width, at the tolerance
+    assert (tolerance_line.type, tolerance_line.xref, tolerance_line.x0, tolerance_line.x1) == ("line", "x domain", 0, 1)
+    assert tolerance_line.y0 == tolerance_line.y1 == 1e-5
+    assert [a.text for a in figure.layout.annotations] == ["tolerance 1e-05"]
     assert is_empty_state(charts.equivalence_figure([]))
 
 
@@ -110,11 +114,17 @@ def test_memory_plan_figure_predicted_vs_measured():
     assert is_empty_state(charts.memory_plan_figure({}, None))
 
 
-def test_figures_serialise_to_json():
-    # What st.plotly_chart does with them; catches non-JSON values such as NaN in a bad place.
-    for figure in (charts.loss_figure(run_events()), charts.memory_figure(run_events()),
-                   charts.eval_figure(run_events())):
-        assert figure.to_json()
+def y_values(figure) -> list[list]:
+    """Each trace's y as the browser gets it: st.plotly_chart sends the figure's JSON."""
+    return [trace["y"] for trace in json.loads(figure.to_json())["data"]]
+
+
+def test_figures_serialise_to_json_with_every_value():
+    assert y_values(charts.loss_figure(run_events())) == [[2.0, 1.0, 2.0 / 3]]
+    assert y_values(charts.memory_figure(run_events())) == [[500.000001, 500.000002, 500.000003], [3.0, 3.0, 3.0],
+                                                            [16.0, 16.0]]
+    f1, accuracy = y_values(charts.eval_figure(run_events()))
+    assert f1 == pytest.approx([0.6, 0.7]) and accuracy == pytest.approx([0.7, 0.8])
     nan_loss = run_events()
     nan_loss[1] = {**nan_loss[1], "loss": math.nan}
-    assert charts.loss_figure(nan_loss).to_json()
+    assert y_values(charts.loss_figure(nan_loss)) == [[None, 1.0, 2.0 / 3]]  # NaN is a gap (null), not invalid JSON

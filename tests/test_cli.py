@@ -4,13 +4,12 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from gradacc.cli import main
+from attack_support import assert_one_error_line, cli
+from support import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["--train-samples", "48", "--eval-samples", "16", "--epochs", "1", "--max-seq-length", "32"]
 
 
@@ -20,8 +19,10 @@ def gradacc(*args, timeout=240):
                           timeout=timeout, cwd=ROOT)
 
 
-def test_train_json_emits_one_event_per_line_in_order():
-    result = gradacc("train", "-m", "8", "-k", "2", "--json", *SMALL)
+def test_train_json_emits_one_event_per_line_in_order_and_metrics_out_keeps_them(tmp_path):
+    # One real process for both flags: starting one (importing torch) is most of this test's time.
+    out = tmp_path / "events.jsonl"
+    result = gradacc("train", "-m", "8", "-k", "2", "--json", "--metrics-out", str(out), *SMALL)
     assert result.returncode == 0, result.stderr
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     kinds = [e["event"] for e in lines]
@@ -29,43 +30,24 @@ def test_train_json_emits_one_event_per_line_in_order():
     assert kinds.count("step") == 3 and kinds.count("eval") == 1
     assert lines[0]["effective_batch"] == 16
     assert lines[-1]["status"] == "completed"
+    assert [json.loads(line) for line in out.read_text().splitlines()] == lines
 
 
-def test_metrics_out_keeps_the_events(tmp_path):
-    out = tmp_path / "events.jsonl"
-    result = gradacc("train", "-m", "16", "-k", "1", "--metrics-out", str(out), *SMALL)
-    assert result.returncode == 0, result.stderr
-    assert "completed after 3 optimizer steps" in result.stdout
-    assert [json.loads(l)["event"] for l in out.read_text().splitlines()][-1] == "run_ended"
-
-
+# Every bad number is refused in test_attack_numbers.py, bad data and models in test_attack_data/models.py;
+# here the two refusals that are neither.
 @pytest.mark.parametrize("args,message", [
-    (["-m", "0"], "micro batch size must be from 1"),
-    (["-m", "2.5"], "invalid int value"),
-    (["-k", "-1"], "grad accum steps must be from 1"),
-    (["--lr", "nan"], "learning rate must be a finite number"),
-    (["--lr", "0"], "learning rate must be greater than 0"),
-    (["--backend", "jax"], "invalid choice"),
-    (["--model", "/etc"], "outside the allowed folders"),
+    (["--backend", "jax"], "argument --backend: invalid choice: 'jax'"),
+    (["--model", "/etc"], "'etc' is not a model folder: it has no config.json"),  # the CLI trusts, and checks
 ])
 def test_bad_input_is_one_error_line_and_exit_2(args, message, capsys):
-    # In-process (a subprocess per case would spend seconds importing torch); main() is the entry point.
-    try:
-        code = main(["train", *args, *SMALL])
-    except SystemExit as exit_:
-        code = exit_.code
-    captured = capsys.readouterr()
-    assert code == 2
-    error_lines = captured.err.strip().splitlines()
-    assert len(error_lines) == 1 and error_lines[0].startswith("error: ")
-    assert message in error_lines[0]
-    assert "Traceback" not in captured.err + captured.out
+    code, out, err = cli(capsys, "train", *args, *SMALL)  # in-process: no seconds spent importing torch again
+    assert_one_error_line(code, out, err, 2, message)
 
 
 def test_bad_input_exits_2_from_a_real_process_too():
     result = gradacc("train", "-m", "0", *SMALL)
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == ["error: micro batch size must be from 1 to 4096; got 0."]
+    assert result.stderr.strip().splitlines() == ["error: --micro-batch-size must be a whole number from 1 to 4096; got 0."]
 
 
 def test_check_json_has_the_main_pair_and_every_case():
@@ -75,3 +57,10 @@ def test_check_json_has_the_main_pair_and_every_case():
     assert report["exact_rel_error"] < 1e-5
     assert set(report["cases"]) == {"equal_windows", "short_last_window", "token_level"}
     assert all({"naive_rel_error", "exact_rel_error"} <= set(c) for c in report["cases"].values())
+
+
+def test_the_apps_launcher_keeps_a_visitors_run_confined():
+    """A multi-process run from the app goes through this CLI; --confine keeps the visitors' folders."""
+    from gradacc.training import launch
+
+    assert launch.command("run.json", 2, 29500)[-1] == "--confine"

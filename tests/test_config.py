@@ -4,35 +4,57 @@ import math
 
 import pytest
 
-from gradacc.config import RunConfig, effective_batch
+import dataclasses
+
+from gradacc.config import CLI_FLAGS, FIELD_LABELS, RunConfig, effective_batch, in_cli_words
 from gradacc.errors import GradaccError
 
 
 @pytest.mark.parametrize("field,value,message", [
-    ("micro_batch_size", 0, "micro batch size must be from 1 to 4096; got 0."),
-    ("micro_batch_size", -3, "micro batch size must be from 1 to 4096; got -3."),
-    ("micro_batch_size", 2.5, "micro batch size must be a whole number from 1 to 4096; got 2.5."),
-    ("micro_batch_size", 10**9, "micro batch size must be from 1 to 4096; got 1000000000."),
-    ("grad_accum_steps", 0, "grad accum steps must be from 1 to 4096; got 0."),
-    ("epochs", 0, "epochs must be from 1 to 1000; got 0."),
-    ("max_steps", 0, "max steps must be from 1 to 10000000; got 0."),
-    ("learning_rate", 0.0, "learning rate must be greater than 0 and at most 10; got 0."),
-    ("learning_rate", -1e-3, "learning rate must be greater than 0 and at most 10; got -0.001."),
-    ("learning_rate", math.nan, "learning rate must be a finite number; got nan."),
-    ("learning_rate", math.inf, "learning rate must be a finite number; got inf."),
-    ("max_seq_length", 4, "max seq length must be from 8 to 512; got 4."),
-    ("max_seq_length", 100000, "max seq length must be from 8 to 512; got 100000."),
-    ("backend", "jax", "backend must be one of pytorch, accelerate, trainer; got 'jax'."),
-    ("loss_normalization", "mean", "loss normalization must be one of exact, naive; got 'mean'."),
-    ("model", "  ", "model must be a non-empty name or path."),
-    ("dropout", 1.5, "dropout must be at least 0 and at most 0.9; got 1.5."),
-    ("seed", "x", "seed must be a whole number from 0 to 4294967295; got 'x'."),
+    ("micro_batch_size", 0, "Micro-batch size (m) must be a whole number from 1 to 4096; got 0."),
+    ("micro_batch_size", -3, "Micro-batch size (m) must be a whole number from 1 to 4096; got -3."),
+    ("micro_batch_size", 2.5, "Micro-batch size (m) must be a whole number from 1 to 4096; got 2.5."),
+    ("micro_batch_size", 10**9, "Micro-batch size (m) must be a whole number from 1 to 4096; got 1000000000."),
+    ("grad_accum_steps", 0, "Accumulation steps (k) must be a whole number from 1 to 4096; got 0."),
+    ("epochs", 0, "Epochs must be a whole number from 1 to 1000; got 0."),
+    ("epochs", True, "Epochs must be a whole number from 1 to 1000; got True."),
+    ("max_steps", 0, "Max optimizer steps must be a whole number from 1 to 10,000,000; got 0."),
+    ("learning_rate", 0.0, "Learning rate must be greater than 0 and at most 10; got 0."),
+    ("learning_rate", -1e-3, "Learning rate must be greater than 0 and at most 10; got -0.001."),
+    ("learning_rate", math.nan, "Learning rate must be a finite number; got nan."),
+    ("learning_rate", math.inf, "Learning rate must be a finite number; got inf."),
+    ("learning_rate", "fast", "Learning rate must be a number; got 'fast'."),
+    ("max_seq_length", 4, "Max sequence length (tokens) must be a whole number from 8 to 512; got 4."),
+    ("max_seq_length", 100000, "Max sequence length (tokens) must be a whole number from 8 to 512; got 100000."),
+    ("backend", "jax", "Backend must be one of pytorch, accelerate, trainer; got 'jax'."),
+    ("loss_normalization", "mean", "Loss normalisation must be one of exact, naive; got 'mean'."),
+    ("model", "  ", "Model must be a name or a path; got nothing."),
+    ("dropout", 1.5, "Dropout must be at least 0 and at most 0.9; got 1.5."),
+    ("seed", "x", "Seed must be a whole number from 0 to 4,294,967,295; got 'x'."),
 ])
 def test_bad_values_give_one_sentence_naming_the_field(field, value, message):
     with pytest.raises(GradaccError) as raised:
         RunConfig(**{field: value}).validate()
     assert raised.value.message == message
     assert raised.value.field == field
+
+
+def test_every_field_has_a_page_label_and_a_cli_flag():
+    """Adding a RunConfig field means one line in each table: its messages then read in the page's words."""
+    for field in dataclasses.fields(RunConfig):
+        assert FIELD_LABELS.get(field.name), f"{field.name} has no label in config.FIELD_LABELS"
+        assert field.name in CLI_FLAGS, f"{field.name} has no entry in config.CLI_FLAGS (None if no flag)"
+
+
+def test_the_cli_says_the_flag_where_the_page_says_the_label():
+    with pytest.raises(GradaccError) as raised:
+        RunConfig(micro_batch_size=0).validate()
+    assert in_cli_words(raised.value.message, raised.value.field) == \
+        "--micro-batch-size must be a whole number from 1 to 4096; got 0."
+    # A message that does not start with the label gets the flag in front; one with no field is left alone.
+    assert in_cli_words("There is no label column 'x'.", "label_column") == \
+        "--label-column: There is no label column 'x'."
+    assert in_cli_words("The server is shutting down.", None) == "The server is shutting down."
 
 
 def test_whole_floats_become_ints():

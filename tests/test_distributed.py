@@ -12,7 +12,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -22,8 +21,8 @@ from gradacc.config import RunConfig, optimizer_steps_per_epoch
 from gradacc.training.engine import train
 from gradacc.errors import GradaccError
 from gradacc.events import Recorder
+from support import ROOT, free_port, wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
 BACKENDS = ("pytorch", "accelerate", "trainer")
 TOLERANCE = 1e-5
 
@@ -34,7 +33,7 @@ def ranks(gradacc_home, tmp_path_factory):
     out = tmp_path_factory.mktemp("distributed") / "seen"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                             "--master_port", str(launch.free_port()), str(ROOT / "tests" / "distributed_worker.py"),
+                             "--master_port", str(free_port()), str(ROOT / "tests" / "distributed_worker.py"),
                              str(out)], capture_output=True, text=True, env=env, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     return {rank: json.loads(Path(f"{out}.rank{rank}.json").read_text()) for rank in (0, 1)}
@@ -205,14 +204,10 @@ def test_stop_ends_every_rank(fake_launcher):
         if event["event"] == "step":
             stop.set()
 
-    started = time.monotonic()
-    ended = launch.train(RunConfig(num_processes=2), on_event, stop)
+    ended = launch.train(RunConfig(num_processes=2), on_event, stop)  # returns only once the launcher has ended
     assert ended["status"] == "stopped" and ended["steps"] == 1
-    assert time.monotonic() - started < 30
-    deadline = time.monotonic() + 5
-    while not all(_gone(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert len(pids) == 2 and all(_gone(pid) for pid in pids)
+    assert len(pids) == 2
+    wait_for(lambda: all(_gone(pid) for pid in pids), 5, "every rank to end", every=0.1)
 
 
 def test_a_crashed_rank_fails_the_run_with_its_own_error_line(fake_launcher):
@@ -236,24 +231,18 @@ def test_a_broken_event_sink_fails_the_run_and_ends_every_rank(fake_launcher):
 
     ended = launch.train(RunConfig(num_processes=2), on_event, threading.Event())
     assert ended["status"] == "failed" and ended["reason"] == "OSError: disk full"
-    deadline = time.monotonic() + 5
-    while not all(_gone(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert len(pids) == 2 and all(_gone(pid) for pid in pids)
+    assert len(pids) == 2
+    wait_for(lambda: all(_gone(pid) for pid in pids), 5, "every rank to end", every=0.1)
 
 
-def test_run_manager_launches_a_2_process_config(fake_launcher, tmp_path):
-    from gradacc.serving.manager import RunManager
-    from gradacc.serving.store import RunStore
-
+def test_run_manager_launches_a_2_process_config(fake_launcher, make_manager):
     fake_launcher("crash")
-    manager = RunManager(RunStore(tmp_path / "runs.db"), recover=False, max_run_seconds=0)
+    manager = make_manager(recover=False, max_run_seconds=0)
     run_id = manager.submit(RunConfig(num_processes=2), owner="me")
     assert manager.wait(run_id, timeout=60)
     state = manager.get(run_id)
     assert state.status == "failed" and state.reason == "rank 1: boom"
     assert [e["event"] for e in state.events] == ["run_started", "step", "run_ended"]
-    manager.shutdown()
 
 
 # ---- the pieces, in this process ------------------------------------------------------------------

@@ -1,7 +1,7 @@
-"""The engine end to end: step counts, the three backends agreeing, stop, and the F1 claim."""
+"""The engine end to end: step counts, the three backends agreeing, and the F1 claim. (Stop mid-window on each
+backend: test_attack_run_faults.py.)"""
 
 import math
-import threading
 
 import pytest
 
@@ -64,28 +64,6 @@ def test_three_backends_give_the_same_loss_curve_with_exact_normalization_and_no
             assert abs(ours - theirs) <= 1e-4 * abs(ours)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_stop_mid_window_ends_within_one_micro_batch_and_keeps_events(backend, monkeypatch):
-    from gradacc.training.job import Job
-
-    calls = []
-    original = Job.check_stop
-
-    def check_stop(job):
-        calls.append(1)
-        if len(calls) == 6:  # the second micro-batch of the second window (k=4)
-            job.stop.set()
-        original(job)
-
-    monkeypatch.setattr(Job, "check_stop", check_stop)
-    recorder = Recorder()
-    ended = train(RunConfig(**{**SMALL, "backend": backend, "grad_accum_steps": 4}), recorder, threading.Event())
-    assert ended["status"] == "stopped"
-    assert len(calls) == 6, "no micro-batch may start after the stop"
-    assert ended["steps"] == 1 and [s["step"] for s in recorder.of("step")] == [1]
-    assert recorder.of("eval") == []
-
-
 def test_default_run_learns_the_builtin_task():
     """The product's promise: the default config reaches eval F1 >= 0.90 (full default sizes)."""
     recorder = Recorder()
@@ -93,3 +71,9 @@ def test_default_run_learns_the_builtin_task():
     assert ended["status"] == "completed", ended["reason"]
     assert len(recorder.of("step")) == 126
     assert recorder.of("eval")[-1]["eval_f1"] >= 0.90
+
+
+def test_a_misspelt_run_option_is_a_type_error_not_a_silent_attribute():
+    # Options are keyword parameters of train, not names set onto the Job: a typo fails before anything runs.
+    with pytest.raises(TypeError, match="sync_each_microbatch"):
+        train(RunConfig(**SMALL), None, None, sync_each_microbatch=True)

@@ -11,14 +11,14 @@ from gradacc.serving.limits import Limits
 def test_every_bad_field_is_reported_not_just_the_first():
     errors = form.all_errors(RunConfig(micro_batch_size=0, grad_accum_steps=-2, learning_rate=0.0, dropout=2.0))
     assert set(errors) == {"micro_batch_size", "grad_accum_steps", "learning_rate", "dropout"}
-    assert errors["dropout"].startswith("dropout must be at least 0 and at most 0.9")
+    assert errors["dropout"].startswith("Dropout must be at least 0 and at most 0.9")
 
 
 def test_a_good_config_has_no_errors_and_limits_and_data_size_are_checked_too():
     assert form.all_errors(RunConfig()) == {}
     errors = form.all_errors(RunConfig(epochs=5, micro_batch_size=64), Limits(max_epochs=2), train_examples=10)
     assert set(errors) == {"epochs", "micro_batch_size"}
-    assert "larger than the 10 training examples" in errors["micro_batch_size"]
+    assert "Micro-batch size (m) must be at most the 10 training examples; got 64." == errors["micro_batch_size"]
 
 
 def test_a_field_with_no_widget_goes_to_the_general_slot():
@@ -62,3 +62,10 @@ def test_old_uploads_are_pruned(tmp_path, monkeypatch):
     for i in range(5):
         form.save_upload(f"f{i}.csv", f"text,label\n{i},1\n".encode(), Limits())
     assert len(list((tmp_path / "uploads").iterdir())) == 3
+
+
+def test_a_run_is_labelled_with_the_model_as_given_never_a_trimmed_path():
+    assert form.run_label(RunConfig(model="../../etc")).endswith(" · ../../etc")
+    long_path = "/data/" + "deep/" * 20 + "my-model"
+    label = form.run_label(RunConfig(model=long_path))
+    assert label.endswith("· …" + long_path[-(form.RUN_LABEL_MODEL_CHARS - 1):]) and "my-model" in label

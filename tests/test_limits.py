@@ -23,12 +23,29 @@ def test_values_are_read_and_zero_seconds_means_no_limit():
     assert "no time limit" in limits.describe() and "hub ids disabled" in limits.describe()
 
 
-@pytest.mark.parametrize("name, raw", [("GRADACC_MAX_EPOCHS", "0"), ("GRADACC_MAX_EPOCHS", "two"),
-                                       ("GRADACC_MAX_TRAIN_SAMPLES", "-5"), ("GRADACC_MAX_RUN_SECONDS", "-1"),
-                                       ("GRADACC_MAX_UPLOAD_MB", "0"), ("GRADACC_MAX_UPLOAD_MB", "inf")])
-def test_bad_settings_are_refused_with_the_variable_named(name, raw):
-    with pytest.raises(GradaccError, match=name):
+# The one home of environment-variable parsing (gradacc/env.py, through Limits.from_env): every bad value is
+# refused with one sentence naming the variable. Other tests only check that a value reaches its reader.
+@pytest.mark.parametrize("name, raw, message", [
+    ("GRADACC_MAX_EPOCHS", "0", "GRADACC_MAX_EPOCHS must be a whole number of at least 1; got '0'."),
+    ("GRADACC_MAX_EPOCHS", "two", "GRADACC_MAX_EPOCHS must be a whole number of at least 1; got 'two'."),
+    ("GRADACC_MAX_EPOCHS", "1.5", "GRADACC_MAX_EPOCHS must be a whole number of at least 1; got '1.5'."),
+    ("GRADACC_MAX_TRAIN_SAMPLES", "-5", "GRADACC_MAX_TRAIN_SAMPLES must be a whole number of at least 1; got '-5'."),
+    ("GRADACC_MAX_RUN_SECONDS", "-1", "GRADACC_MAX_RUN_SECONDS must be a number 0 or more; got '-1'."),
+    ("GRADACC_MAX_RUN_SECONDS", "inf", "GRADACC_MAX_RUN_SECONDS must be a number 0 or more; got 'inf'."),
+    ("GRADACC_MAX_RUN_SECONDS", "soon", "GRADACC_MAX_RUN_SECONDS must be a number 0 or more; got 'soon'."),
+    ("GRADACC_MAX_UPLOAD_MB", "0", "GRADACC_MAX_UPLOAD_MB must be a number greater than 0; got '0'."),
+    ("GRADACC_MAX_UPLOAD_MB", "inf", "GRADACC_MAX_UPLOAD_MB must be a number greater than 0; got 'inf'."),
+    ("GRADACC_MAX_UPLOAD_MB", "nan", "GRADACC_MAX_UPLOAD_MB must be a number greater than 0; got 'nan'."),
+])
+def test_bad_settings_are_refused_with_the_variable_named(name, raw, message):
+    with pytest.raises(GradaccError) as raised:
         Limits.from_env({name: raw})
+    assert raised.value.message == message
+
+
+def test_blank_settings_mean_unset():
+    assert Limits.from_env({"GRADACC_MAX_EPOCHS": " ", "GRADACC_MAX_RUN_SECONDS": "", "GRADACC_MAX_UPLOAD_MB": ""}) \
+        == Limits.from_env({})
 
 
 def test_each_broken_limit_names_its_field():
@@ -36,7 +53,7 @@ def test_each_broken_limit_names_its_field():
     errors = limits.errors(RunConfig(epochs=3, train_samples=None, eval_samples=400, model="org/model",
                                      dataset="imdb"))
     assert set(errors) == {"epochs", "train_samples", "eval_samples", "model", "dataset"}
-    assert "at most 2 epoch" in errors["epochs"] and "got all of them" in errors["train_samples"]
+    assert "Epochs must be at most 2 on this deployment; got 3." == errors["epochs"] and "got all of them" in errors["train_samples"]
     with pytest.raises(GradaccError) as raised:
         limits.check(RunConfig(epochs=3))
     assert raised.value.field == "epochs"

@@ -1,6 +1,7 @@
 """Every data and model source, from files and folders the tests write themselves (never a download)."""
 
 import json
+import os
 
 import pytest
 
@@ -13,12 +14,6 @@ from gradacc.training.sources.models import load
 
 SMALL = dict(train_samples=None, eval_samples=None, epochs=1, micro_batch_size=4, grad_accum_steps=2,
              max_seq_length=32)
-
-
-@pytest.fixture
-def data_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("GRADACC_DATA_DIRS", str(tmp_path))
-    return tmp_path
 
 
 @pytest.fixture
@@ -159,17 +154,33 @@ def test_packaged_pretrained_minilm_loads_offline():
 
 
 @pytest.mark.parametrize("offline_flag", ["1", None])
-def test_hub_id_offline_fails_fast_with_a_reason(offline_flag, monkeypatch):
-    """With HF_HUB_OFFLINE set, and without it (a real connection attempt that this network refuses)."""
-    import time
+def test_hub_id_offline_is_refused_with_a_reason_before_loading(offline_flag, monkeypatch):
+    """With HF_HUB_OFFLINE set no connection is even tried; without it, one short probe of the hub's host (that
+    this network refuses) decides, and from_pretrained is never reached."""
+    import socket
+    from urllib.parse import urlparse
+
+    import transformers
 
     if offline_flag is None:
         monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    probes, real_connect = [], socket.create_connection
 
-    started = time.perf_counter()
-    with pytest.raises(GradaccError, match="Cannot reach the Hugging Face Hub"):
+    def spy(address, *args, **kwargs):
+        probes.append(address)
+        return real_connect(address, *args, **kwargs)
+
+    def never(*args, **kwargs):
+        raise AssertionError("from_pretrained was called for an unreachable hub id")
+
+    monkeypatch.setattr(socket, "create_connection", spy)
+    for auto_class in (transformers.AutoConfig, transformers.AutoModelForSequenceClassification,
+                       transformers.AutoTokenizer):
+        monkeypatch.setattr(auto_class, "from_pretrained", never)
+    with pytest.raises(GradaccError, match="'someone/some-model' is a hub id, and the Hugging Face Hub cannot be reached"):
         load(RunConfig(model="someone/some-model"), 2, ["a", "b"])
-    assert time.perf_counter() - started < 10
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname
+    assert [address[0] for address in probes] == ([] if offline_flag else [host])
 
 
 def test_tiny_bert_is_deterministic_for_a_seed():

@@ -8,14 +8,6 @@ from gradacc import events as ev
 from gradacc.serving.store import INTERRUPTED_REASON, RunStore
 
 
-@pytest.fixture
-def store(tmp_path, monkeypatch):
-    monkeypatch.setenv("GRADACC_HOME", str(tmp_path / "home"))
-    store = RunStore()
-    yield store
-    store.close()
-
-
 def step_event(step: int, loss: float = 0.5) -> dict:
     return ev.step(step=step, epoch=0, samples_seen=8 * step, tokens_seen=512 * step, micro_batches=4 * step,
                    loss=loss, grad_norm=1.0, lr=1e-3, elapsed_s=0.1 * step,
@@ -133,13 +125,16 @@ def test_concurrent_appends_from_five_threads_do_not_corrupt(store, shared_conne
     assert sqlite3.connect(store.path).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 
-def test_one_commit_per_event_is_cheap_next_to_a_training_step(store):
-    # One event per optimizer step; a step of even the tiny model takes milliseconds.
+def test_one_commit_per_event_does_not_wait_for_the_disk(store):
+    """One event per optimizer step, each its own commit: in WAL mode with synchronous=NORMAL a commit does not
+    fsync, so it costs microseconds next to a training step's milliseconds (the time is printed, not asserted)."""
+    assert store._conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
     store.create_run("a", "alice", {}, None)
     event = step_event(1)
     n = 500
     started = time.perf_counter()
     for _ in range(n):
         store.append_event("a", event)
-    per_event = (time.perf_counter() - started) / n
-    assert per_event < 0.005, f"{per_event * 1e3:.2f} ms per event"
+    print(f"{(time.perf_counter() - started) / n * 1e3:.3f} ms per event")
+    assert len(store.events("a")) == n

@@ -5,13 +5,11 @@ import importlib
 import threading
 import time
 import tomllib
-from pathlib import Path
 
 import pytest
 
 from gradacc.serving import warmup
-
-ROOT = Path(__file__).resolve().parents[1]
+from support import ROOT
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 
 from gradacc.serving import warmup
-from gradacc.config import MAX_MICRO_BATCH, RunConfig, effective_batch
+from gradacc.config import MAX_MICRO_BATCH, RunConfig, effective_batch, field_label
 from gradacc.errors import GradaccError
 
 MEASURED_SIZES = (1, 2, 4, 8)
@@ -68,10 +68,10 @@ def recommend(static_bytes: int, fit: ActivationFit, budget_bytes: float, target
     ``budget_bytes``, and the micro-batch m for that k; GradaccError when even m = 1 does not fit."""
     if isinstance(target_effective_batch, bool) or not isinstance(target_effective_batch, int) \
             or target_effective_batch < 1:
-        raise GradaccError(f"The target effective batch must be a whole number of at least 1; "
+        raise GradaccError(f"{field_label('target_effective_batch')} must be a whole number of at least 1; "
                            f"got {target_effective_batch!r}.", "target_effective_batch")
     if not budget_bytes or budget_bytes <= 0 or math.isnan(budget_bytes):
-        raise GradaccError("The memory budget must be more than 0 MB.", "budget_mb")
+        raise GradaccError(f"{field_label('budget_mb')} must be more than 0.", "budget_mb")
     room = budget_bytes - static_bytes - fit.fixed_bytes
     if room < fit.bytes_per_example or room <= 0:
         need = static_bytes + fit.predict(1)

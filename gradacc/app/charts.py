@@ -61,7 +61,9 @@ def _figure(title: str, x_title: str, y_title: str) -> go.Figure:
 
 def _style(figure: go.Figure, title: str, x_title: str, y_title: str) -> go.Figure:
     # Legend under the plot: with several runs it wraps onto lines of its own instead of over the title.
-    figure.update_layout(title=title, hovermode="x unified", margin=dict(l=60, r=20, t=60, b=40),
+    # Large type: these charts are shown on stage and must read from the back of a room.
+    figure.update_layout(title=dict(text=title, font=dict(size=19)), font=dict(size=14), hovermode="x unified",
+                         margin=dict(l=60, r=20, t=60, b=40),
                          legend=dict(orientation="h", yanchor="top", y=-0.18, xanchor="left", x=0))
     if x_title:
         figure.update_layout(xaxis_title=x_title)
@@ -91,22 +93,38 @@ def _line_mode(points: list) -> str:
     return "lines" if len(points) > 1 else "lines+markers"
 
 
-def loss_figure(runs, x: str = "step") -> go.Figure:
-    """Training loss per optimizer step (or against samples seen), one line per run."""
-    figure = _figure("Training loss", X_TITLES.get(x, x), "Loss")
+# Runs whose curves coincide (the point of accumulation) must all stay visible: the first run is drawn
+# thick and solid underneath, each later one thinner, dashed and with its own markers on top.
+DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+MARKERS = ("circle", "x", "diamond-open", "triangle-up-open", "square-open", "star-open")
+
+
+def _run_line(index: int, several: bool) -> dict:
+    if not several:
+        return dict(line=dict(color=_color(index)))
+    return dict(line=dict(color=_color(index), dash=DASHES[index % len(DASHES)], width=6 if index == 0 else 2.5),
+                marker=dict(symbol=MARKERS[index % len(MARKERS)], size=7 if index else 5))
+
+
+def loss_figure(runs, x: str = "step", title: str = "Training loss") -> go.Figure:
+    """Training loss per optimizer step (or against samples seen), one line per run; ``title`` can state what
+    the curves show ("Loss curves identical ...")."""
+    figure = _figure(title, X_TITLES.get(x, x), "Loss")
+    runs = _as_runs(runs)
     drawn = False
-    for index, (label, rows) in enumerate(_as_runs(runs)):
+    for index, (label, rows) in enumerate(runs):
         steps = [r for r in _of(rows, ev.STEP) if r.get("loss") is not None]
         if steps:
             drawn = True
+            mode = "lines+markers" if len(runs) > 1 and index else _line_mode(steps)
             figure.add_trace(go.Scatter(x=[r.get(x) for r in steps], y=[r["loss"] for r in steps], name=label,
-                                        mode=_line_mode(steps), line=dict(color=_color(index))))
+                                        mode=mode, **_run_line(index, len(runs) > 1)))
     return figure if drawn else _empty(figure, "No training steps yet")
 
 
-def eval_figure(runs) -> go.Figure:
+def eval_figure(runs, title: str = "Evaluation after each epoch") -> go.Figure:
     """Eval F1 (solid) and accuracy (dotted) after each epoch, per run."""
-    figure = _figure("Evaluation after each epoch", "Epoch", "Score (0–1)")
+    figure = _figure(title, "Epoch", "Score (0–1)")
     drawn = False
     for index, (label, rows) in enumerate(_as_runs(runs)):
         evals = _of(rows, ev.EVAL)
@@ -136,12 +154,12 @@ MEMORY_SERIES = (
 MEMORY_PANELS = ("Process memory", "Activations per micro-batch vs. parameters + gradients + optimizer state")
 
 
-def memory_figure(runs, x: str = "step") -> go.Figure:
+def memory_figure(runs, x: str = "step", title: str = "Memory") -> go.Figure:
     """Memory over the run, in two panels sharing the x axis: RSS and CUDA peak (GPU only) on top;
     activations per micro-batch and the static parameters + gradients + optimizer state (a flat
     dash-dot line from run_started) below, since they are far smaller than the process."""
     figure = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12, subplot_titles=MEMORY_PANELS)
-    _style(figure, "Memory", "", "")
+    _style(figure, title, "", "")
     figure.update_xaxes(title_text=X_TITLES.get(x, x), row=2, col=1)
     for row in (1, 2):
         figure.update_yaxes(title_text="MB", rangemode="tozero", row=row, col=1)  # from 0: honest sizes
@@ -163,6 +181,38 @@ def memory_figure(runs, x: str = "step") -> go.Figure:
                                         line=dict(color=_color(index), dash="dashdot")), row=2, col=1)
     if not drawn:
         return _empty(_figure("Memory", X_TITLES.get(x, x), "Memory (MB)"), "No memory measurements yet")
+    return figure
+
+
+# Stacked, bottom to top: what a step holds whatever m and k are, then what one micro-batch adds.
+BREAKDOWN = (("parameters", "parameters", "#9aa5b1"), ("gradients", "gradients", "#c0c7cf"),
+             ("optimizer_state", "optimizer state", "#dde1e6"),
+             ("activation_bytes", "peak activations of a micro-batch", "#d62728"))
+
+
+def memory_breakdown_figure(runs, title: str = "Memory per optimizer step: static + activations") -> go.Figure:
+    """One stacked bar per run: parameters, gradients and optimizer state (the same for any m and k), and the
+    peak activations of one micro-batch on top (what accumulation shrinks). Process RSS, mostly the Python
+    and torch runtime, is in ``memory_figure``."""
+    figure = _figure(title, "", "Memory (MB)")
+    labels, heights = [], {part: [] for part, _, _ in BREAKDOWN}
+    for label, rows in _as_runs(runs):
+        started = _of(rows, ev.RUN_STARTED)
+        static = (started[0].get("static_memory") or {}) if started else {}
+        activations = [r["activation_bytes"] for r in _of(rows, ev.STEP) if r.get("activation_bytes") is not None]
+        if not static and not activations:
+            continue
+        labels.append(label)
+        for part, _, _ in BREAKDOWN:
+            value = max(activations) if part == "activation_bytes" and activations else static.get(part)
+            heights[part].append(_mb(value) or 0.0)
+    if not labels:
+        return _empty(figure, "No memory measurements yet")
+    for part, name, color in BREAKDOWN:
+        figure.add_trace(go.Bar(x=labels, y=heights[part], name=name, marker_color=color,
+                                text=[f"{v:.1f} MB" for v in heights[part]] if part == "activation_bytes" else None,
+                                textposition="inside", hovertemplate="%{x}<br>%{y:.2f} MB<extra>" + name + "</extra>"))
+    figure.update_layout(barmode="stack", hovermode="closest")
     return figure
 
 

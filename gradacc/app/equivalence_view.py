@@ -13,7 +13,7 @@ import threading
 import time
 
 from gradacc.serving import warmup
-from gradacc.config import RunConfig
+from gradacc.config import RunConfig, field_label
 from gradacc.analysis.equivalence import rows as report_rows  # light: torch is imported only inside check()
 from gradacc.errors import GradaccError
 from gradacc.serving.manager import one_line_error
@@ -31,8 +31,10 @@ def check_config(backend: str, micro_batch_size, grad_accum_steps) -> RunConfig:
     config = RunConfig(backend=backend, micro_batch_size=micro_batch_size, grad_accum_steps=grad_accum_steps,
                        max_seq_length=32).validate()
     if config.micro_batch_size * config.grad_accum_steps > MAX_WINDOW:
-        raise GradaccError(f"m × k must be at most {MAX_WINDOW} here (the check also runs the whole window as one "
-                           f"batch); got {config.micro_batch_size * config.grad_accum_steps}.", "grad_accum_steps")
+        raise GradaccError(f"{field_label('grad_accum_steps')} must keep m × k at most {MAX_WINDOW} here (the check "
+                           f"also runs the whole window as one batch); got {config.micro_batch_size} × "
+                           f"{config.grad_accum_steps} = {config.micro_batch_size * config.grad_accum_steps}.",
+                           "grad_accum_steps")
     return config
 
 

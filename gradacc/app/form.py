@@ -13,7 +13,8 @@ from pathlib import Path
 
 from gradacc.training.sources import data as data_module
 from gradacc import paths
-from gradacc.config import BUILTIN_DATASETS, RunConfig, total_optimizer_steps
+from gradacc.config import (BUILTIN_DATASETS, BUILTIN_MODELS, RunConfig, field_label, too_few_examples,
+                            total_optimizer_steps)
 from gradacc.errors import GradaccError
 from gradacc.serving.limits import Limits
 
@@ -47,11 +48,34 @@ def all_errors(config: RunConfig, limits: Limits | None = None, train_examples: 
             setattr(candidate, field, getattr(defaults, field))
     for field, message in (limits or Limits()).errors(candidate).items():
         errors.setdefault(field, message)
+    for field, message in local_path_errors(candidate).items():
+        errors.setdefault(field, message)
     if train_examples is not None and "micro_batch_size" not in errors \
             and candidate.micro_batch_size > train_examples:
-        errors["micro_batch_size"] = (f"micro batch size {candidate.micro_batch_size} is larger than the "
-                                      f"{train_examples} training examples.")
+        errors["micro_batch_size"] = too_few_examples(candidate.micro_batch_size, train_examples)
     return errors
+
+
+def local_path_errors(config: RunConfig) -> dict[str, str]:
+    """A visitor's local model or dataset path refused as it is typed, as the run would refuse it at Start:
+    outside the deployment's folders, missing, or (a model) not a safe-to-load model folder."""
+    from gradacc.training.sources import models  # light: torch and transformers load only inside load()
+
+    confinement = paths.Confinement.for_visitors()
+    found = {}
+    model, dataset = config.model.strip(), config.dataset.strip()
+    try:
+        if model not in BUILTIN_MODELS and paths.model_is_local(model):
+            models.check_model_folder(confinement.model_path(model))
+    except GradaccError as error:
+        found["model"] = error.message
+    try:
+        if dataset not in BUILTIN_DATASETS and paths.dataset_is_local(dataset):
+            if not confinement.data_path(dataset).exists():
+                raise GradaccError(f"{field_label('dataset')} {dataset!r} does not exist.", "dataset")
+    except GradaccError as error:
+        found["dataset"] = error.message
+    return found
 
 
 def optimizer_steps(config: RunConfig, train_examples: int | None) -> int | None:
@@ -76,10 +100,17 @@ def count_train_examples(config: RunConfig) -> int:
     return len(data_module.load_text_data(config).train_texts)
 
 
+RUN_LABEL_MODEL_CHARS = 40
+
+
 def run_label(config: RunConfig) -> str:
-    """A short name for the run in Compare: backend, m×k, model."""
+    """A short name for the run in Compare: backend, m×k, model as it was given (a long path keeps its end,
+    marked with "…"; never just its last part, which would name "../../etc" "etc")."""
+    model = config.model.strip()
+    if len(model) > RUN_LABEL_MODEL_CHARS:
+        model = "…" + model[-(RUN_LABEL_MODEL_CHARS - 1):]
     return (f"{config.backend} m{config.micro_batch_size}×k{config.grad_accum_steps} "
-            f"{config.loss_normalization} · {Path(config.model).name}")
+            f"{config.loss_normalization} · {model}")
 
 
 # ---- uploads --------------------------------------------------------------------------------------
@@ -118,6 +149,14 @@ def table_columns(path: str | Path) -> list[str]:
     """Column names of a CSV/JSONL file (GradaccError when it cannot be read)."""
     frame = data_module._read_file(str(path))  # the loader's own reader: same checks, same messages
     return [str(c) for c in frame.columns]
+
+
+def label_column_guess(path: str | Path, text_column: str | None) -> str | None:
+    """The label column to pre-pick for an upload: the loader's own detection, else the first column that
+    could be a label; never an id, free text or a single class (None when no column could be one)."""
+    frame = data_module._read_file(str(path))
+    return data_module.detect_label_column(frame, text_column) or \
+        next(iter(data_module.usable_label_columns(frame, text_column)), None)
 
 
 def guess_column(columns: list[str], candidates) -> str | None:

@@ -12,8 +12,8 @@ import streamlit as st
 
 from gradacc.app import form
 from gradacc.serving import warmup
-from gradacc.config import BUILTIN_DATASETS, BUILTIN_MODELS, RunConfig
-from gradacc.training.sources.data import FILE_SUFFIXES, LABEL_COLUMNS, TEXT_COLUMNS
+from gradacc.config import BUILTIN_DATASETS, BUILTIN_MODELS, RunConfig, field_label
+from gradacc.training.sources.data import FILE_SUFFIXES, TEXT_COLUMNS
 from gradacc.errors import GradaccError
 from gradacc.serving.limits import Limits
 from gradacc.serving.manager import RunManager
@@ -114,6 +114,23 @@ class FieldErrors:
 
 # ---- inputs shared by pages -----------------------------------------------------------------------
 
+def number_field(prefix: str, field: str, errors: FieldErrors, *, whole: bool = True, **options):
+    """A number input labelled as ``config.FIELD_LABELS`` says, with its error slot right under it.
+
+    A whole-number field is a float input shown with ``%g``: the browser's integer input turns a typed 2.5
+    into 2 without a word, while this passes 2.5 on for ``RunConfig.validate`` to refuse. Whole values
+    come back as ``int``.
+    """
+    if whole:
+        options.setdefault("format", "%g")
+        options["step"] = float(options.get("step", 1))
+    value = st.number_input(field_label(field), key=prefix + field, persist_state="session", **options)
+    errors.slot(field)
+    if whole and isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 def accumulation_inputs(prefix: str, errors: FieldErrors, widths: list) -> tuple[str, int, int, list]:
     """Backend, micro-batch size and accumulation steps in a row of columns; returns them and the columns.
 
@@ -123,16 +140,12 @@ def accumulation_inputs(prefix: str, errors: FieldErrors, widths: list) -> tuple
 
     backend_column, m_column, k_column, *extra_columns = st.columns(widths)
     with backend_column:
-        backend = st.radio("Backend", BACKENDS, key=prefix + "backend", persist_state="session",
+        backend = st.radio(field_label("backend"), BACKENDS, key=prefix + "backend", persist_state="session",
                            format_func=BACKEND_NAMES.get, horizontal=True)
     with m_column:
-        micro_batch_size = st.number_input("Micro-batch size (m)", step=1, key=prefix + "micro_batch_size",
-                                           persist_state="session")
-        errors.slot("micro_batch_size")
+        micro_batch_size = number_field(prefix, "micro_batch_size", errors)
     with k_column:
-        grad_accum_steps = st.number_input("Accumulation steps (k)", step=1, key=prefix + "grad_accum_steps",
-                                           persist_state="session")
-        errors.slot("grad_accum_steps")
+        grad_accum_steps = number_field(prefix, "grad_accum_steps", errors)
     return backend, micro_batch_size, grad_accum_steps, [backend_column, *extra_columns]
 
 def model_input(prefix: str, errors: FieldErrors) -> str:
@@ -194,12 +207,12 @@ def _upload_input(prefix: str, errors: FieldErrors, limits: Limits):
     file_key = kept["path"].rsplit("/", 1)[-1]
     left, right = st.columns(2)
     with left:
-        text_column = st.selectbox("Text column", columns, key=f"{prefix}.text_column.{file_key}",
+        text_column = st.selectbox(field_label("text_column"), columns, key=f"{prefix}.text_column.{file_key}",
                                    index=_index(columns, form.guess_column(columns, TEXT_COLUMNS), 0))
         errors.slot("text_column")
     with right:
-        label_column = st.selectbox("Label column", columns, key=f"{prefix}.label_column.{file_key}",
-                                    index=_index(columns, form.guess_column(columns, LABEL_COLUMNS),
+        label_column = st.selectbox(field_label("label_column"), columns, key=f"{prefix}.label_column.{file_key}",
+                                    index=_index(columns, _label_guess(kept["path"], text_column),
                                                  len(columns) - 1))
         errors.slot("label_column")
     return kept["path"], text_column, label_column, None
@@ -208,6 +221,11 @@ def _upload_input(prefix: str, errors: FieldErrors, limits: Limits):
 @st.cache_data(show_spinner=False, max_entries=32)
 def _columns(path: str) -> list[str]:
     return form.table_columns(path)
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def _label_guess(path: str, text_column: str | None) -> str | None:
+    return form.label_column_guess(path, text_column)
 
 
 def _index(options: list, value, fallback: int) -> int:

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
-from gradacc import env as env_numbers
-from gradacc.config import BUILTIN_DATASETS, BUILTIN_MODELS, RunConfig
+from gradacc import env as env_numbers, paths
+from gradacc.config import BUILTIN_DATASETS, BUILTIN_MODELS, RunConfig, field_label
 from gradacc.errors import GradaccError
 from gradacc.serving.manager import DEFAULT_MAX_RUN_SECONDS
 
@@ -52,21 +51,21 @@ class Limits:
         """Every limit ``config`` breaks, as {field: one sentence}."""
         found = {}
         if self.max_epochs is not None and config.epochs > self.max_epochs:
-            found["epochs"] = f"This deployment allows at most {self.max_epochs} epoch(s); got {config.epochs}."
+            found["epochs"] = (f"{field_label('epochs')} must be at most {self.max_epochs} on this deployment; "
+                               f"got {config.epochs}.")
         if self.max_train_samples is not None:
             for name in ("train_samples", "eval_samples"):
                 value = getattr(config, name)
                 if value is None or value > self.max_train_samples:
-                    what = "all of them" if value is None else value
-                    found[name] = (f"This deployment allows at most {self.max_train_samples} "
-                                   f"{name.split('_')[0]} samples; got {what}.")
+                    found[name] = (f"{field_label(name)} must be at most {self.max_train_samples:,} on this "
+                                   f"deployment; got {'all of them' if value is None else value}.")
         if not self.allow_hub:
             if is_hub_model(config.model):
-                found["model"] = (f"Hub ids are disabled on this deployment; {config.model!r} is not a built-in "
-                                  f"model ({', '.join(BUILTIN_MODELS)}).")
+                found["model"] = (f"{field_label('model')} must be a built-in model ({', '.join(BUILTIN_MODELS)}): "
+                                  f"hub ids are disabled on this deployment; got {config.model!r}.")
             if is_hub_dataset(config.dataset):
-                found["dataset"] = (f"Hub ids are disabled on this deployment; {config.dataset!r} is not a built-in "
-                                    "dataset or an uploaded file.")
+                found["dataset"] = (f"{field_label('dataset')} must be a built-in dataset or an uploaded file: hub "
+                                    f"ids are disabled on this deployment; got {config.dataset!r}.")
         return found
 
     def check(self, config: RunConfig) -> RunConfig:
@@ -86,18 +85,11 @@ class Limits:
         ]
 
 
-# Mirrors how gradacc.training.sources.models and gradacc.training.sources.data tell a hub id from a built-in name or a local path.
 def is_hub_model(name: str) -> bool:
     name = (name or "").strip()
-    if not name or name in BUILTIN_MODELS:
-        return False
-    path = Path(name).expanduser()
-    return not (path.exists() or path.is_absolute() or name.startswith("."))
+    return bool(name) and name not in BUILTIN_MODELS and not paths.model_is_local(name)
 
 
 def is_hub_dataset(name: str) -> bool:
     name = (name or "").strip()
-    if not name or name in BUILTIN_DATASETS:
-        return False
-    path = Path(name).expanduser()
-    return not (path.suffix.lower() in (".csv", ".jsonl", ".json") or path.exists() or path.is_absolute())
+    return bool(name) and name not in BUILTIN_DATASETS and not paths.dataset_is_local(name)

@@ -16,7 +16,6 @@ import logging
 import os
 import threading
 import time
-import uuid
 import weakref
 from typing import Callable
 
@@ -92,6 +91,14 @@ class RunState:
 
     def of(self, kind: str) -> list[dict]:
         return [e for e in self.events if e.get("event") == kind]
+
+    def snapshot(self) -> "RunState":
+        """This run frozen now: a page that draws its status and its charts from one snapshot shows the same
+        step in both (the worker keeps appending to the live state meanwhile)."""
+        with self._lock:
+            status, reason = self.status, self.reason
+        return RunState(self.run_id, self.owner, self.label, self.config, status, reason, self.created,
+                        events=self.events)
 
     @property
     def started(self) -> dict | None:
@@ -203,7 +210,7 @@ class RunManager:
             config = RunConfig.from_dict(config)
         # A copy, validated now so a bad value is reported next to its widget instead of after the queue.
         config = RunConfig.from_dict(config.to_dict()).validate()
-        run_id = new_run_id()
+        run_id = ev.new_run_id()
         with self._lock:
             if self._closed:
                 raise GradaccError("The server is shutting down; no new runs are accepted.")
@@ -264,6 +271,20 @@ class RunManager:
         """1 for the next run to start; None when the run is not waiting."""
         with self._lock:
             return self._queue.index(run_id) + 1 if run_id in self._queue else None
+
+    def ahead_of(self, run_id: str) -> tuple[list[RunState], list[RunState]]:
+        """(runs holding a slot now, queued runs that start before ``run_id``): what a queued run waits for."""
+        with self._lock:
+            running = [state for rid, state in self._live.items() if rid not in self._queue]
+            ahead = list(self._queue)[:self._queue.index(run_id)] if run_id in self._queue else []
+            return running, [self._live[rid] for rid in ahead]
+
+    def recent_wall_seconds(self) -> list[float]:
+        """How long this server's recently finished runs took (completed ones), newest last."""
+        with self._lock:
+            finished = list(self._finished.values())
+        return [state.ended["wall_s"] for state in finished
+                if state.status == "completed" and state.ended and state.ended.get("wall_s")]
 
     def is_live(self, run_id: str) -> bool:
         with self._lock:
@@ -451,11 +472,6 @@ def _engine_train(config: RunConfig | None = None) -> TrainFn:
     from gradacc.training.engine import train  # lazy: imports torch
 
     return train
-
-
-def new_run_id() -> str:
-    """Sortable by start time and unique: 20250101-120000-1a2b3c."""
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
 
 
 def _env_max_concurrent() -> int:

@@ -6,10 +6,12 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+from collections.abc import Callable, Iterable
 
-from gradacc import events
+from gradacc import events, paths
 from gradacc.config import RunConfig
 from gradacc.errors import GradaccError, RunFailed, RunStopped
 from gradacc.events import EventSink
@@ -23,23 +25,45 @@ def quiet_libraries() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
-def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.Event | None = None,
-          **job_options) -> dict:
-    """Train ``config``; emit events to ``on_event``; return the ``run_ended`` event."""
+def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.Event | None = None, *,
+          token_level: bool = False, whole_micro_batch: bool = True, before_optimizer_step: Callable | None = None,
+          trainer_library_default: bool = False, sync_each_micro_batch: bool = False,
+          collate: Callable | None = None, report_to: str | Iterable[str] | None = None,
+          log_dir: str | os.PathLike | None = None, run_id: str | None = None,
+          confinement: paths.Confinement | None = None) -> dict:
+    """Train ``config``; emit events to ``on_event``; return the ``run_ended`` event.
+
+    The keyword options are what the equivalence check, the benchmarks and the CLI ask of a run beyond its
+    config (see ``Job`` for each); a misspelt one is a TypeError, not a silent no-op.
+
+    ``report_to``: ``"tensorboard"``, ``"trackio"``, both (comma-separated or a list) or None; written from
+    these same events (gradacc.export.trackers), under ``log_dir``, the run named ``run_id`` (a new id if None).
+    A tracker that cannot start fails the run before training, with ``field`` ``report_to`` or ``log_dir``.
+    ``confinement``: where a local model or data path may lie; the command line passes ``paths.TRUST_USER``,
+    None means the app's visitors' folders (GRADACC_DATA_DIRS, GRADACC_MODEL_DIRS).
+    """
     on_event = on_event or (lambda event: None)
     stop = stop or threading.Event()
     started = time.perf_counter()
     steps_done = 0
     bad_field = None
+    emitted: list[dict] = []  # what the warnings at the end are computed from
+    trackers = None
 
     def emit(event: dict) -> None:
         nonlocal steps_done
         if event["event"] == events.STEP:
             steps_done = event["step"]
+        emitted.append(event)
         on_event(event)
+        if trackers is not None:
+            trackers(event)
 
     try:
-        job = _prepare(config, emit, stop, job_options)
+        trackers = _open_trackers(config, report_to, log_dir, run_id)
+        job = _prepare(config, emit, stop, token_level=token_level, whole_micro_batch=whole_micro_batch,
+                       before_optimizer_step=before_optimizer_step, trainer_library_default=trainer_library_default,
+                       sync_each_micro_batch=sync_each_micro_batch, collate=collate, confinement=confinement)
         emit(announce(job))
         job.check_stop()
         _run_backend(job)
@@ -52,21 +76,44 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
         status, reason = events.FAILED, str(error)
     except Exception as error:  # noqa: BLE001 - a demo shows a reason, never a traceback
         status, reason = events.FAILED, describe_failure(error, config)
+    except BaseException:  # Ctrl-C and the like: what the trackers got so far is still written out
+        if trackers is not None:
+            trackers.close()
+        raise
     ended = events.run_ended(status=status, reason=reason, steps=steps_done, wall_s=time.perf_counter() - started,
-                             field=bad_field)
+                             field=bad_field, warnings=_warnings(emitted, config) if status == events.COMPLETED else [])
     on_event(ended)
+    if trackers is not None:
+        trackers.close()
     return ended
 
 
-def _prepare(config, emit, stop, job_options):
+def _warnings(emitted: list[dict], config: RunConfig) -> list[str]:
+    """A run that completed badly says so (see gradacc.analysis.health); a bug there never fails the run."""
+    from gradacc.analysis.health import run_warnings
+
+    try:
+        return run_warnings(emitted, config)
+    except Exception as error:  # noqa: BLE001 - the run itself succeeded; keep its result
+        return [f"could not check the run for warnings ({type(error).__name__}: {error})"]
+
+
+def _open_trackers(config: RunConfig, report_to, log_dir, run_id):
+    """The run's trackers (rank 0 only: one process writes), opened before anything slow so a bad one fails fast."""
+    from gradacc.export import trackers
+    from gradacc.training import distributed
+
+    if not trackers.parse_report_to(report_to) or not distributed.is_main_process():
+        return None
+    config.validate()
+    return trackers.open_trackers(report_to, log_dir, run_id or events.new_run_id(), config.to_dict())
+
+
+def _prepare(config, emit, stop, **options):
     from gradacc.training.job import prepare
 
     quiet_libraries()
-    job = prepare(config, emit, stop, token_level=job_options.pop("token_level", False),
-                  whole_micro_batch=job_options.pop("whole_micro_batch", True))
-    for name, value in job_options.items():
-        setattr(job, name, value)
-    return job
+    return prepare(config, emit, stop, **options)
 
 
 def _run_backend(job) -> None:

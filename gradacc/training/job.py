@@ -14,7 +14,8 @@ from typing import Callable
 from gradacc.training.sources import data as data_module
 from gradacc.training import distributed, windows
 from gradacc.training.sources import models
-from gradacc.config import CAUSAL_LM, RunConfig, optimizer_steps_per_epoch, total_optimizer_steps
+from gradacc import paths
+from gradacc.config import CAUSAL_LM, RunConfig, optimizer_steps_per_epoch, too_few_examples, total_optimizer_steps
 from gradacc.errors import GradaccError, RunStopped
 from gradacc.events import EventSink
 
@@ -43,6 +44,7 @@ class Job:
     # Called with the model right before each optimizer step (the equivalence check reads gradients here).
     before_optimizer_step: Callable | None = None
     # Trainer only: leave Trainer's own loss scaling untouched (shows the library default, pitfall included).
+    # From the config (a run that shows the pitfall); the equivalence check sets it per case.
     trainer_library_default: bool = False
     # Several processes: all-reduce gradients after every micro-batch instead of once per window (no no_sync),
     # to measure what no_sync saves.
@@ -90,31 +92,35 @@ def _with_predicted_tokens(train_examples, eval_examples):
     keep_train = [e for e in train_examples if data_module.item_count(e)]
     keep_eval = [e for e in eval_examples if data_module.item_count(e)]
     if not keep_train or not keep_eval:
-        raise GradaccError("No text is longer than one token: a causal LM has nothing to predict.", "dataset")
+        raise GradaccError("Dataset: no text is longer than one token, so a causal LM has nothing to predict.", "dataset")
     return keep_train, keep_eval, len(train_examples) + len(eval_examples) - len(keep_train) - len(keep_eval)
 
 
 def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, token_level: bool = False,
-            whole_micro_batch: bool = True) -> Job:
+            whole_micro_batch: bool = True, *, before_optimizer_step: Callable | None = None,
+            trainer_library_default: bool = False, sync_each_micro_batch: bool = False,
+            collate: Callable | None = None, confinement: paths.Confinement | None = None) -> Job:
     """Validate, load data and model, tokenise and order the data; GradaccError on bad input.
 
     ``whole_micro_batch``: refuse a micro-batch larger than the training set (a run's config is surely
-    wrong then; the equivalence check builds such windows on purpose).
+    wrong then; the equivalence check builds such windows on purpose). ``collate``: replaces the default
+    collator (the memory benchmark pads every micro-batch to one length). ``confinement``: where local
+    paths may lie (``paths.TRUST_USER`` from the command line; None: the app's visitors' folders). The other
+    options are ``Job``'s.
     """
     config.validate()
     # The task the run will have, shown in run_started's config: named, or inferred from the model.
     config = config.replace(task=models.infer_task(config))
     if config.num_processes != distributed.world_size():
-        raise GradaccError(f"num processes is {config.num_processes}, but this is a {distributed.world_size()}-process "
+        raise GradaccError(f"Processes is {config.num_processes}, but this is a {distributed.world_size()}-process "
                            f"launch; start a {config.num_processes}-process run with accelerate launch or torchrun "
                            "(the app does it through gradacc.training.launch).", "num_processes")
     _stop_requested(stop)  # e.g. the run's time ran out while torch was still importing
-    text_data = data_module.load_text_data(config)
+    text_data = data_module.load_text_data(config, confinement)
     if whole_micro_batch and config.micro_batch_size > len(text_data.train_texts):
-        raise GradaccError(f"micro batch size {config.micro_batch_size} is larger than the "
-                           f"{len(text_data.train_texts)} training examples.", "micro_batch_size")
+        raise GradaccError(too_few_examples(config.micro_batch_size, len(text_data.train_texts)), "micro_batch_size")
     _stop_requested(stop)
-    loaded = models.load(config, text_data.num_labels, text_data.label_names, token_level)
+    loaded = models.load(config, text_data.num_labels, text_data.label_names, token_level, confinement)
     _stop_requested(stop)
     if config.task == CAUSAL_LM:
         token_level = True  # a label per token; the collator pads labels with -100
@@ -147,9 +153,12 @@ def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, token_lev
     device = pick_device()
     return Job(config=config, model=loaded.model.to(device), tokenizer=loaded.tokenizer,
                train_examples=train_examples, eval_examples=eval_examples, label_names=text_data.label_names,
-               collate=data_module.collator(loaded.tokenizer, token_level), emit=emit, stop=stop, device=device,
+               collate=collate or data_module.collator(loaded.tokenizer, token_level), emit=emit, stop=stop, device=device,
                steps_per_epoch=optimizer_steps_per_epoch(len(train_examples), config.micro_batch_size,
                                                          config.grad_accum_steps, config.num_processes),
                total_steps=total_optimizer_steps(config, len(train_examples)),
                micro_batches=plan[rank], window_items=windows.window_totals(rank_items, config.grad_accum_steps),
-               batch_items=rank_items[rank], token_level=token_level, notes=notes)
+               batch_items=rank_items[rank], token_level=token_level, notes=notes,
+               before_optimizer_step=before_optimizer_step,
+               trainer_library_default=trainer_library_default or config.trainer_library_default,
+               sync_each_micro_batch=sync_each_micro_batch)

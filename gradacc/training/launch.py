@@ -92,7 +92,7 @@ def command(config_file: str, num_processes: int, port: int) -> list[str]:
     return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(num_processes),
             "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
             "--main_process_port", str(port),
-            "-m", "gradacc", "train", "--config", config_file, "--json"]
+            "-m", "gradacc", "train", "--config", config_file, "--json", "--confine"]  # a visitor's run
 
 
 def free_port() -> int:

@@ -10,15 +10,23 @@ from sklearn.metrics import accuracy_score, f1_score
 
 
 def classification_metrics(predictions, labels, num_labels: int) -> dict:
-    """Scores over labelled items; -100 marks items without a label (padding, special tokens)."""
+    """Scores over labelled items; -100 marks items without a label (padding, special tokens).
+
+    ``majority_f1``: the F1 of always predicting the most frequent label, the floor a model that learnt
+    something must beat (a collapsed run sits on it).
+    """
     predictions, labels = np.asarray(predictions), np.asarray(labels)
     labelled = labels != -100
     predictions, labels = predictions[labelled], labels[labelled]
+    majority = np.full_like(labels, np.bincount(labels).argmax() if labels.size else 0)
+    return {"accuracy": float(accuracy_score(labels, predictions)), "f1": _f1(labels, predictions, num_labels),
+            "majority_f1": _f1(labels, majority, num_labels)}
+
+
+def _f1(labels, predictions, num_labels: int) -> float:
     if num_labels == 2:
-        f1 = f1_score(labels, predictions, average="binary", pos_label=1, zero_division=0)
-    else:
-        f1 = f1_score(labels, predictions, average="macro", zero_division=0)
-    return {"accuracy": float(accuracy_score(labels, predictions)), "f1": float(f1)}
+        return float(f1_score(labels, predictions, average="binary", pos_label=1, zero_division=0))
+    return float(f1_score(labels, predictions, average="macro", zero_division=0))
 
 
 def language_model_metrics(token_losses, predictions, targets) -> dict:

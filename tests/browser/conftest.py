@@ -9,23 +9,15 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+from support import ARTIFACTS, StreamlitServer
 
-ROOT = Path(__file__).resolve().parents[2]
-ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM = os.environ.get("GRADACC_CHROMIUM", "/usr/bin/chromium")
 # The flags that keep Chromium off the network (this machine has none) and quiet as root.
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
-SERVER_START_TIMEOUT_S = 90
 VIEWPORT = {"width": 1400, "height": 1000}
 
 
@@ -54,19 +46,6 @@ def missing(reason: str):
     pytest.skip(f"{reason}; run scripts/install-test-deps.sh to run the browser tests")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def log_tail(path: Path, lines: int = 40) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
 @pytest.fixture(scope="session")
 def artifacts() -> Path:
     ARTIFACTS.mkdir(exist_ok=True)
@@ -78,63 +57,16 @@ def artifacts() -> Path:
 
 @pytest.fixture(scope="session")
 def app_url(artifacts, tmp_path_factory) -> str:
-    """Start the app on a free port; yield its URL; stop it (and anything it started) at the end."""
-    home = tmp_path_factory.mktemp("browser-gradacc-home")
-    port = free_port()
-    env = {
-        **os.environ,
-        "GRADACC_HOME": str(home),
-        "GRADACC_DEVICE": "cpu",
-        "HF_HUB_OFFLINE": "1",
-        "GRADACC_ALLOW_HUB": "0",
-        # A run left going by a failed test must not hold the only slot for long.
-        "GRADACC_MAX_RUN_SECONDS": "240",
-        "PYTHONUNBUFFERED": "1",
-    }
-    command = [sys.executable, "-m", "streamlit", "run", "app.py",
-               "--server.port", str(port), "--server.address", "127.0.0.1",
-               "--server.headless", "true", "--browser.gatherUsageStats", "false",
-               "--server.fileWatcherType", "none"]
+    """Start the app (support.StreamlitServer) for the whole session; yield its URL; stop it at the end."""
     log_path = artifacts / "streamlit.log"
-    with open(log_path, "wb") as log:
-        # Own process group: teardown can end the server and any child it started, and nothing else.
-        server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    log_path.unlink(missing_ok=True)  # this session's log only
+    # A run left going by a failed test must not hold the only slot for long.
+    server = StreamlitServer(tmp_path_factory.mktemp("browser-gradacc-home"), log_path,
+                             {"GRADACC_MAX_RUN_SECONDS": "240"})
     try:
-        wait_until_healthy(server, url, log_path)
-        yield url
+        yield server.url
     finally:
-        stop(server)
-
-
-def wait_until_healthy(server: subprocess.Popen, url: str, log_path: Path) -> None:
-    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            pytest.fail(f"streamlit exited with {server.returncode} before it was healthy:\n{log_tail(log_path)}",
-                        pytrace=False)
-        try:
-            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass  # not listening yet
-        time.sleep(0.25)
-    pytest.fail(f"streamlit was not healthy within {SERVER_START_TIMEOUT_S} s:\n{log_tail(log_path)}", pytrace=False)
-
-
-def stop(server: subprocess.Popen) -> None:
-    if server.poll() is not None:
-        return
-    try:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait(timeout=5)
-    except ProcessLookupError:
-        pass
+        server.stop()
 
 
 @pytest.fixture(scope="session")

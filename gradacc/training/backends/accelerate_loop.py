@@ -15,7 +15,8 @@ import contextlib
 
 from torch.utils.data import DataLoader
 
-from gradacc.training.backends.common import StepReporter, check_finite, evaluate, make_optimizer, make_scheduler
+from gradacc.training.backends.common import (StepReporter, check_finite, clip_gradients, evaluate, make_optimizer,
+                                              make_scheduler)
 from gradacc.training.distributed import SyncProbe
 from gradacc.training.memory import ActivationMeter
 from gradacc.training.windows import loss_weight
@@ -37,16 +38,17 @@ def new_accelerator(job):
 
 def train(job) -> None:
     config = job.config
-    k = config.grad_accum_steps
+    gradient_accumulation_steps = config.grad_accum_steps
     accelerator = new_accelerator(job)
+    num_processes = accelerator.num_processes
     dataloader = DataLoader(job.train_examples, batch_size=config.micro_batch_size, shuffle=False,
                             collate_fn=job.collate)
     optimizer = make_optimizer(job.model, config)
     # AcceleratedScheduler steps once per process per optimizer step: size it (warmup too) to match.
-    lr_scheduler = make_scheduler(optimizer, config, job.total_steps, calls_per_step=accelerator.num_processes)
+    lr_scheduler = make_scheduler(optimizer, config, job.total_steps, calls_per_step=num_processes)
     model, optimizer, dataloader, lr_scheduler = accelerator.prepare(job.model, optimizer, dataloader, lr_scheduler)
     meter = ActivationMeter(model)
-    report = StepReporter(job, accelerator.num_processes)
+    report = StepReporter(job, num_processes)
     report.sync_probe = SyncProbe.attach(model)  # None unless prepare wrapped the model in DDP
 
     step, window_loss, micro_batches, activation_bytes = 0, 0.0, 0, None
@@ -56,15 +58,18 @@ def train(job) -> None:
             job.check_stop()
             report.micro_batch(batch)
             measuring = config.instrument and micro_batches == 0
+            # Inside accumulate(): no gradient sync until the window's last micro-batch (or the dataloader's last).
             with accelerator.accumulate(model):
                 with meter.measure() if measuring else contextlib.nullcontext():
                     outputs = model(**batch)
                 loss = outputs.loss
                 check_finite(loss, step + 1)
-                # accelerator.backward divides by k itself (even in a short last window); exact weights undo that.
-                weight = loss_weight(config.loss_normalization, job.batch_items[index], job.window_items[index], k,
-                                     accelerator.num_processes)
-                accelerator.backward(loss * weight * k)
+                # Accumulation, 1 of 3: scale the loss. accelerator.backward divides by k itself (even in a short
+                # last window); the exact weights undo that.
+                weight = loss_weight(config.loss_normalization, job.batch_items[index], job.window_items[index],
+                                     gradient_accumulation_steps, num_processes)
+                # Accumulation, 2 of 3: backward every micro-batch.
+                accelerator.backward(loss * weight * gradient_accumulation_steps)
                 window_loss += loss.item() * weight
                 micro_batches += 1
                 activation_bytes = meter.bytes if measuring else activation_bytes
@@ -72,9 +77,9 @@ def train(job) -> None:
                 if accelerator.sync_gradients:
                     if job.before_optimizer_step:
                         job.before_optimizer_step(model)
-                    norm = float(accelerator.clip_grad_norm_(
-                        model.parameters(), config.max_grad_norm if config.max_grad_norm > 0 else float("inf")))
-                    lr = lr_scheduler.get_last_lr()[0]
+                    norm = clip_gradients(model, config.max_grad_norm, accelerator)
+                lr = lr_scheduler.get_last_lr()[0]  # the rate this window's step uses (the scheduler steps below)
+                # Accumulation, 3 of 3: step and zero; the prepared optimizer and scheduler act once per window.
                 optimizer.step()
                 lr_scheduler.step()
                 optimizer.zero_grad()

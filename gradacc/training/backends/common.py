@@ -44,13 +44,20 @@ def make_scheduler(optimizer, config, total_steps: int, calls_per_step: int = 1)
                                            total_steps * calls_per_step)
 
 
-def grad_norm(model: torch.nn.Module, max_norm: float) -> float:
-    """Total gradient norm before clipping; clips to ``max_norm`` when it is positive."""
-    params = [p for p in model.parameters() if p.grad is not None]
-    return float(torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf")))
+def clip_gradients(model: torch.nn.Module, max_grad_norm: float, accelerator=None) -> float:
+    """The total gradient norm before clipping; clips to ``max_grad_norm`` when it is positive (0: only measure).
+
+    With an ``accelerator`` it clips through ``accelerator.clip_grad_norm_`` (which unscales mixed-precision
+    gradients first), as Accelerate's docs ask; Trainer clips the same way inside its own loop.
+    """
+    limit = max_grad_norm if max_grad_norm > 0 else float("inf")
+    if accelerator is not None:
+        return float(accelerator.clip_grad_norm_(model.parameters(), limit))
+    return float(torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], limit))
 
 
 def check_finite(loss: torch.Tensor, step: int) -> None:
+    """RunFailed("loss became NaN at step 3") as soon as a micro-batch's loss is not finite."""
     if not torch.isfinite(loss):
         kind = "NaN" if torch.isnan(loss) else "inf"
         raise RunFailed(f"loss became {kind} at step {step}")
@@ -91,7 +98,7 @@ def _evaluate(model: torch.nn.Module, job) -> dict:
     model.train(was_training)
     scores = classification_metrics(predictions, labels, job.num_labels)
     return {"eval_loss": total_loss / len(job.eval_examples), "eval_accuracy": scores["accuracy"],
-            "eval_f1": scores["f1"]}
+            "eval_f1": scores["f1"], "eval_majority_f1": scores["majority_f1"]}
 
 
 def _evaluate_causal_lm(model: torch.nn.Module, job, was_training: bool) -> dict:
@@ -149,4 +156,5 @@ class StepReporter:
         memory.reset_cuda_peak(self.job.device)
 
     def evaluation(self, *, epoch: int, step: int, metrics: dict) -> None:
-        self.job.emit(events.eval_(epoch=epoch, step=step, **{name: metrics.get(name) for name in events.EVAL_METRICS}))
+        named = {**metrics, "majority_f1": metrics.get("eval_majority_f1", metrics.get("majority_f1"))}
+        self.job.emit(events.eval_(epoch=epoch, step=step, **{name: named.get(name) for name in events.EVAL_METRICS}))

@@ -17,8 +17,9 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from gradacc.training import distributed
-from gradacc.training.backends.common import (StepReporter, check_finite, evaluate, grad_norm, make_optimizer,
-                                     make_scheduler, to_device)
+from gradacc.training.backends.common import (StepReporter, check_finite, clip_gradients, evaluate, make_optimizer,
+                                              make_scheduler, to_device)
+from gradacc.training.distributed import SyncProbe
 from gradacc.training.memory import ActivationMeter
 from gradacc.training.windows import loss_weight
 
@@ -37,7 +38,7 @@ def train(job) -> None:
     if num_processes > 1:
         distributed.init_process_group(job.device)
         model = DistributedDataParallel(model, device_ids=[job.device.index] if job.device.type == "cuda" else None)
-        report.sync_probe = distributed.SyncProbe(model)
+    report.sync_probe = SyncProbe.attach(model)  # None unless the model is DDP-wrapped
 
     step, window_loss, micro_batches, activation_bytes = 0, 0.0, 0, None
     for epoch in range(1, config.epochs + 1):
@@ -57,17 +58,20 @@ def train(job) -> None:
                     outputs = model(**batch)
                 loss = outputs.loss
                 check_finite(loss, step + 1)
+                # Accumulation, 1 of 3: scale each micro-batch's loss (÷ k, or by its share of the window's items).
                 loss = loss * loss_weight(config.loss_normalization, job.batch_items[index], job.window_items[index],
                                           gradient_accumulation_steps, num_processes)
+                # Accumulation, 2 of 3: backward() every micro-batch; the gradients add up in each .grad.
                 loss.backward()
             window_loss += loss.item()
             micro_batches += 1
             activation_bytes = meter.bytes if measuring else activation_bytes
 
+            # Accumulation, 3 of 3: step and zero the gradients once per window of k micro-batches.
             if last_of_window:
                 if job.before_optimizer_step:
                     job.before_optimizer_step(model)
-                norm = grad_norm(model, config.max_grad_norm)
+                norm = clip_gradients(model, config.max_grad_norm)
                 lr = lr_scheduler.get_last_lr()[0]
                 optimizer.step()
                 lr_scheduler.step()

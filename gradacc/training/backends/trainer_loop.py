@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
 
-from gradacc.training.backends.common import EVAL_BATCH_SIZE, StepReporter, next_token_predictions, warmup_steps
+from gradacc.errors import RunStopped
+from gradacc.training.backends.common import (EVAL_BATCH_SIZE, StepReporter, check_finite, next_token_predictions,
+                                              warmup_steps)
 from gradacc.training.distributed import SyncProbe
-from gradacc.errors import RunFailed, RunStopped
 from gradacc.training.memory import ActivationMeter
 from gradacc.training.metrics import classification_metrics, language_model_metrics
 
@@ -40,6 +42,7 @@ def make_loss_function(normalization: str, k: int, num_processes: int = 1, causa
     """
 
     def compute_loss(outputs, labels, num_items_in_batch=None):
+        # Accumulation, 1 of 3: scale the loss (Trainer does the backward every micro-batch and the step every k).
         logits = outputs["logits"]
         if causal_lm:
             logits, labels = logits[..., :-1, :], labels[..., 1:]
@@ -52,49 +55,63 @@ def make_loss_function(normalization: str, k: int, num_processes: int = 1, causa
     return compute_loss
 
 
+@dataclass
+class WindowTally:
+    """The optimizer step being accumulated, which Trainer's loop does not expose: ``GradaccTrainer`` adds each
+    micro-batch, ``EventCallback`` reports the window and starts the next at each optimizer step."""
+
+    loss: float = 0.0
+    micro_batches: int = 0
+    # Activations are measured on the first micro-batch of each window; the last reading is kept.
+    activation_bytes: int | None = None
+    measuring: bool = False  # the forward pass running now is measured
+
+    def add(self, loss: float, activation_bytes: int | None) -> None:
+        self.loss += loss
+        self.micro_batches += 1
+        if activation_bytes is not None:
+            self.activation_bytes = activation_bytes
+
+    def next_window(self) -> None:
+        self.loss, self.micro_batches = 0.0, 0
+
+
 class GradaccTrainer(Trainer):
     """Trainer plus the readings a callback cannot take: each micro-batch's loss, size and activation bytes."""
 
-    def __init__(self, *args, job, meter: ActivationMeter, report: StepReporter, **kwargs):
+    def __init__(self, *args, job, meter: ActivationMeter, report: StepReporter, window: WindowTally, **kwargs):
         super().__init__(*args, **kwargs)
         self.job = job
         self.meter = meter
         self.report = report
-        self.window_loss = 0.0
-        self.window_micro_batches = 0
-        self.activation_bytes = None
-        self.measuring = False
+        self.window = window
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         self.job.check_stop()  # within one micro-batch, even mid-window
         self.report.micro_batch(inputs)
-        measuring = self.measuring = self.job.config.instrument and self.window_micro_batches == 0
+        measuring = self.window.measuring = self.job.config.instrument and self.window.micro_batches == 0
         try:
             loss = super().training_step(model, inputs, num_items_in_batch)
         finally:
-            self.measuring = False
-        if not torch.isfinite(loss):
-            kind = "NaN" if torch.isnan(loss) else "inf"
-            raise RunFailed(f"loss became {kind} at step {self.state.global_step + 1}")
-        self.window_loss += float(loss)
-        self.window_micro_batches += 1
-        if measuring:
-            self.activation_bytes = self.meter.bytes
+            self.window.measuring = False
+        check_finite(loss, self.state.global_step + 1)
+        self.window.add(float(loss), self.meter.bytes if measuring else None)
         return loss
 
     def compute_loss(self, model, inputs, *args, **kwargs):
         # The forward pass only: hooks left open across backward cost about twice as much (measured).
-        with self.meter.measure() if self.measuring else contextlib.nullcontext():
+        with self.meter.measure() if self.window.measuring else contextlib.nullcontext():
             return super().compute_loss(model, inputs, *args, **kwargs)
 
 
 class EventCallback(TrainerCallback):
     """Trainer's events → gradacc's events, without touching Trainer's loop."""
 
-    def __init__(self, job, report: StepReporter):
+    def __init__(self, job, report: StepReporter, window: WindowTally):
         self.job = job
         self.report = report
-        self.trainer: GradaccTrainer | None = None
+        self.window = window
+        self.trainer: GradaccTrainer | None = None  # only to reach the DDP-wrapped model when training begins
         self.lr = 0.0
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -111,12 +128,13 @@ class EventCallback(TrainerCallback):
         self.lr = optimizer.param_groups[0]["lr"]
 
     def on_log(self, args, state, control, logs=None, **kwargs):
+        # One training log per optimizer step (logging_steps=1): the step event. Its "loss" is Trainer's
+        # running figure; the window's own comes from the tally.
         if logs and "loss" in logs and "eval_loss" not in logs:
-            trainer = self.trainer
             self.report.step(step=state.global_step, epoch=int(-(-state.epoch // 1)),
-                             micro_batches=trainer.window_micro_batches, loss=trainer.window_loss,
-                             grad_norm=logs.get("grad_norm"), lr=self.lr, activation_bytes=trainer.activation_bytes)
-            trainer.window_loss, trainer.window_micro_batches = 0.0, 0
+                             micro_batches=self.window.micro_batches, loss=self.window.loss,
+                             grad_norm=logs.get("grad_norm"), lr=self.lr, activation_bytes=self.window.activation_bytes)
+            self.window.next_window()
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.job.stop.is_set():
@@ -156,11 +174,14 @@ def train(job) -> None:
     config = job.config
     report = StepReporter(job, config.num_processes)
     meter = ActivationMeter(job.model)
+    window = WindowTally()
     with tempfile.TemporaryDirectory(prefix="gradacc-trainer-") as output_dir:
         args = TrainingArguments(
             output_dir=output_dir,
             per_device_train_batch_size=config.micro_batch_size,
             per_device_eval_batch_size=EVAL_BATCH_SIZE,
+            # Accumulation: Trainer runs backward() every micro-batch and steps and zeroes every k; the loss scaling is
+            # compute_loss_func's (below).
             gradient_accumulation_steps=config.grad_accum_steps,
             eval_strategy="epoch",
             num_train_epochs=config.epochs,
@@ -170,6 +191,8 @@ def train(job) -> None:
             warmup_steps=warmup_steps(config, job.total_steps),
             lr_scheduler_type="linear",
             max_grad_norm=config.max_grad_norm,
+            # Contract: step events come from EventCallback.on_log, which Trainer calls after an optimizer step
+            # only when it logs; logging every step gives exactly one step event per optimizer step.
             logging_strategy="steps",
             logging_steps=1,
             save_strategy="no",
@@ -183,12 +206,12 @@ def train(job) -> None:
             accelerator_config={"gradient_accumulation_kwargs": {"sync_each_batch": True}}
             if job.sync_each_micro_batch else None,
         )
-        callback = EventCallback(job, report)
+        callback = EventCallback(job, report, window)
 
         def compute_metrics(eval_prediction):
             scores = classification_metrics(eval_prediction.predictions.argmax(-1), eval_prediction.label_ids,
                                             job.num_labels)
-            return {"accuracy": scores["accuracy"], "f1": scores["f1"]}
+            return {"accuracy": scores["accuracy"], "f1": scores["f1"], "majority_f1": scores["majority_f1"]}
 
         def compute_lm_metrics(eval_prediction):
             # Batches are concatenated padded with -100 on the right, which keeps position t beside token t+1.
@@ -214,6 +237,7 @@ def train(job) -> None:
             job=job,
             meter=meter,
             report=report,
+            window=window,
         )
         callback.trainer = trainer
         trainer.remove_callback(PrinterCallback)  # with tqdm off, Trainer prints every log dict to stdout

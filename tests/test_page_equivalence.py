@@ -1,6 +1,6 @@
 """The Equivalence page: the check runs off the page's thread and its numbers and meaning are shown."""
 
-from app_support import app_home, chart, error_after, open_app, run_until, set_numbers  # noqa: F401
+from app_support import chart, error_after, open_app, run_until, set_numbers
 
 CHECK_TIMEOUT_S = 90
 
@@ -33,9 +33,9 @@ def test_the_check_runs_in_the_background_and_shows_naive_vs_exact(app_home):
 def test_bad_sizes_are_refused_next_to_the_field(app_home):
     at = open_app("equivalence")
     set_numbers(at, "equivalence", {"micro_batch_size": 0})
-    assert "micro batch size must be from 1" in error_after(at, "form.equivalence.micro_batch_size")
+    assert "Micro-batch size (m) must be a whole number from 1" in error_after(at, "form.equivalence.micro_batch_size")
     assert at.button(key="run_check").disabled
     set_numbers(at, "equivalence", {"micro_batch_size": 32, "grad_accum_steps": 16})
-    assert "m × k must be at most 256" in error_after(at, "form.equivalence.grad_accum_steps")
+    assert "Accumulation steps (k) must keep m × k at most 256" in error_after(at, "form.equivalence.grad_accum_steps")
     assert at.button(key="run_check").disabled
     assert not at.exception

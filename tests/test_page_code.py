@@ -1,7 +1,7 @@
 """The Code page: each backend's real train loop from gradacc's source, with the settings filled in."""
 
 import pytest
-from app_support import app_home, error_after, open_app, set_numbers  # noqa: F401
+from app_support import error_after, open_app, set_numbers
 
 EXPECTED = {
     "pytorch": ["loss.backward()", "optimizer.step()"],
@@ -39,5 +39,5 @@ def test_follows_the_train_page_settings_and_refuses_bad_ones(app_home):
     at.switch_page("pages/code.py").run()
 
     set_numbers(at, "code", {"grad_accum_steps": 0})
-    assert "grad accum steps must be from 1" in error_after(at, "form.code.grad_accum_steps")
+    assert "Accumulation steps (k) must be a whole number from 1" in error_after(at, "form.code.grad_accum_steps")
     assert not at.code

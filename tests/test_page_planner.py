@@ -1,6 +1,6 @@
 """The Memory planner page: measure once, recommend m and k for a budget, hand them to the Train page."""
 
-from app_support import app_home, chart, error_after, metric, open_app, set_numbers  # noqa: F401
+from app_support import chart, error_after, metric, open_app, set_numbers
 
 
 def test_measures_the_model_and_recommends_micro_batch_and_accumulation(app_home):

@@ -1,0 +1,32 @@
+"""The app's entry: page setup and navigation; every page lives in ``pages/`` beside the main script.
+
+Two ways in, one app: ``streamlit run app.py`` in a checkout (app.py calls ``main()``; pages/ is next to it),
+and ``gradacc app`` from an installed package, which runs this file itself (the wheel puts the checkout's
+pages/ here as gradacc/app/pages/). Page paths are relative to the main script, so they hold in both.
+Nothing here imports torch or transformers: the run manager warms them up in the background while the
+first page paints.
+"""
+
+import streamlit as st
+
+from gradacc.app import widgets as ui
+
+
+def main() -> None:
+    st.set_page_config(page_title="gradacc: gradient accumulation, live", page_icon="🧮", layout="wide")
+    ui.run_manager()  # the first visitor creates it: marks interrupted runs, starts warming up
+
+    navigation = st.navigation([
+        # First in the menu: the page a speaker opens (/demos?demo=same-curve).
+        st.Page("pages/demos.py", title="Demos", icon="🎬", url_path="demos"),
+        st.Page("pages/train.py", title="Train", icon="🏋️", default=True),
+        st.Page("pages/compare.py", title="Compare runs", icon="📊"),
+        st.Page("pages/equivalence.py", title="Equivalence", icon="⚖️"),
+        st.Page("pages/planner.py", title="Memory planner", icon="🧠"),
+        st.Page("pages/code.py", title="Code", icon="📜"),
+    ])
+    navigation.run()
+
+
+if __name__ == "__main__":  # `gradacc app`: Streamlit runs this file as its main script
+    main()

@@ -1,0 +1,1 @@
+"""Runs leave gradacc here: experiment trackers written from the event stream (no torch at import)."""

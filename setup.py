@@ -1,0 +1,17 @@
+"""The one part of the build pyproject.toml cannot say: the app's files go into the package.
+
+A checkout keeps the Streamlit pages at its root (``streamlit run app.py`` finds ``pages/`` beside it); an
+installed gradacc needs them inside the package, beside ``gradacc/app/streamlit_app.py``, which
+``gradacc app`` runs. So the wheel maps ``pages/`` to ``gradacc/app/pages/`` and ``.streamlit/`` (the
+server's settings) to ``gradacc/app/streamlit_config/``: nothing is copied or kept twice.
+"""
+
+from setuptools import find_packages, setup
+
+APP_FILES = {"gradacc.app.pages": "pages", "gradacc.app.streamlit_config": ".streamlit"}
+
+setup(
+    packages=find_packages(include=["gradacc", "gradacc.*"]) + list(APP_FILES),
+    package_dir=APP_FILES,
+    package_data={"gradacc.app.streamlit_config": ["config.toml"]},
+)

@@ -74,10 +74,11 @@ def demo_view():
     for column, run in zip(columns, snapshots):
         with column, st.container(key=f"demo-run-{run.run_id}"):
             st.markdown(f"**{labels[run.run_id]}**")
-            kind, sentence = runview.status_message(run, manager.queue_position(run.run_id))
+            kind, sentence = runview.status_message(run, runview.queue(manager, run.run_id))
             getattr(st, kind)(sentence)
-            fraction, text = runview.progress(run)
-            st.progress(fraction, text=text)
+            bar = runview.progress(run)
+            if bar is not None:  # queued, or failed before its first step: the sentence above says it all
+                st.progress(bar[0], text=bar[1])
     if any(run.is_live for run in snapshots):
         st.caption("The result is written here when both runs are done.")
     comparison.draw(snapshots, key="demo")

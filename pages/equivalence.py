@@ -7,6 +7,7 @@ import streamlit as st
 from gradacc.app import charts, equivalence_view, widgets as ui
 from gradacc.training.backends import DESCRIPTIONS
 from gradacc.errors import GradaccError
+from gradacc.serving import checks
 
 K = f"{ui.FORM}equivalence."
 
@@ -27,7 +28,7 @@ backend_column.caption(DESCRIPTIONS[backend])
 
 general = st.container()
 try:
-    config = equivalence_view.check_config(backend, micro_batch_size, grad_accum_steps)
+    config = checks.check_config(backend, micro_batch_size, grad_accum_steps)
 except GradaccError as error:
     config = None
     errors.show({error.field or "config": error.message}, general)

@@ -209,3 +209,26 @@ def test_a_misconfigured_server_says_so_instead_of_a_traceback(app_home, monkeyp
     monkeypatch.setenv(name, "lots")
     at = open_app()
     assert f"This server is misconfigured: {name} must be a whole number" in at.error[0].value
+
+
+def test_two_sessions_watching_one_run_build_its_figures_once_per_event_batch(app_home):
+    from gradacc.app import widgets as ui
+
+    first = open_app()
+    set_numbers(first, "train", SMALL_RUN)
+    start(first)
+    run_until(first, lambda at: bool(at.success), RUN_TIMEOUT_S, "the run to complete")
+    run_id = first.session_state["run_id"]
+    cache = ui.figure_cache()
+    builds = cache.builds
+    # A second visitor opens the run's link, and both pages redraw: the figures of this event count exist.
+    second = AppTest.from_file(APP, default_timeout=60)
+    second.query_params["run"] = run_id
+    second.run()
+    first.run()
+    assert not second.exception and points(chart(second, "Training loss")) == points(chart(first, "Training loss")) > 0
+    assert cache.builds == builds, "a session that draws figures another session built must not build them again"
+    # Another view is another key: built once, by whichever session asks first.
+    second.radio(key="loss_x").set_value("samples_seen").run()
+    first.radio(key="loss_x").set_value("samples_seen").run()
+    assert cache.builds == builds + 1

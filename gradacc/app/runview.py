@@ -56,6 +56,16 @@ def progress(run) -> tuple[float, str] | None:
     return min(1.0, done / total), text
 
 
+def queue(manager, run_id: str) -> tuple[int, str] | None:
+    """(position, wait phrase) of a queued run for ``status_message``; None when it is not waiting."""
+    position = manager.queue_position(run_id)
+    if not position:
+        return None
+    running, ahead = manager.ahead_of(run_id)
+    return position, queue_wait(running, ahead, manager.max_concurrent, manager.recent_wall_seconds(),
+                                manager.max_run_seconds or None)
+
+
 def queue_wait(running: list, ahead: list, slots: int, recent_s: list[float], limit_s: float | None) -> str:
     """How long a queued run waits, as a phrase: each run holding a slot ends at its own pace (its ETA), and
     each queued run ahead then takes as long as this server's recent runs did (their median), capped by the

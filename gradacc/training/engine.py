@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 
 from gradacc import events, paths
 from gradacc.config import RunConfig
-from gradacc.errors import GradaccError, RunFailed, RunStopped
+from gradacc.errors import GradaccError, RunFailed, RunStopped, one_line
 from gradacc.events import EventSink
 
 
@@ -141,12 +141,10 @@ def announce(job) -> dict:
 
 def describe_failure(error: Exception, config: RunConfig) -> str:
     """One line for an unexpected fault; out-of-memory gets a hint of what to change."""
-    text = str(error).strip()
-    first = text.splitlines()[0] if text else ""
     if is_out_of_memory(error):
         return (f"out of memory at micro-batch size {config.micro_batch_size}: lower the micro-batch size and "
                 "raise accumulation steps (the Memory planner page shows what fits)")
-    return f"{type(error).__name__}: {first}" if first else type(error).__name__
+    return one_line(error)
 
 
 def is_out_of_memory(error: Exception) -> bool:

@@ -153,7 +153,8 @@ def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, token_lev
     device = pick_device()
     return Job(config=config, model=loaded.model.to(device), tokenizer=loaded.tokenizer,
                train_examples=train_examples, eval_examples=eval_examples, label_names=text_data.label_names,
-               collate=collate or data_module.collator(loaded.tokenizer, token_level), emit=emit, stop=stop, device=device,
+               collate=collate or data_module.collator(loaded.tokenizer, token_level), emit=emit, stop=stop,
+               device=device,
                steps_per_epoch=optimizer_steps_per_epoch(len(train_examples), config.micro_batch_size,
                                                          config.grad_accum_steps, config.num_processes),
                total_steps=total_optimizer_steps(config, len(train_examples)),

@@ -26,10 +26,12 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from gradacc import events
 from gradacc.config import RunConfig
+from gradacc.errors import one_line
 from gradacc.events import EventSink
 
 STOP_GRACE_S = 3.0
@@ -72,7 +74,7 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
             try:
                 on_event(event)
             except Exception as error:  # noqa: BLE001 - a broken sink fails the run, as in the engine
-                sink_failure = f"{type(error).__name__}: {error}".splitlines()[0]
+                sink_failure = one_line(error)
                 _kill_group(process, signal.SIGKILL)
         returncode = process.wait()
         errors.join()
@@ -85,6 +87,16 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
         ended = _outcome(rank0_ended, returncode, stop.is_set(), errors, steps, wall_s)
     on_event(ended)
     return ended
+
+
+def train_for(config: RunConfig) -> Callable[..., dict]:
+    """What trains ``config``: ``engine.train`` in this process, or ``train`` above (one process per rank,
+    through accelerate launch) when it asks for several processes. Both take (config, on_event, stop)."""
+    if config.num_processes > 1:
+        return train
+    from gradacc.training.engine import train as train_here  # lazy: imports torch
+
+    return train_here
 
 
 def command(config_file: str, num_processes: int, port: int) -> list[str]:

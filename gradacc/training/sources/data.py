@@ -14,8 +14,13 @@ from pathlib import Path
 
 from gradacc import paths
 from gradacc.training.sources import builtin_data, hub
+<<<<<<< HEAD
 from gradacc.config import CAUSAL_LM, RunConfig, field_label
 from gradacc.errors import GradaccError
+=======
+from gradacc.config import RunConfig, field_label
+from gradacc.errors import GradaccError, one_line
+>>>>>>> main
 
 TEXT_COLUMNS = ("text", "sentence", "review", "content", "document", "comment", "utterance")
 LABEL_COLUMNS = ("label", "labels", "target", "class", "sentiment", "category")
@@ -62,7 +67,7 @@ def load_text_data(config: RunConfig, confinement: paths.Confinement | None = No
     elif source == "builtin-sentiment":
         data = _builtin(config)
     elif Path(source).suffix.lower() in FILE_SUFFIXES or Path(source).expanduser().is_file():
-        data = _from_table(_read_file(source, where), config)
+        data = _from_table(read_table(source, where), config)
     elif paths.dataset_is_local(source):
         data = _from_saved(source, config, where)
     else:
@@ -78,6 +83,7 @@ def _builtin(config: RunConfig) -> TextData:
                     list(builtin_data.LABEL_NAMES))
 
 
+<<<<<<< HEAD
 def _builtin_text(config: RunConfig) -> TextData:
     n_train = config.train_samples or 2000
     n_eval = config.eval_samples or 400
@@ -86,6 +92,12 @@ def _builtin_text(config: RunConfig) -> TextData:
 
 
 def _read_file(source: str, confinement: paths.Confinement | None = None):
+=======
+def read_table(source: str, confinement: paths.Confinement | None = None):
+    """A CSV/JSONL/JSON data file as a pandas DataFrame of text cells; GradaccError (field ``dataset``) when
+    the path lies outside ``confinement`` (None: the app's visitors' folders), is missing or empty, is not
+    UTF-8 or cannot be parsed."""
+>>>>>>> main
     import pandas as pd
 
     path = paths.visitors_unless(confinement).data_path(source)
@@ -102,8 +114,8 @@ def _read_file(source: str, confinement: paths.Confinement | None = None):
     except UnicodeDecodeError:
         raise GradaccError(f"{path.name!r} is not UTF-8 text; save it as UTF-8 and try again.", "dataset") from None
     except (ValueError, pd.errors.ParserError) as error:
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise GradaccError(f"Could not read {path.name!r} as {path.suffix[1:].upper()}: {first_line}.",
+        raise GradaccError(f"Could not read {path.name!r} as {path.suffix[1:].upper()}: "
+                           f"{one_line(error, with_type=False)}.",
                            "dataset") from None
 
 
@@ -261,8 +273,8 @@ def _from_saved(source: str, config: RunConfig, confinement: paths.Confinement) 
     try:
         loaded = datasets.load_from_disk(str(path))
     except (FileNotFoundError, ValueError) as error:
-        raise GradaccError(f"{path.name!r} is not a folder written by save_to_disk ({_first_line(error)}).",
-                           "dataset") from None
+        raise GradaccError(f"{path.name!r} is not a folder written by save_to_disk "
+                           f"({one_line(error, with_type=False)}).", "dataset") from None
     return _from_hf(loaded, config)
 
 
@@ -274,7 +286,7 @@ def _from_hub(source: str, config: RunConfig) -> TextData:
         loaded = datasets.load_dataset(source, split=config.dataset_split)
     except Exception as error:  # the hub raises many types; the person needs one sentence
         raise GradaccError(f"Could not load hub dataset {source!r} split {config.dataset_split!r}: "
-                           f"{_first_line(error)}", "dataset") from None
+                           f"{one_line(error, with_type=False)}", "dataset") from None
     return _from_hf(loaded, config)
 
 
@@ -327,11 +339,6 @@ def _limit(data: TextData, config: RunConfig) -> TextData:
     if not data.train_texts or not data.eval_texts:
         raise GradaccError("The data needs at least one training row and one eval row.", "dataset")
     return data
-
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 # ---- tokenisation and micro-batches -------------------------------------------------------------

@@ -15,7 +15,7 @@ from pathlib import Path
 from gradacc import paths
 from gradacc.training.sources import builtin_data, hub
 from gradacc.config import BUILTIN_MODEL_TASKS, CAUSAL_LM, CLASSIFICATION, MAX_SEQ_LEN, RunConfig
-from gradacc.errors import GradaccError
+from gradacc.errors import GradaccError, one_line
 
 TINY_BERT = "tiny-bert"
 TINY_GPT = "tiny-gpt"
@@ -222,8 +222,8 @@ def _load_pretrained_lm(source: str, shown_name: str, config: RunConfig) -> Load
                                                      use_safetensors=True)
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
     except Exception as error:  # transformers raises many types; the person needs one sentence
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise GradaccError(f"Could not load model {shown_name!r} as a causal LM: {first}", "model") from None
+        raise GradaccError(f"Could not load model {shown_name!r} as a causal LM: {one_line(error, with_type=False)}",
+                           "model") from None
     if tokenizer.pad_token is None:
         # GPT-2-style tokenizers have none; padding is masked out of the loss (labels -100) and attention.
         tokenizer.pad_token = tokenizer.eos_token
@@ -303,8 +303,8 @@ def _load_pretrained(source: str, shown_name: str, config: RunConfig, num_labels
     except GradaccError:
         raise
     except Exception as error:  # transformers raises many types; the person needs one sentence
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise GradaccError(f"Could not load model {shown_name!r}: {first}", "model") from None
+        raise GradaccError(f"Could not load model {shown_name!r}: {one_line(error, with_type=False)}",
+                           "model") from None
     if tokenizer.pad_token is None:
         raise GradaccError(f"The tokenizer of {shown_name!r} has no padding token, which batching needs.", "model")
     return LoadedModel(model, tokenizer, shown_name)

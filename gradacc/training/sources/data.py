@@ -14,13 +14,8 @@ from pathlib import Path
 
 from gradacc import paths
 from gradacc.training.sources import builtin_data, hub
-<<<<<<< HEAD
 from gradacc.config import CAUSAL_LM, RunConfig, field_label
-from gradacc.errors import GradaccError
-=======
-from gradacc.config import RunConfig, field_label
 from gradacc.errors import GradaccError, one_line
->>>>>>> main
 
 TEXT_COLUMNS = ("text", "sentence", "review", "content", "document", "comment", "utterance")
 LABEL_COLUMNS = ("label", "labels", "target", "class", "sentiment", "category")
@@ -83,7 +78,6 @@ def _builtin(config: RunConfig) -> TextData:
                     list(builtin_data.LABEL_NAMES))
 
 
-<<<<<<< HEAD
 def _builtin_text(config: RunConfig) -> TextData:
     n_train = config.train_samples or 2000
     n_eval = config.eval_samples or 400
@@ -91,13 +85,10 @@ def _builtin_text(config: RunConfig) -> TextData:
     return TextData(texts[:n_train], [], texts[n_train:], [], [])
 
 
-def _read_file(source: str, confinement: paths.Confinement | None = None):
-=======
 def read_table(source: str, confinement: paths.Confinement | None = None):
     """A CSV/JSONL/JSON data file as a pandas DataFrame of text cells; GradaccError (field ``dataset``) when
     the path lies outside ``confinement`` (None: the app's visitors' folders), is missing or empty, is not
     UTF-8 or cannot be parsed."""
->>>>>>> main
     import pandas as pd
 
     path = paths.visitors_unless(confinement).data_path(source)

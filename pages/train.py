@@ -24,6 +24,7 @@ with data_column:
     st.subheader("Model and data")
     model = ui.model_input("train", errors)
     dataset, text_column, label_column, dataset_problem = ui.dataset_input("train", errors, limits)
+    task = ui.task_input("train", errors, RunConfig(model=model, dataset=dataset))
     backend = st.radio(field_label("backend"), BACKENDS, key=K + "backend", persist_state="session",
                        format_func=ui.BACKEND_NAMES.get, captions=[DESCRIPTIONS[b] for b in BACKENDS])
     errors.slot("backend")
@@ -31,7 +32,7 @@ with settings_column:
     st.subheader("Accumulation and training")
     settings = ui.training_inputs(K, errors)
 
-config = RunConfig(backend=backend, model=model, dataset=dataset, text_column=text_column,
+config = RunConfig(backend=backend, model=model, dataset=dataset, task=task, text_column=text_column,
                    label_column=label_column, **settings)
 ui.keep_train_config(config)  # the other pages read the Train form's settings from here
 train_examples, data_problems = ui.train_examples(config)
@@ -102,10 +103,9 @@ def run_status():
             st.caption(f"ℹ️ {note}")
         if not runview.has_anything_to_show(current):
             return  # ended before it trained: the reason above is all there is; no empty scores or charts
-        latest = runview.latest_eval(current)
         f1, accuracy, memory = st.columns(3)
-        f1.metric("Eval F1", f"{latest['eval_f1']:.3f}" if latest else "—")
-        accuracy.metric("Eval accuracy", f"{latest['eval_accuracy']:.3f}" if latest else "—")
+        for column, (name, value) in zip((f1, accuracy), runview.eval_scores(current)):
+            column.metric(name, value)
         static = (current.started or {}).get("static_memory") or {}
         memory.metric("Params + grads + optimizer", ui.format_bytes(static.get("total")))
         if not current.is_live and current.started is not None:

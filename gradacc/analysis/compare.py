@@ -63,8 +63,8 @@ def summary(run, name: str | None = None) -> dict:
         "learning rate": config.get("learning_rate"),
         "dropout": config.get("dropout"),
         "peak activation bytes": max(activations) if activations else None,
-        "final F1": round(evals[-1]["eval_f1"], 4) if evals else None,
-        "final accuracy": round(evals[-1]["eval_accuracy"], 4) if evals else None,
+        "final F1": _rounded(evals[-1].get("eval_f1")) if evals else None,  # None for a causal LM
+        "final accuracy": _rounded(evals[-1].get("eval_accuracy")) if evals else None,
     }
     return {column: row[column] for column in COLUMNS}
 
@@ -139,6 +139,10 @@ def loss_difference(curve_a: dict, curve_b: dict) -> tuple[float | None, int]:
     return worst, len(shared)
 
 
+def _rounded(value) -> float | None:
+    return round(value, 4) if value is not None else None
+
+
 def config_differences(config_a: dict, config_b: dict) -> list[str]:
     """Config fields whose values differ, in the order RunConfig lists them."""
     names = [name for name in RunConfig().to_dict() if name not in NOT_DIFFERENCES]
@@ -161,6 +165,8 @@ def headline(events_a: list[dict], events_b: list[dict]) -> dict:
     shared_metrics = [key for key in a["eval"] if key in b["eval"]]
     if "eval_f1" in shared_metrics:
         shared_metrics = ["eval_f1"]
+    elif "eval_perplexity" in shared_metrics:  # two causal LMs
+        shared_metrics = ["eval_perplexity"]
     figures = {
         "loss_max_rel_diff": rel_diff,
         "loss_points_compared": points,

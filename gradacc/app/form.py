@@ -44,6 +44,8 @@ def all_errors(config: RunConfig, limits: Limits | None = None, train_examples: 
         errors.setdefault(field, message)
     for field, message in local_path_errors(candidate).items():
         errors.setdefault(field, message)
+    for field, message in task_errors(candidate).items():
+        errors.setdefault(field, message)
     if train_examples is not None and "micro_batch_size" not in errors \
             and candidate.micro_batch_size > train_examples:
         errors["micro_batch_size"] = too_few_examples(candidate.micro_batch_size, train_examples)
@@ -70,6 +72,20 @@ def local_path_errors(config: RunConfig) -> dict[str, str]:
     except GradaccError as error:
         found["dataset"] = error.message
     return found
+
+
+def task_errors(config: RunConfig) -> dict[str, str]:
+    """A model, task and built-in dataset that cannot go together, said before Start (no torch needed)."""
+    from gradacc.config import BUILTIN_MODEL_TASKS, CAUSAL_LM
+    from gradacc.training.sources.models import infer_task
+
+    task = infer_task(config)
+    model_task = BUILTIN_MODEL_TASKS.get(config.model)
+    if model_task is not None and model_task != task:
+        return {"task": f"Task {task} does not fit {config.model}, a {model_task} model."}
+    if config.dataset == "builtin-text" and task != CAUSAL_LM:
+        return {"dataset": "Dataset builtin-text has no labels to classify: it is for the causal-lm task (tiny-gpt)."}
+    return {}
 
 
 def optimizer_steps(config: RunConfig, train_examples: int | None) -> int | None:

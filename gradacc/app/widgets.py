@@ -185,13 +185,32 @@ def model_input(prefix: str, errors: FieldErrors) -> str:
     choice = st.selectbox("Model", [*BUILTIN_MODELS, OTHER_MODEL], key=f"{FORM}{prefix}.model_choice",
                           persist_state="session",
                           help="tiny-bert: a 190k-parameter BERT, random init (fast). all-MiniLM-L6-v2: pretrained, "
-                               "packaged (22M parameters).")
+                               "packaged (22M parameters). tiny-gpt: a 200k-parameter GPT-2-style language model, "
+                               "random init (the causal-lm task).")
     name = choice
     if choice == OTHER_MODEL:
         name = st.text_input("Hub id or local model folder", key=f"{FORM}{prefix}.model_custom",
                              persist_state="session", placeholder="prajjwal1/bert-tiny").strip()
     errors.slot("model")
     return name
+
+
+FROM_THE_MODEL = "from the model"
+
+
+def task_input(prefix: str, errors: FieldErrors, config: RunConfig) -> str | None:
+    """Task: classification, causal-lm, or (None) whatever the model is; the inferred task is shown."""
+    from gradacc.config import TASKS
+    from gradacc.training.sources.models import infer_task  # reads a folder's config.json at most, no torch
+
+    choice = st.selectbox("Task", [FROM_THE_MODEL, *TASKS], key=f"{FORM}{prefix}.task", persist_state="session",
+                          help="classification: a label per text (F1, accuracy). causal-lm: predict each next token "
+                               "(perplexity, next-token accuracy); a *ForCausalLM model or tiny-gpt means causal-lm.")
+    task = None if choice == FROM_THE_MODEL else choice
+    if task is None:
+        st.caption(f"Task from the model: **{infer_task(config)}**.")
+    errors.slot("task")
+    return task
 
 
 def _model_widget_values(prefix: str, model: str) -> dict:
@@ -209,7 +228,8 @@ def dataset_input(prefix: str, errors: FieldErrors, limits: Limits) -> tuple[str
     defaults({f"{FORM}{prefix}.dataset_choice": BUILTIN_DATASETS[0], f"{FORM}{prefix}.dataset_custom": ""})
     choice = st.selectbox("Dataset", [*BUILTIN_DATASETS, UPLOAD_DATASET, OTHER_DATASET],
                           key=f"{FORM}{prefix}.dataset_choice", persist_state="session",
-                          help="builtin-sentiment: generated product reviews, positive or negative (offline).")
+                          help="builtin-sentiment: generated product reviews, positive or negative (offline). "
+                               "builtin-text: reviews of one to a dozen sentences, for the causal-lm task.")
     if choice == UPLOAD_DATASET:
         return _upload_input(prefix, errors, limits)
     dataset = choice

@@ -232,3 +232,27 @@ def test_two_sessions_watching_one_run_build_its_figures_once_per_event_batch(ap
     second.radio(key="loss_x").set_value("samples_seen").run()
     first.radio(key="loss_x").set_value("samples_seen").run()
     assert cache.builds == builds + 1
+
+
+def test_the_task_follows_the_model_and_an_lm_run_shows_perplexity(app_home):
+    at = open_app()
+    assert at.selectbox(key="form.train.task").value == "from the model"
+    assert "Task from the model: **classification**" in " ".join(c.value for c in at.caption)
+    at.selectbox(key="form.train.dataset_choice").set_value("builtin-text").run()  # tiny-bert cannot learn it
+    assert "causal-lm task" in error_after(at, "form.train.dataset_choice")
+    assert at.button(key="start").disabled
+    at.selectbox(key="form.train.model_choice").set_value("tiny-gpt").run()
+    assert "Task from the model: **causal-lm**" in " ".join(c.value for c in at.caption)
+    at.selectbox(key="form.train.task").set_value("classification").run()
+    assert "does not fit tiny-gpt" in error_after(at, "form.train.task")
+    at.selectbox(key="form.train.task").set_value("from the model").run()
+    set_numbers(at, "train", {**SMALL_RUN, "max_seq_length": 32})
+    assert not at.button(key="start").disabled
+    start(at)
+    run_until(at, lambda at: at.success and at.success[0].value.startswith("Completed"), RUN_TIMEOUT_S,
+              "the language-model run to complete")
+    assert metric(at, "Eval perplexity") != "—" and metric(at, "Next-token accuracy") != "—"
+    evaluation = chart(at, "Evaluation after each epoch")
+    assert [t["name"] for t in evaluation["data"]] == ["this run · next-token accuracy", "this run · perplexity"]
+    assert evaluation["layout"]["yaxis2"]["type"] == "log"
+    assert points(chart(at, "Training loss")) == 4

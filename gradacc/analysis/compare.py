@@ -165,8 +165,6 @@ def headline(events_a: list[dict], events_b: list[dict]) -> dict:
     shared_metrics = [key for key in a["eval"] if key in b["eval"]]
     if "eval_f1" in shared_metrics:
         shared_metrics = ["eval_f1"]
-    elif "eval_perplexity" in shared_metrics:  # two causal LMs
-        shared_metrics = ["eval_perplexity"]
     figures = {
         "loss_max_rel_diff": rel_diff,
         "loss_points_compared": points,

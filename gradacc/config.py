@@ -16,6 +16,10 @@ BUILTIN_MODELS = ("tiny-bert", "all-MiniLM-L6-v2", "tiny-gpt")
 BUILTIN_DATASETS = ("builtin-sentiment", "builtin-text")
 # What each built-in model is for: a run that names no task gets its model's.
 BUILTIN_MODEL_TASKS = {"tiny-bert": CLASSIFICATION, "all-MiniLM-L6-v2": CLASSIFICATION, "tiny-gpt": CAUSAL_LM}
+# Memory levers beside accumulation (gradacc.training.backends.common applies them; the device decides what runs).
+PRECISIONS = ("fp32", "bf16", "fp16")
+OPTIMIZERS = ("adamw", "adamw-fused", "sgd", "adafactor", "adamw-8bit")
+MAX_MEMORY_BUDGET_MB = 10_000_000.0
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,10 @@ FIELD_LABELS = {
     "dropout": "Dropout",
     "num_processes": "Processes",
     "instrument": "Instrumentation",
+    "memory_budget_mb": "Memory budget (MB)",
+    "gradient_checkpointing": "Gradient checkpointing",
+    "precision": "Precision",
+    "optimizer": "Optimizer",
     "trainer_library_default": "Trainer library default",
     # Where a run is logged besides gradacc's own store (engine and CLI options, not RunConfig fields).
     "report_to": "Report to",
@@ -116,6 +124,10 @@ CLI_FLAGS = {
     "dropout": "--dropout",
     "num_processes": None,  # set by the launch (accelerate launch / torchrun), not by a flag
     "instrument": "--no-instrument",
+    "memory_budget_mb": "--memory-budget-mb",
+    "gradient_checkpointing": "--gradient-checkpointing",
+    "precision": "--precision",
+    "optimizer": "--optimizer",
     "trainer_library_default": "--trainer-library-default",
     "report_to": "--report-to",
     "log_dir": "--log-dir",
@@ -173,6 +185,11 @@ class RunConfig:
     num_processes: int = 1
     # Measure activation bytes with saved-tensor hooks and RSS at every optimizer step.
     instrument: bool = True
+    # A device budget: the run measures what it needs before step 1 and fails like out-of-memory past it.
+    memory_budget_mb: float | None = None
+    gradient_checkpointing: bool = False
+    precision: str = "fp32"
+    optimizer: str = "adamw"
     # Trainer only: leave Trainer's own loss scaling as the library does it (k× too large on BERT in
     # transformers 5) instead of gradacc's compute_loss_func; shows the pitfall.
     trainer_library_default: bool = False
@@ -241,7 +258,23 @@ class RunConfig:
         if not isinstance(self.trainer_library_default, bool):
             raise GradaccError(f"{field_label('trainer_library_default')} must be true or false; "
                                f"got {self.trainer_library_default!r}.", "trainer_library_default")
+        self._validate_memory_levers()
         return self
+
+    def _validate_memory_levers(self) -> None:
+        if self.memory_budget_mb is not None:
+            value = self.memory_budget_mb
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) \
+                    or not 0 < value <= MAX_MEMORY_BUDGET_MB:
+                raise GradaccError(f"{field_label('memory_budget_mb')} must be a number greater than 0 and at most "
+                                   f"{MAX_MEMORY_BUDGET_MB:,.0f}, or empty for no budget; got {_shown(value)}.",
+                                   "memory_budget_mb")
+            self.memory_budget_mb = float(value)
+        if not isinstance(self.gradient_checkpointing, bool):
+            raise GradaccError(f"{field_label('gradient_checkpointing')} must be on or off; "
+                               f"got {_shown(self.gradient_checkpointing)}.", "gradient_checkpointing")
+        _choice("precision", self.precision, PRECISIONS)
+        _choice("optimizer", self.optimizer, OPTIMIZERS)
 
 
 def effective_batch(micro_batch_size: int, grad_accum_steps: int, num_processes: int = 1) -> int:

@@ -136,7 +136,9 @@ def full_batch_gradient(config: RunConfig, token_level: bool, first_windows: int
     indices = [i for batch in micro_batches for i in batch]
     job.model.train()
     batch = to_device(job.collate([job.train_examples[i] for i in indices]), job.device)
-    job.model(**batch).loss.backward()
+    with job.precision.autocast():  # the same levers as the run it is compared with (bf16: a bf16 reference)
+        loss = job.model(**batch).loss
+    loss.backward()
     batch_items = windows.batch_item_counts(job.train_examples, micro_batches)
     return {"gradient": _gradients(job.model), "items": sum(batch_items), "batch_items": batch_items,
             "repeated_examples": max(0, len(indices) - len(job.train_examples))}

@@ -18,6 +18,7 @@ from gradacc.errors import GradaccError
 from gradacc.serving.limits import Limits
 from gradacc.serving.manager import RunManager
 from gradacc.serving.store import RunStore
+from gradacc.units import format_bytes  # noqa: F401 - the pages' name for it
 
 # How often a live page polls its run; only while that run is queued or running. Charts are redrawn
 # less often: building plotly figures is pure Python and competes with training for the GIL.
@@ -395,12 +396,3 @@ def warm_up_status() -> None:
                      "the server is restarted.")
 
     status_line()
-
-
-def format_bytes(value) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "—"
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(value) >= size:
-            return f"{value / size:,.1f} {unit}"
-    return f"{value:,.0f} B"

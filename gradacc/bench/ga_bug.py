@@ -19,7 +19,7 @@ import time
 from gradacc.bench import report, runs
 from gradacc.config import RunConfig
 
-FULL = dict(effective_batch=32, ks=(1, 2, 4, 8, 16), optimizer_steps=30, eval_samples=200, max_seq_length=64)
+FULL = dict(effective_batch=32, ks=(1, 2, 4, 8, 16), optimizer_steps=20, eval_samples=100, max_seq_length=64)
 QUICK = dict(effective_batch=8, ks=(1, 2, 8), optimizer_steps=2, eval_samples=16, max_seq_length=32)
 MODEL, DATASET = "tiny-gpt", "builtin-text"
 NORMALIZATIONS = ("naive", "exact")
@@ -63,6 +63,10 @@ def run(quick: bool = False, threads: int = 1) -> dict:
     rows = []
     for k in size["ks"]:
         row = {"k": k, "micro_batch_size": size["effective_batch"] // k}
+        if k == 1:  # m = E, k = 1 is the full-batch run itself, whatever the normalisation: no need to train it again
+            rows.append({**row, **{f"{n}_{key}": value for n in NORMALIZATIONS for key, value in
+                                   (("weight_l2", 0.0), ("eval_loss", reference_loss), ("eval_loss_rel_diff", 0.0))}})
+            continue
         for normalization in NORMALIZATIONS:
             report.progress(f"{normalization}: m={row['micro_batch_size']}, k={k}")
             weights, eval_loss, run_steps = trained(config(size, k, normalization))

@@ -13,6 +13,7 @@ from typing import Callable
 
 from gradacc.training.sources import data as data_module
 from gradacc.training import distributed, windows
+from gradacc.training.backends.common import Precision, enable_gradient_checkpointing
 from gradacc.training.sources import models
 from gradacc import paths
 from gradacc.config import CAUSAL_LM, RunConfig, optimizer_steps_per_epoch, too_few_examples, total_optimizer_steps
@@ -49,6 +50,10 @@ class Job:
     # Several processes: all-reduce gradients after every micro-batch instead of once per window (no no_sync),
     # to measure what no_sync saves.
     sync_each_micro_batch: bool = False
+    # The memory levers: autocast (and fp16's grad scaler) for the forward pass, set by ``prepare``.
+    precision: object = None
+    # Set when the run has a memory budget or the deployment a limit (``gradacc.training.budget.Guard``).
+    memory_guard: object = None
 
     @property
     def causal_lm(self) -> bool:
@@ -151,7 +156,10 @@ def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, token_lev
         notes.append(f"{repeated} example(s) from the start of the data are repeated at the end of each epoch so "
                      f"that all {config.num_processes} processes get full micro-batches (as Accelerate does).")
     device = pick_device()
-    return Job(config=config, model=loaded.model.to(device), tokenizer=loaded.tokenizer,
+    precision = Precision(config, device)  # refuses fp16 off CUDA before anything is moved to the device
+    if config.gradient_checkpointing:
+        enable_gradient_checkpointing(loaded.model, config.model)
+    return Job(config=config, model=loaded.model.to(device), precision=precision, tokenizer=loaded.tokenizer,
                train_examples=train_examples, eval_examples=eval_examples, label_names=text_data.label_names,
                collate=collate or data_module.collator(loaded.tokenizer, token_level), emit=emit, stop=stop,
                device=device,

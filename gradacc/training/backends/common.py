@@ -6,6 +6,8 @@ LayerNorm weights, linear decay after warmup), so the three backends run the sam
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import math
 import time
 
@@ -13,17 +15,101 @@ import torch
 
 from gradacc import events
 from gradacc.training import distributed, memory
-from gradacc.errors import RunFailed
+from gradacc.errors import GradaccError, RunFailed
 from gradacc.training.metrics import classification_metrics, language_model_metrics
 
 EVAL_BATCH_SIZE = 64
+# SGD with momentum: one state tensor per parameter (AdamW keeps two, Adafactor factored rows and columns).
+SGD_MOMENTUM = 0.9
 
 
-def make_optimizer(model: torch.nn.Module, config) -> torch.optim.AdamW:
-    no_decay = [p for n, p in model.named_parameters() if p.requires_grad and _skips_decay(n)]
-    decay = [p for n, p in model.named_parameters() if p.requires_grad and not _skips_decay(n)]
+def make_optimizer(model: torch.nn.Module, config, device=None) -> torch.optim.Optimizer:
+    """The optimizer ``config.optimizer`` names, over ``model``'s trainable parameters."""
+    return optimizer_for(list(model.named_parameters()), config, device)
+
+
+def optimizer_for(named_parameters, config, device=None) -> torch.optim.Optimizer:
+    """Two groups like Trainer's (no weight decay on biases and norms); ``device`` decides what is supported.
+
+    adamw-fused on a device where torch has no fused kernel and adamw-8bit without bitsandbytes and CUDA are
+    refused with a sentence (GradaccError naming the field), not a traceback.
+    """
+    no_decay = [p for n, p in named_parameters if p.requires_grad and _skips_decay(n)]
+    decay = [p for n, p in named_parameters if p.requires_grad and not _skips_decay(n)]
     groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=config.learning_rate)
+    name, lr = config.optimizer, config.learning_rate
+    if name == "sgd":
+        return torch.optim.SGD(groups, lr=lr, momentum=SGD_MOMENTUM)
+    if name == "adafactor":
+        from transformers.optimization import Adafactor
+
+        # A fixed learning rate (the schedule is gradacc's), as Trainer's optim="adafactor" sets it up.
+        return Adafactor(groups, lr=lr, scale_parameter=False, relative_step=False, warmup_init=False)
+    if name == "adamw-8bit":
+        device_type = torch.device(device).type if device is not None else "cpu"
+        if importlib.util.find_spec("bitsandbytes") is None or device_type != "cuda":
+            raise GradaccError("Optimizer adamw-8bit needs bitsandbytes and a CUDA GPU; this run has "
+                               f"{'no bitsandbytes' if importlib.util.find_spec('bitsandbytes') is None else 'no GPU'}.",
+                               "optimizer")
+        import bitsandbytes
+
+        return bitsandbytes.optim.AdamW8bit(groups, lr=lr)
+    if name == "adamw-fused":
+        try:
+            return torch.optim.AdamW(groups, lr=lr, fused=True)
+        except RuntimeError as error:  # torch checks the parameters' device against its fused kernels
+            raise GradaccError(f"Optimizer adamw-fused is not supported here: {str(error).splitlines()[0]}",
+                               "optimizer") from None
+    return torch.optim.AdamW(groups, lr=lr)
+
+
+def enable_gradient_checkpointing(model, name: str) -> None:
+    """Recompute each layer's activations in backward instead of keeping them; non-reentrant, as torch advises
+    (works with inputs that need no grad, and with the saved-tensor hooks that measure memory)."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise GradaccError(f"Gradient checkpointing is not supported by {name}.", "gradient_checkpointing")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def activation_meter(job, model) -> memory.ActivationMeter:
+    """The saved-tensor meter; with a memory budget every measured micro-batch is checked against it."""
+    guard = job.memory_guard
+    return memory.ActivationMeter(model, on_measured=guard.check_activations if guard else None)
+
+
+class Precision:
+    """Autocast for the forward pass and, for fp16 on CUDA, a grad scaler around backward and step.
+
+    bf16 needs no scaler (it has fp32's range). The plain loop calls ``backward``, ``unscale`` (before clipping)
+    and ``step``; Accelerate and Trainer get the same choice as their own ``mixed_precision`` / ``bf16``/``fp16``.
+    """
+
+    def __init__(self, config, device):
+        self.device = torch.device(device)
+        self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.precision)
+        if config.precision == "fp16" and self.device.type != "cuda":
+            raise GradaccError("Precision fp16 needs a CUDA GPU (with a grad scaler); on the CPU use bf16.",
+                               "precision")
+        self.scaler = torch.amp.GradScaler("cuda") if config.precision == "fp16" else None
+
+    def autocast(self):
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
+
+    def unscale(self, optimizer) -> None:
+        if self.scaler:
+            self.scaler.unscale_(optimizer)
+
+    def step(self, optimizer) -> None:
+        if self.scaler:
+            self.scaler.step(optimizer)  # skips the step when the scaled gradients overflowed
+            self.scaler.update()
+        else:
+            optimizer.step()
 
 
 def _skips_decay(name: str) -> bool:
@@ -141,6 +227,8 @@ class StepReporter:
         self.started = time.perf_counter()
 
     def micro_batch(self, batch: dict) -> None:
+        if self.job.memory_guard is not None:
+            self.job.memory_guard.note_batch(batch)
         self.samples_seen += int(batch["input_ids"].shape[0])
         self.tokens_seen += int(batch["attention_mask"].sum())
 

@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
 
 from gradacc.errors import RunStopped
-from gradacc.training.backends.common import (EVAL_BATCH_SIZE, StepReporter, check_finite, next_token_predictions,
-                                              warmup_steps)
+from gradacc.training.backends.common import (EVAL_BATCH_SIZE, StepReporter, activation_meter, check_finite,
+                                              make_optimizer, next_token_predictions, warmup_steps)
 from gradacc.training.distributed import SyncProbe
 from gradacc.training.memory import ActivationMeter
 from gradacc.training.metrics import classification_metrics, language_model_metrics
@@ -173,7 +173,7 @@ class _Samples(torch.utils.data.Dataset):
 def train(job) -> None:
     config = job.config
     report = StepReporter(job, config.num_processes)
-    meter = ActivationMeter(job.model)
+    meter = activation_meter(job, job.model)
     window = WindowTally()
     with tempfile.TemporaryDirectory(prefix="gradacc-trainer-") as output_dir:
         args = TrainingArguments(
@@ -202,6 +202,10 @@ def train(job) -> None:
             use_cpu=job.device.type == "cpu",
             disable_tqdm=True,
             dataloader_num_workers=0,
+            bf16=config.precision == "bf16",
+            fp16=config.precision == "fp16",
+            gradient_checkpointing=config.gradient_checkpointing,
+            activation_checkpointing_kwargs={"use_reentrant": False} if config.gradient_checkpointing else None,
             # Several processes: all-reduce after every micro-batch when asked to (what no_sync saves, measured).
             accelerator_config={"gradient_accumulation_kwargs": {"sync_each_batch": True}}
             if job.sync_each_micro_batch else None,
@@ -231,6 +235,8 @@ def train(job) -> None:
             compute_metrics=compute_lm_metrics if job.causal_lm else compute_metrics,
             # A causal LM's eval keeps each token's loss and prediction, not (examples × tokens × vocabulary) logits.
             preprocess_logits_for_metrics=_per_token if job.causal_lm else None,
+            # The run's optimizer (the same groups and class the other backends build); Trainer adds its schedule.
+            optimizers=(make_optimizer(job.model, config, job.device), None),
             compute_loss_func=None if job.trainer_library_default else make_loss_function(
                 config.loss_normalization, config.grad_accum_steps, config.num_processes, job.causal_lm),
             callbacks=[callback],

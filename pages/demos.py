@@ -77,7 +77,7 @@ def demo_view():
             kind, sentence = runview.status_message(run, runview.queue(manager, run.run_id))
             getattr(st, kind)(sentence)
             bar = runview.progress(run)
-            if bar is not None:
+            if bar is not None:  # queued, or failed before its first step: the sentence above says it all
                 st.progress(bar[0], text=bar[1])
     if any(run.is_live for run in snapshots):
         st.caption("The result is written here when both runs are done.")

@@ -225,3 +225,50 @@ def test_choosing_another_model_moves_untouched_fields_to_its_recipe(app_home):
     note = next(e.value for e in at.info if "recipe" in e.value)
     assert note.startswith("Set to all-MiniLM-L6-v2's recipe: Learning rate 5e-05")
     assert "Fields you changed keep your values." in note
+
+
+def test_two_sessions_watching_one_run_build_its_figures_once_per_event_batch(app_home):
+    from gradacc.app import widgets as ui
+
+    first = open_app()
+    set_numbers(first, "train", SMALL_RUN)
+    start(first)
+    run_until(first, lambda at: bool(at.success), RUN_TIMEOUT_S, "the run to complete")
+    run_id = first.session_state["run_id"]
+    cache = ui.figure_cache()
+    builds = cache.builds
+    # A second visitor opens the run's link, and both pages redraw: the figures of this event count exist.
+    second = AppTest.from_file(APP, default_timeout=60)
+    second.query_params["run"] = run_id
+    second.run()
+    first.run()
+    assert not second.exception and points(chart(second, "Training loss")) == points(chart(first, "Training loss")) > 0
+    assert cache.builds == builds, "a session that draws figures another session built must not build them again"
+    # Another view is another key: built once, by whichever session asks first.
+    second.radio(key="loss_x").set_value("samples_seen").run()
+    first.radio(key="loss_x").set_value("samples_seen").run()
+    assert cache.builds == builds + 1
+
+
+def test_the_task_follows_the_model_and_an_lm_run_shows_perplexity(app_home):
+    at = open_app()
+    assert at.selectbox(key="form.train.task").value == "from the model"
+    assert "Task from the model: **classification**" in " ".join(c.value for c in at.caption)
+    at.selectbox(key="form.train.dataset_choice").set_value("builtin-text").run()  # tiny-bert cannot learn it
+    assert "causal-lm task" in error_after(at, "form.train.dataset_choice")
+    assert at.button(key="start").disabled
+    at.selectbox(key="form.train.model_choice").set_value("tiny-gpt").run()
+    assert "Task from the model: **causal-lm**" in " ".join(c.value for c in at.caption)
+    at.selectbox(key="form.train.task").set_value("classification").run()
+    assert "does not fit tiny-gpt" in error_after(at, "form.train.task")
+    at.selectbox(key="form.train.task").set_value("from the model").run()
+    set_numbers(at, "train", {**SMALL_RUN, "max_seq_length": 32})
+    assert not at.button(key="start").disabled
+    start(at)
+    run_until(at, lambda at: at.success and at.success[0].value.startswith("Completed"), RUN_TIMEOUT_S,
+              "the language-model run to complete")
+    assert metric(at, "Eval perplexity") != "—" and metric(at, "Next-token accuracy") != "—"
+    evaluation = chart(at, "Evaluation after each epoch")
+    assert [t["name"] for t in evaluation["data"]] == ["this run · next-token accuracy", "this run · perplexity"]
+    assert evaluation["layout"]["yaxis2"]["type"] == "log"
+    assert points(chart(at, "Training loss")) == 4

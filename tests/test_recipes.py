@@ -31,6 +31,9 @@ def test_the_cli_takes_the_recipe_unless_a_flag_says_otherwise():
     assert chosen.validate().learning_rate == 1e-3
 
 
+# 63 optimizer steps of the default run: seconds each on an idle 2-core machine, minutes when it is shared.
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("backend", ["pytorch", "accelerate", "trainer"])
 def test_tiny_bert_learns_within_its_first_epoch_at_the_default_settings(backend):
     """The default run (2000 examples, m=8, k=4: 63 optimizer steps) for one epoch: it once ended at F1 0."""
@@ -43,6 +46,7 @@ def test_tiny_bert_learns_within_its_first_epoch_at_the_default_settings(backend
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_minilm_reaches_its_goal_with_its_recipe_from_the_cli(tmp_path, capsys):
     """The issue's command, no --lr: 512 examples, one epoch (16 optimizer steps of a 22M-parameter model)."""
     metrics = tmp_path / "minilm.jsonl"

@@ -15,7 +15,7 @@ class Running:
 def state(status, events=()):
     run = RunState("r1", "me", None, {"micro_batch_size": 8, "grad_accum_steps": 4}, status)
     for event in events:
-        run._apply(event)
+        run.record(event)
     return run
 
 

@@ -51,8 +51,9 @@ def draw(runs, key: str, x: str = "samples_seen") -> dict | None:
     loss_title = figures["loss_claim"] if figures else "Training loss against samples seen"
     memory_title = (f"Memory per step: {figures['memory_claim']}" if figures and figures["memory_claim"]
                     else "Memory per step: static + peak activations")
-    loss_figure, eval_figure, memory_figure, process_figure = ui.cached(
-        f"{key}.figures", ([(name, len(run_events)) for name, run_events in curves], loss_title),
+    loss_figure, eval_figure, memory_figure, process_figure = ui.shared_figures(
+        (key, tuple((run.run_id, name, len(run.events)) for run, (name, _) in zip(snapshots, curves)), loss_title,
+         memory_title),
         lambda: (charts.loss_figure(curves, x=x, title=loss_title), charts.eval_figure(curves),
                  charts.memory_breakdown_figure(curves, title=memory_title),
                  charts.memory_figure(curves, x=x, title="Process memory (RSS) over the run")))

@@ -45,15 +45,6 @@ def status_message(run, queue: tuple[int, str] | None = None) -> tuple[str, str]
     return style, f"{status.capitalize()} after {steps} optimizer steps{took}: {run.reason or 'no reason given'}."
 
 
-def queue(manager, run_id: str) -> tuple[int, str] | None:
-    """(position, how long it waits) for a queued run, as ``status_message`` takes it; None when not queued."""
-    position = manager.queue_position(run_id)
-    if not position:
-        return None
-    return position, queue_wait(*manager.ahead_of(run_id), manager.max_concurrent, manager.recent_wall_seconds(),
-                                manager.max_run_seconds or None)
-
-
 def progress(run) -> tuple[float, str] | None:
     """(fraction done 0..1, 'optimizer step 3 of 8 · about 4 s left'), or None where a bar would say nothing
     true: a queued run (the status says its place) or one that ended before it counted its steps."""
@@ -67,6 +58,16 @@ def progress(run) -> tuple[float, str] | None:
     if eta is not None and done < total:
         text += f" · about {eta:.0f} s left"
     return min(1.0, done / total), text
+
+
+def queue(manager, run_id: str) -> tuple[int, str] | None:
+    """(position, wait phrase) of a queued run for ``status_message``; None when it is not waiting."""
+    position = manager.queue_position(run_id)
+    if not position:
+        return None
+    running, ahead = manager.ahead_of(run_id)
+    return position, queue_wait(running, ahead, manager.max_concurrent, manager.recent_wall_seconds(),
+                                manager.max_run_seconds or None)
 
 
 def queue_wait(running: list, ahead: list, slots: int, recent_s: list[float], limit_s: float | None) -> str:
@@ -98,6 +99,26 @@ def _duration(seconds: float) -> str:
 def has_anything_to_show(run) -> bool:
     """False for a run that ended without a single optimizer step: no scores, charts or "yet" to draw."""
     return run.is_live or bool(run.of(ev.STEP))
+
+
+def eval_scores(run) -> list[tuple[str, str]]:
+    """The two latest eval scores the run's task has, as (name, shown value): perplexity and next-token
+    accuracy for a causal LM, F1 and accuracy for a classifier ("—" before the first eval)."""
+    latest = latest_eval(run)
+    if is_language_model(run):
+        return [("Eval perplexity", _shown(latest, "eval_perplexity", "{:.2f}")),
+                ("Next-token accuracy", _shown(latest, "eval_next_token_accuracy", "{:.3f}"))]
+    return [("Eval F1", _shown(latest, "eval_f1", "{:.3f}")), ("Eval accuracy", _shown(latest, "eval_accuracy", "{:.3f}"))]
+
+
+def is_language_model(run) -> bool:
+    config = (run.started or {}).get("config") or run.config or {}
+    return config.get("task") == "causal-lm" or (config.get("task") is None and config.get("model") == "tiny-gpt")
+
+
+def _shown(latest: dict | None, key: str, form: str) -> str:
+    value = (latest or {}).get(key)
+    return form.format(value) if value is not None else "—"
 
 
 def latest_eval(run) -> dict | None:

@@ -12,6 +12,10 @@ import pytest
 from support import ROOT
 
 sys.path.insert(0, str(ROOT))  # gradacc itself, without installing it
+# One intra-op thread for torch in this process and every process it starts, whatever order the tests run in:
+# tiny models on a busy 2-core machine train several times faster on one (the app's own setting, see
+# GRADACC_TORCH_THREADS). Before this, a test got one thread only if a page test's warm-up had run first.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # What a deployment may set; a test that does not set them itself must not inherit a developer's values.
 LIMIT_VARIABLES = ("GRADACC_MAX_EPOCHS", "GRADACC_MAX_TRAIN_SAMPLES", "GRADACC_MAX_RUN_SECONDS",

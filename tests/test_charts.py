@@ -1,7 +1,6 @@
 import json
 import math
 
-import pandas as pd
 import pytest
 
 from gradacc.app import charts
@@ -41,16 +40,13 @@ def test_loss_figure_one_line_per_run_against_step_or_samples():
     assert by_samples.layout.xaxis.title.text == "Samples seen"
 
 
-def test_charts_accept_bare_events_and_dataframes():
-    events = run_events()
-    assert len(charts.loss_figure(events).data) == 1
-    steps = pd.DataFrame([e for e in events if e["event"] == "step"])
-    figure = charts.loss_figure([("df", steps)])
+def test_charts_accept_one_run_as_bare_events():
+    figure = charts.loss_figure(run_events())
+    assert [t.name for t in figure.data] == ["run"]
     assert list(figure.data[0].y) == [2.0, 1.0, 2.0 / 3]
 
 
-@pytest.mark.parametrize("make", [charts.loss_figure, charts.eval_figure, charts.memory_figure,
-                                  charts.static_memory_figure])
+@pytest.mark.parametrize("make", [charts.loss_figure, charts.eval_figure, charts.memory_figure])
 @pytest.mark.parametrize("runs", [[], None, [("empty", [])]])
 def test_empty_state_has_a_message_and_no_traces(make, runs):
     assert is_empty_state(make(runs))
@@ -76,13 +72,6 @@ def test_memory_figure_in_mb_and_cuda_only_when_measured():
     gpu = charts.memory_figure([("gpu", run_events(cuda=True))])
     assert "gpu · CUDA peak" in [t.name for t in gpu.data]
     assert len(charts.memory_figure([("a", run_events()), ("b", run_events(cuda=True))]).data) == 7
-
-
-def test_static_memory_figure_stacks_parts():
-    figure = charts.static_memory_figure([("a", run_events()), ("b", run_events())])
-    assert [t.name for t in figure.data] == ["parameters", "gradients", "optimizer state"]
-    assert list(figure.data[2].y) == [8.0, 8.0]
-    assert figure.layout.barmode == "stack"
 
 
 def test_equivalence_figure_log_scale_with_zero_and_nan():
@@ -128,3 +117,33 @@ def test_figures_serialise_to_json_with_every_value():
     nan_loss = run_events()
     nan_loss[1] = {**nan_loss[1], "loss": math.nan}
     assert y_values(charts.loss_figure(nan_loss)) == [[None, 1.0, 2.0 / 3]]  # NaN is a gap (null), not invalid JSON
+
+
+def test_a_frozen_figure_draws_the_same_dict_as_the_figure_it_was():
+    figure = charts.loss_figure([("run", run_events())])
+    expected = figure.to_dict()
+    frozen = charts.freeze(figure)
+    assert frozen.to_dict() == expected and frozen.to_dict() is frozen.to_dict()  # computed once
+
+
+def test_the_figure_cache_builds_once_per_key_for_every_caller_and_stays_bounded():
+    import threading
+
+    cache, builds = charts.FigureCache(max_entries=2), []
+
+    def build():
+        builds.append(1)
+        return (charts.loss_figure([("run", run_events())]),)
+
+    # Eight sessions asking for the same run at the same event count at once: one build.
+    threads = [threading.Thread(target=cache.get, args=(("train", "r1", 10, "step"), build)) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(builds) == cache.builds == 1
+    cache.get(("train", "r1", 12, "step"), build)  # new events: a new build
+    cache.get(("train", "r2", 5, "step"), build)
+    assert cache.builds == 3
+    cache.get(("train", "r1", 10, "step"), build)  # dropped (bounded at 2): built again, not kept forever
+    assert cache.builds == 4 and len(cache._figures) == 2

@@ -1,5 +1,6 @@
 """The Train page: live numbers, refusals next to the field, a run to the end, Stop, the queue, limits, uploads."""
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -87,7 +88,9 @@ def test_a_second_session_queues_behind_the_first_and_only_the_owner_can_stop(ap
     start(first)
     set_numbers(second, "train", SMALL_RUN)
     start(second)
-    assert "Queued: position 1 in the queue" in status(second)
+    assert re.search(r"Queued: position 1 in the queue; (about|at most) \d+ (s|min \d\d s) to wait", status(second)), \
+        status(second)
+    assert not second.get("progress"), "a queued run has no progress bar: its status says where it stands"
     assert "Queued" not in status(first)
     # A third visitor with the first run's link sees it, but gets no Stop button: it is not theirs.
     onlooker = AppTest.from_file(APP, default_timeout=60)
@@ -184,6 +187,11 @@ def test_a_run_that_fails_says_why_in_one_line(app_home):
     run_until(at, lambda at: bool(at.error), RUN_TIMEOUT_S, "the run to fail")
     assert at.error[0].value.startswith("Failed: Model 'someone/some-model' is a hub id, and the Hugging Face Hub cannot be reached")
     assert "\n" not in at.error[0].value
+    # Nothing under the red box says otherwise: no progress bar waiting for a first step, no empty "yet" charts.
+    assert not at.get("progress") and not at.get("plotly_chart")
+    shown = " ".join(e.value for kind in ("markdown", "caption", "info", "warning", "success") for e in at.get(kind)
+                     if isinstance(getattr(e, "value", None), str))
+    assert "waiting" not in shown and "yet" not in shown and "Press Start" not in shown, shown
 
 
 def test_the_deployment_time_limit_stops_a_run(app_home, monkeypatch):
@@ -201,3 +209,50 @@ def test_a_misconfigured_server_says_so_instead_of_a_traceback(app_home, monkeyp
     monkeypatch.setenv(name, "lots")
     at = open_app()
     assert f"This server is misconfigured: {name} must be a whole number" in at.error[0].value
+
+
+def test_two_sessions_watching_one_run_build_its_figures_once_per_event_batch(app_home):
+    from gradacc.app import widgets as ui
+
+    first = open_app()
+    set_numbers(first, "train", SMALL_RUN)
+    start(first)
+    run_until(first, lambda at: bool(at.success), RUN_TIMEOUT_S, "the run to complete")
+    run_id = first.session_state["run_id"]
+    cache = ui.figure_cache()
+    builds = cache.builds
+    # A second visitor opens the run's link, and both pages redraw: the figures of this event count exist.
+    second = AppTest.from_file(APP, default_timeout=60)
+    second.query_params["run"] = run_id
+    second.run()
+    first.run()
+    assert not second.exception and points(chart(second, "Training loss")) == points(chart(first, "Training loss")) > 0
+    assert cache.builds == builds, "a session that draws figures another session built must not build them again"
+    # Another view is another key: built once, by whichever session asks first.
+    second.radio(key="loss_x").set_value("samples_seen").run()
+    first.radio(key="loss_x").set_value("samples_seen").run()
+    assert cache.builds == builds + 1
+
+
+def test_the_task_follows_the_model_and_an_lm_run_shows_perplexity(app_home):
+    at = open_app()
+    assert at.selectbox(key="form.train.task").value == "from the model"
+    assert "Task from the model: **classification**" in " ".join(c.value for c in at.caption)
+    at.selectbox(key="form.train.dataset_choice").set_value("builtin-text").run()  # tiny-bert cannot learn it
+    assert "causal-lm task" in error_after(at, "form.train.dataset_choice")
+    assert at.button(key="start").disabled
+    at.selectbox(key="form.train.model_choice").set_value("tiny-gpt").run()
+    assert "Task from the model: **causal-lm**" in " ".join(c.value for c in at.caption)
+    at.selectbox(key="form.train.task").set_value("classification").run()
+    assert "does not fit tiny-gpt" in error_after(at, "form.train.task")
+    at.selectbox(key="form.train.task").set_value("from the model").run()
+    set_numbers(at, "train", {**SMALL_RUN, "max_seq_length": 32})
+    assert not at.button(key="start").disabled
+    start(at)
+    run_until(at, lambda at: at.success and at.success[0].value.startswith("Completed"), RUN_TIMEOUT_S,
+              "the language-model run to complete")
+    assert metric(at, "Eval perplexity") != "—" and metric(at, "Next-token accuracy") != "—"
+    evaluation = chart(at, "Evaluation after each epoch")
+    assert [t["name"] for t in evaluation["data"]] == ["this run · next-token accuracy", "this run · perplexity"]
+    assert evaluation["layout"]["yaxis2"]["type"] == "log"
+    assert points(chart(at, "Training loss")) == 4

@@ -1,13 +1,15 @@
 """Plotly figures from the event stream; every chart takes one run or several (Compare page).
 
 A run is ``(label, events)``: ``events`` is a list of event dicts (all kinds mixed is fine, each chart
-picks what it needs) or a DataFrame of rows. A bare list of events counts as one run.
+picks what it needs). A bare list of events counts as one run.
 """
 
 from __future__ import annotations
 
+import collections
 import math
-from typing import Iterable, Mapping
+import threading
+from typing import Callable, Hashable, Iterable, Mapping
 
 import plotly.colors
 import plotly.graph_objects as go
@@ -22,29 +24,68 @@ X_TITLES = {"step": "Optimizer step", "samples_seen": "Samples seen", "tokens_se
 LOG_FLOOR = 1e-12
 
 
+# --- one build for every watcher --------------------------------------------------------------
+
+class FrozenFigure(go.Figure):
+    """A finished figure whose dict is computed once. ``st.plotly_chart`` deep-copies a figure with
+    ``to_dict()`` on every draw (about 7 ms for the Train page's three); a shared figure is never changed
+    after it is built, so every session can draw the same dict."""
+
+    def to_dict(self):
+        if getattr(self, "_frozen_dict", None) is None:
+            self._frozen_dict = super().to_dict()
+        return self._frozen_dict
+
+
+def freeze(figure: go.Figure) -> go.Figure:
+    # Re-classing, not copying: go.Figure(figure) would validate every point again (as slow as the build).
+    figure.__class__ = FrozenFigure
+    return figure
+
+
+class FigureCache:
+    """Figures shared by every session of the server, built once per key and kept for the latest
+    ``max_entries`` keys (least recently drawn dropped first).
+
+    A key names the figures' content: (page, run id, event count, view). A run's events only grow, so the
+    count says whether anything changed. Building is pure Python and holds the GIL the training thread
+    needs: twenty visitors watching one run now cost one build per new batch of events, not twenty.
+    """
+
+    def __init__(self, max_entries: int = 32):
+        self.max_entries = max_entries
+        self.builds = 0  # how many times ``build`` ran: what the tests and the watchers benchmark count
+        self._figures: collections.OrderedDict = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable, build: Callable[[], tuple]) -> tuple:
+        """The figures for ``key``: ``build()`` (a tuple of figures) runs only if no session built them yet."""
+        with self._lock:  # held while building, so two sessions asking at once build once
+            if key in self._figures:
+                self._figures.move_to_end(key)
+                return self._figures[key]
+            figures = tuple(freeze(figure) for figure in build())
+            self.builds += 1
+            self._figures[key] = figures
+            while len(self._figures) > self.max_entries:
+                self._figures.popitem(last=False)
+            return figures
+
+
 # --- inputs -----------------------------------------------------------------------------------
-
-def _rows(events) -> list[dict]:
-    if events is None:
-        return []
-    if hasattr(events, "to_dict"):  # a DataFrame
-        return events.to_dict("records")
-    return list(events)
-
 
 def _as_runs(runs) -> list[tuple[str, list[dict]]]:
     """Accept [(label, events), ...], or one run's events on their own."""
-    if runs is None or hasattr(runs, "to_dict"):
-        return [("run", _rows(runs))]
+    if runs is None:
+        return [("run", [])]
     runs = list(runs)
     if runs and isinstance(runs[0], dict):
         return [("run", runs)]
-    return [(str(label), _rows(events)) for label, events in runs]
+    return [(str(label), list(events or [])) for label, events in runs]
 
 
-def _of(rows: list[dict], kind: str) -> list[dict]:
-    """Rows of one kind; rows without an 'event' key (a DataFrame of steps) are taken as they are."""
-    return [r for r in rows if r.get("event", kind) == kind]
+def _of(events: list[dict], kind: str) -> list[dict]:
+    return [e for e in events if e.get("event") == kind]
 
 
 def _mb(value) -> float | None:
@@ -61,7 +102,9 @@ def _figure(title: str, x_title: str, y_title: str) -> go.Figure:
 
 def _style(figure: go.Figure, title: str, x_title: str, y_title: str) -> go.Figure:
     # Legend under the plot: with several runs it wraps onto lines of its own instead of over the title.
-    figure.update_layout(title=title, hovermode="x unified", margin=dict(l=60, r=20, t=60, b=40),
+    # Large type: these charts are shown on stage and must read from the back of a room.
+    figure.update_layout(title=dict(text=title, font=dict(size=19)), font=dict(size=14), hovermode="x unified",
+                         margin=dict(l=60, r=20, t=60, b=40),
                          legend=dict(orientation="h", yanchor="top", y=-0.18, xanchor="left", x=0))
     if x_title:
         figure.update_layout(xaxis_title=x_title)
@@ -91,37 +134,76 @@ def _line_mode(points: list) -> str:
     return "lines" if len(points) > 1 else "lines+markers"
 
 
-def loss_figure(runs, x: str = "step") -> go.Figure:
-    """Training loss per optimizer step (or against samples seen), one line per run."""
-    figure = _figure("Training loss", X_TITLES.get(x, x), "Loss")
+# Runs whose curves coincide (the point of accumulation) must all stay visible: the first run is drawn
+# thick and solid underneath, each later one thinner, dashed and with its own markers on top.
+DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+MARKERS = ("circle", "x", "diamond-open", "triangle-up-open", "square-open", "star-open")
+
+
+def _run_line(index: int, several: bool) -> dict:
+    if not several:
+        return dict(line=dict(color=_color(index)))
+    return dict(line=dict(color=_color(index), dash=DASHES[index % len(DASHES)], width=6 if index == 0 else 2.5),
+                marker=dict(symbol=MARKERS[index % len(MARKERS)], size=7 if index else 5))
+
+
+def loss_figure(runs, x: str = "step", title: str = "Training loss") -> go.Figure:
+    """Training loss per optimizer step (or against samples seen), one line per run; ``title`` can state what
+    the curves show ("Loss curves identical ...")."""
+    figure = _figure(title, X_TITLES.get(x, x), "Loss")
+    runs = _as_runs(runs)
     drawn = False
-    for index, (label, rows) in enumerate(_as_runs(runs)):
+    for index, (label, rows) in enumerate(runs):
         steps = [r for r in _of(rows, ev.STEP) if r.get("loss") is not None]
         if steps:
             drawn = True
+            mode = "lines+markers" if len(runs) > 1 and index else _line_mode(steps)
             figure.add_trace(go.Scatter(x=[r.get(x) for r in steps], y=[r["loss"] for r in steps], name=label,
-                                        mode=_line_mode(steps), line=dict(color=_color(index))))
+                                        mode=mode, **_run_line(index, len(runs) > 1)))
     return figure if drawn else _empty(figure, "No training steps yet")
 
 
-def eval_figure(runs) -> go.Figure:
-    """Eval F1 (solid) and accuracy (dotted) after each epoch, per run."""
-    figure = _figure("Evaluation after each epoch", "Epoch", "Score (0–1)")
+def eval_figure(runs, title: str = "Evaluation after each epoch") -> go.Figure:
+    """Eval F1 (solid) and accuracy (dotted) after each epoch, per run; a causal LM's run draws its
+    next-token accuracy (dash) on the same 0–1 axis and its perplexity (dash-dot) on a log axis at the right."""
+    all_runs = _as_runs(runs)
+    language_models = any(r.get("eval_perplexity") is not None for _, rows in all_runs for r in _of(rows, ev.EVAL))
+    if language_models:
+        figure = _style(make_subplots(specs=[[{"secondary_y": True}]]), title, "Epoch", "")
+        figure.update_yaxes(title_text="Perplexity (log)", type="log", secondary_y=True)
+    else:
+        figure = _figure(title, "Epoch", "Score (0–1)")
     drawn = False
-    for index, (label, rows) in enumerate(_as_runs(runs)):
+    for index, (label, rows) in enumerate(all_runs):
         evals = _of(rows, ev.EVAL)
         if not evals:
             continue
         drawn = True
         epochs = [r.get("epoch") for r in evals]
-        for metric, name, dash in (("eval_f1", "F1", "solid"), ("eval_accuracy", "accuracy", "dot")):
-            figure.add_trace(go.Scatter(x=epochs, y=[r.get(metric) for r in evals], name=f"{label} · {name}",
-                                        mode="lines+markers", line=dict(color=_color(index), dash=dash)))
+        for metric, name, dash in EVAL_SCORES:
+            values = [r.get(metric) for r in evals]
+            if all(v is None for v in values):
+                continue  # a metric this run's task does not have
+            trace = go.Scatter(x=epochs, y=values, name=f"{label} · {name}", mode="lines+markers",
+                               line=dict(color=_color(index), dash=dash))
+            if language_models:
+                figure.add_trace(trace, secondary_y=metric == "eval_perplexity")
+            else:
+                figure.add_trace(trace)
     if not drawn:
         return _empty(figure, "No evaluation yet: it runs at the end of each epoch")
-    figure.update_yaxes(range=[0, 1.02])
+    if language_models:
+        figure.update_yaxes(title_text="Score (0–1)", range=[0, 1.02], secondary_y=False)
+    else:
+        figure.update_yaxes(range=[0, 1.02])
     figure.update_xaxes(dtick=1)
     return figure
+
+
+# (eval field, legend name, line dash): classification's scores, then a causal LM's.
+EVAL_SCORES = (("eval_f1", "F1", "solid"), ("eval_accuracy", "accuracy", "dot"),
+               ("eval_next_token_accuracy", "next-token accuracy", "dash"),
+               ("eval_perplexity", "perplexity", "dashdot"))
 
 
 # --- memory -----------------------------------------------------------------------------------
@@ -136,12 +218,12 @@ MEMORY_SERIES = (
 MEMORY_PANELS = ("Process memory", "Activations per micro-batch vs. parameters + gradients + optimizer state")
 
 
-def memory_figure(runs, x: str = "step") -> go.Figure:
+def memory_figure(runs, x: str = "step", title: str = "Memory") -> go.Figure:
     """Memory over the run, in two panels sharing the x axis: RSS and CUDA peak (GPU only) on top;
     activations per micro-batch and the static parameters + gradients + optimizer state (a flat
     dash-dot line from run_started) below, since they are far smaller than the process."""
     figure = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12, subplot_titles=MEMORY_PANELS)
-    _style(figure, "Memory", "", "")
+    _style(figure, title, "", "")
     figure.update_xaxes(title_text=X_TITLES.get(x, x), row=2, col=1)
     for row in (1, 2):
         figure.update_yaxes(title_text="MB", rangemode="tozero", row=row, col=1)  # from 0: honest sizes
@@ -166,21 +248,34 @@ def memory_figure(runs, x: str = "step") -> go.Figure:
     return figure
 
 
-def static_memory_figure(runs) -> go.Figure:
-    """Parameters, gradients and optimizer state per run, as stacked bars."""
-    figure = _figure("Static memory: parameters, gradients, optimizer state", "Run", "Memory (MB)")
-    labels, parts = [], {"parameters": [], "gradients": [], "optimizer_state": []}
+# Stacked, bottom to top: what a step holds whatever m and k are, then what one micro-batch adds.
+BREAKDOWN = (("parameters", "parameters", "#9aa5b1"), ("gradients", "gradients", "#c0c7cf"),
+             ("optimizer_state", "optimizer state", "#dde1e6"),
+             ("activation_bytes", "peak activations of a micro-batch", "#d62728"))
+
+
+def memory_breakdown_figure(runs, title: str = "Memory per optimizer step: static + activations") -> go.Figure:
+    """One stacked bar per run: parameters, gradients and optimizer state (the same for any m and k), and the
+    peak activations of one micro-batch on top (what accumulation shrinks). Process RSS, mostly the Python
+    and torch runtime, is in ``memory_figure``."""
+    figure = _figure(title, "", "Memory (MB)")
+    labels, heights = [], {part: [] for part, _, _ in BREAKDOWN}
     for label, rows in _as_runs(runs):
         started = _of(rows, ev.RUN_STARTED)
-        static = started[0].get("static_memory") if started else None
-        if static:
-            labels.append(label)
-            for part, values in parts.items():
-                values.append(_mb(static.get(part)) or 0.0)
+        static = (started[0].get("static_memory") or {}) if started else {}
+        activations = [r["activation_bytes"] for r in _of(rows, ev.STEP) if r.get("activation_bytes") is not None]
+        if not static and not activations:
+            continue
+        labels.append(label)
+        for part, _, _ in BREAKDOWN:
+            value = max(activations) if part == "activation_bytes" and activations else static.get(part)
+            heights[part].append(_mb(value) or 0.0)
     if not labels:
-        return _empty(figure, "No run has started yet")
-    for part, values in parts.items():
-        figure.add_trace(go.Bar(x=labels, y=values, name=part.replace("_", " ")))
+        return _empty(figure, "No memory measurements yet")
+    for part, name, color in BREAKDOWN:
+        figure.add_trace(go.Bar(x=labels, y=heights[part], name=name, marker_color=color,
+                                text=[f"{v:.1f} MB" for v in heights[part]] if part == "activation_bytes" else None,
+                                textposition="inside", hovertemplate="%{x}<br>%{y:.2f} MB<extra>" + name + "</extra>"))
     figure.update_layout(barmode="stack", hovermode="closest")
     return figure
 
@@ -221,7 +316,7 @@ def memory_plan_figure(predicted: Mapping | Iterable, measured: Mapping | Iterab
 
 def equivalence_figure(rows: Iterable[dict], tolerance: float | None = None) -> go.Figure:
     """Relative error of each case against the reference, one bar group per loss normalization."""
-    rows = _rows(rows)
+    rows = list(rows or [])
     figure = _figure("Accumulated vs. full-batch gradients: relative error", "Case",
                      "Relative error (log scale)")
     if not rows:

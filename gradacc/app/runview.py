@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
+import heapq
+import statistics
+
 from gradacc import events as ev
+
+RECENT_RUNS = 10  # finished runs whose durations estimate a queued run's wait
 
 # Which Streamlit alert shows each status.
 STATUS_STYLE = {"queued": "info", "running": "info", "completed": "success", "stopped": "warning",
                 "interrupted": "warning", "failed": "error"}
 
 
-def status_message(run, queue_position: int | None) -> tuple[str, str]:
-    """(alert kind, one sentence) for the run's status."""
+def status_message(run, queue: tuple[int, str] | None = None) -> tuple[str, str]:
+    """(alert kind, one sentence) for the run's status; ``queue``: (position, ``queue_wait`` phrase) if queued."""
     status = run.status
     style = STATUS_STYLE.get(status, "info")
     if status == "queued":
-        where = f"position {queue_position} in the queue" if queue_position else "waiting for a free slot"
-        return style, f"Queued: {where}. It starts when the run ahead of it ends."
+        if not queue:
+            return style, "Queued: waiting for a free slot."
+        position, wait = queue
+        return style, f"Queued: position {position} in the queue; {wait}."
     if status == "running":
         started = run.started
         if started is None:
@@ -34,16 +41,80 @@ def status_message(run, queue_position: int | None) -> tuple[str, str]:
     return style, f"{status.capitalize()} after {steps} optimizer steps{took}: {run.reason or 'no reason given'}."
 
 
-def progress(run) -> tuple[float, str]:
-    """(fraction done 0..1, 'step 3 of 8 · about 4 s left')."""
+def progress(run) -> tuple[float, str] | None:
+    """(fraction done 0..1, 'optimizer step 3 of 8 · about 4 s left'), or None where a bar would say nothing
+    true: a queued run (the status says its place) or one that ended before it counted its steps."""
     done, total = run.progress()
+    if run.status == "queued" or (not total and not run.is_live):
+        return None
     if not total:
-        return 0.0, "waiting for the first optimizer step"
+        return 0.0, "loading the model and data"
     text = f"optimizer step {done} of {total}"
     eta = run.eta_seconds()
     if eta is not None and done < total:
         text += f" · about {eta:.0f} s left"
     return min(1.0, done / total), text
+
+
+def queue(manager, run_id: str) -> tuple[int, str] | None:
+    """(position, wait phrase) of a queued run for ``status_message``; None when it is not waiting."""
+    position = manager.queue_position(run_id)
+    if not position:
+        return None
+    running, ahead = manager.ahead_of(run_id)
+    return position, queue_wait(running, ahead, manager.max_concurrent, manager.recent_wall_seconds(),
+                                manager.max_run_seconds or None)
+
+
+def queue_wait(running: list, ahead: list, slots: int, recent_s: list[float], limit_s: float | None) -> str:
+    """How long a queued run waits, as a phrase: each run holding a slot ends at its own pace (its ETA), and
+    each queued run ahead then takes as long as this server's recent runs did (their median), capped by the
+    time limit. Without finished runs to go by, the limit gives an upper bound; without a limit, no figure."""
+    typical = statistics.median(recent_s[-RECENT_RUNS:]) if recent_s else limit_s
+    if typical is not None and limit_s:
+        typical = min(typical, limit_s)
+    etas = [run.eta_seconds() for run in running]
+    if typical is None and (ahead or None in etas):
+        return "wait unknown until a run has finished here"
+    free_at = [eta if eta is not None else typical for eta in etas] + [0.0] * max(0, slots - len(etas))
+    heapq.heapify(free_at)
+    for _ in ahead:  # each run ahead takes the slot that frees first
+        heapq.heapreplace(free_at, free_at[0] + typical)
+    bound = not recent_s and (ahead or None in etas)  # only the limit to go by: an upper bound
+    if bound:
+        return f"at most {_duration(free_at[0])} to wait (runs stop after {_duration(limit_s)})"
+    return f"about {_duration(free_at[0])} to wait"
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    minutes, seconds = divmod(seconds, 60)
+    return f"{minutes} min {seconds:02d} s" if minutes else f"{seconds} s"
+
+
+def has_anything_to_show(run) -> bool:
+    """False for a run that ended without a single optimizer step: no scores, charts or "yet" to draw."""
+    return run.is_live or bool(run.of(ev.STEP))
+
+
+def eval_scores(run) -> list[tuple[str, str]]:
+    """The two latest eval scores the run's task has, as (name, shown value): perplexity and next-token
+    accuracy for a causal LM, F1 and accuracy for a classifier ("—" before the first eval)."""
+    latest = latest_eval(run)
+    if is_language_model(run):
+        return [("Eval perplexity", _shown(latest, "eval_perplexity", "{:.2f}")),
+                ("Next-token accuracy", _shown(latest, "eval_next_token_accuracy", "{:.3f}"))]
+    return [("Eval F1", _shown(latest, "eval_f1", "{:.3f}")), ("Eval accuracy", _shown(latest, "eval_accuracy", "{:.3f}"))]
+
+
+def is_language_model(run) -> bool:
+    config = (run.started or {}).get("config") or run.config or {}
+    return config.get("task") == "causal-lm" or (config.get("task") is None and config.get("model") == "tiny-gpt")
+
+
+def _shown(latest: dict | None, key: str, form: str) -> str:
+    value = (latest or {}).get(key)
+    return form.format(value) if value is not None else "—"
 
 
 def latest_eval(run) -> dict | None:

@@ -17,6 +17,8 @@ def main() -> None:
     ui.run_manager()  # the first visitor creates it: marks interrupted runs, starts warming up
 
     navigation = st.navigation([
+        # First in the menu: the page a speaker opens (/demos?demo=same-curve).
+        st.Page("pages/demos.py", title="Demos", icon="🎬", url_path="demos"),
         st.Page("pages/train.py", title="Train", icon="🏋️", default=True),
         st.Page("pages/compare.py", title="Compare runs", icon="📊"),
         st.Page("pages/equivalence.py", title="Equivalence", icon="⚖️"),

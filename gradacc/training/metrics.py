@@ -1,18 +1,42 @@
-"""Eval metrics from scikit-learn: accuracy and F1 (binary for two classes, macro otherwise)."""
+"""Eval metrics: accuracy and F1 (binary for two classes, macro otherwise) for classification; eval loss,
+perplexity and next-token accuracy for a causal LM. Scores come from scikit-learn."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from sklearn.metrics import accuracy_score, f1_score
 
 
 def classification_metrics(predictions, labels, num_labels: int) -> dict:
-    """Scores over labelled items; -100 marks items without a label (padding, special tokens)."""
+    """Scores over labelled items; -100 marks items without a label (padding, special tokens).
+
+    ``majority_f1``: the F1 of always predicting the most frequent label, the floor a model that learnt
+    something must beat (a collapsed run sits on it).
+    """
     predictions, labels = np.asarray(predictions), np.asarray(labels)
     labelled = labels != -100
     predictions, labels = predictions[labelled], labels[labelled]
+    majority = np.full_like(labels, np.bincount(labels).argmax() if labels.size else 0)
+    return {"accuracy": float(accuracy_score(labels, predictions)), "f1": _f1(labels, predictions, num_labels),
+            "majority_f1": _f1(labels, majority, num_labels)}
+
+
+def _f1(labels, predictions, num_labels: int) -> float:
     if num_labels == 2:
-        f1 = f1_score(labels, predictions, average="binary", pos_label=1, zero_division=0)
-    else:
-        f1 = f1_score(labels, predictions, average="macro", zero_division=0)
-    return {"accuracy": float(accuracy_score(labels, predictions)), "f1": float(f1)}
+        return float(f1_score(labels, predictions, average="binary", pos_label=1, zero_division=0))
+    return float(f1_score(labels, predictions, average="macro", zero_division=0))
+
+
+def language_model_metrics(token_losses, predictions, targets) -> dict:
+    """Token-weighted eval loss (mean negative log-likelihood over every predicted token, whatever the
+    batching), its perplexity, and next-token accuracy. ``targets`` are the tokens predicted at each
+    position (-100 where nothing is)."""
+    token_losses, predictions, targets = np.asarray(token_losses), np.asarray(predictions), np.asarray(targets)
+    predicted = targets != -100
+    if not predicted.any():
+        return {"eval_loss": float("nan"), "eval_perplexity": float("nan"), "eval_next_token_accuracy": float("nan")}
+    loss = float(token_losses[predicted].astype(np.float64).mean())
+    return {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 700.0)),
+            "eval_next_token_accuracy": float(accuracy_score(targets[predicted], predictions[predicted]))}

@@ -1,0 +1,176 @@
+"""The demos a speaker runs with one click: every scenario, as data (the Demos page draws whatever is here).
+
+How to add a scenario: append a ``Scenario`` to ``SCENARIOS``. Give it
+
+- ``name``: short and URL-safe; ``?demo=NAME`` on the Demos page opens it, so it is a public link;
+- ``title`` and ``explanation`` (Markdown, a few sentences a speaker can read out: what to look at);
+- ``base``: the RunConfig fields every run of the scenario shares (unset fields take the model's recipe);
+- ``runs``: one ``DemoRun(label, changes)`` per run, the RunConfig fields that run changes on top of ``base``;
+  they are queued in this order;
+- ``compares``: which two runs the headline describes, ``(a, b)`` indices into ``runs`` (b is described
+  against a: "activations 4× smaller" means b's are); ``expect``: one sentence of what the headline shows;
+- sizes (``train_samples``, ``eval_samples``, ``epochs``) for a speaker's pace: the whole scenario should take
+  about 20–40 s on a 2-vCPU machine (measure it with ``python -m gradacc.analysis.demos NAME``).
+
+``tests/test_demos.py`` checks every scenario builds valid configs; the tests shrink them with
+``GRADACC_DEMO_SCALE`` (a fraction of the training samples; 1 on stage), so the same data serves both.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+
+from gradacc import env as env_numbers
+from gradacc.config import RunConfig
+
+SCALE_ENV = "GRADACC_DEMO_SCALE"
+# Label prefix of a demo's runs in the store (the Compare page shows them like any other run).
+LABEL_PREFIX = "demo"
+
+
+@dataclass(frozen=True)
+class DemoRun:
+    label: str
+    changes: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    title: str
+    explanation: str
+    base: dict
+    runs: tuple[DemoRun, ...]
+    expect: str
+    compares: tuple[int, int] = (0, 1)
+
+    def configs(self, scale: float | None = None) -> list[tuple[str, RunConfig]]:
+        """(label, validated RunConfig) per run, sized by ``scale`` (default: GRADACC_DEMO_SCALE or 1)."""
+        scale = demo_scale() if scale is None else scale
+        built = [(run.label, RunConfig.from_dict({**self.base, **run.changes})) for run in self.runs]
+        largest = max(config.effective_batch for _, config in built)
+        for _, config in built:
+            config.train_samples = scaled(config.train_samples, largest, scale)
+            if config.eval_samples:
+                config.eval_samples = max(16, math.ceil(config.eval_samples * scale))
+        return [(label, config.validate()) for label, config in built]
+
+    def run_label(self, run_label: str) -> str:
+        return f"{LABEL_PREFIX} {self.name}: {run_label}"
+
+
+def scaled(train_samples: int, effective_batch: int, scale: float) -> int:
+    """``train_samples`` × ``scale`` in whole windows of the largest effective batch, keeping the remainder
+    (a scenario's short last window survives the shrinking), and never less than two windows."""
+    if scale == 1:
+        return train_samples
+    windows, remainder = divmod(train_samples, effective_batch)
+    return max(2, round(windows * scale)) * effective_batch + remainder
+
+
+def demo_scale() -> float:
+    """GRADACC_DEMO_SCALE: a fraction of the training samples (tests use a small one); 1 when unset."""
+    value = env_numbers.number(os.environ, SCALE_ENV, 1.0)
+    return min(value, 1.0) if value > 0 else 1.0
+
+
+SAME_CURVE = Scenario(
+    name="same-curve",
+    title="Same curve, a quarter of the activations",
+    explanation=(
+        "Two runs see the same 32 examples per optimizer step. The first puts all 32 through the model at "
+        "once (m=32, k=1); the second puts 8 at a time through and adds up the gradients of 4 micro-batches "
+        "before stepping (m=8, k=4). Dropout is off, so nothing random differs.\n\n"
+        "**Look at:** the two loss curves lie on top of each other, the second run holds about a quarter of "
+        "the activation memory, and pays for it in time per step."),
+    base={"backend": "pytorch", "dropout": 0.0, "epochs": 1, "train_samples": 1280, "eval_samples": 200},
+    runs=(DemoRun("m=32, k=1", {"micro_batch_size": 32, "grad_accum_steps": 1}),
+          DemoRun("m=8, k=4", {"micro_batch_size": 8, "grad_accum_steps": 4})),
+    expect="Loss curves identical · activations about 4× smaller · slower per step · the same F1.",
+)
+
+NAIVE_VS_EXACT = Scenario(
+    name="naive-vs-exact",
+    title="Naive ÷k against exact normalisation",
+    explanation=(
+        "The same accumulation run (m=8, k=4) twice: once with the textbook recipe (each micro-batch's mean "
+        "loss ÷ k, Accelerate's default) and once weighting each micro-batch by its share of the window's "
+        "examples. The training set is 8 examples past a whole number of windows, so every epoch ends with a "
+        "window of a single micro-batch: naive divides it by 4 anyway, and that step's gradient is 4× too "
+        "small. Texts have uneven lengths, but here the loss is per example, so the short window is where "
+        "the two differ (a token-level loss differs in every window: see the Equivalence page).\n\n"
+        "**Look at:** the curves agree until the last window of each epoch, where naive's loss drops to a "
+        "quarter."),
+    base={"backend": "pytorch", "dropout": 0.0, "epochs": 3, "train_samples": 392, "eval_samples": 200,
+          "micro_batch_size": 8, "grad_accum_steps": 4},
+    runs=(DemoRun("exact", {"loss_normalization": "exact"}),
+          DemoRun("naive ÷k", {"loss_normalization": "naive"})),
+    expect="Loss curves differ (normalisation exact vs naive), in the short last window of each epoch.",
+)
+
+TRAINER_PITFALL = Scenario(
+    name="trainer-pitfall",
+    title="Trainer's default on BERT: k× the loss and the gradient",
+    explanation=(
+        "🤗 Trainer with gradient_accumulation_steps=4 on a BERT model, twice. In transformers 5 Trainer sees "
+        "that BERT's forward takes **kwargs, assumes the model divides the loss by the items in the window, "
+        "and skips its own ÷k: the loss it reports and the gradients it steps with are 4× too large. gradacc "
+        "passes a compute_loss_func that really uses num_items_in_batch.\n\n"
+        "**Look at:** the library default's loss curve sits 4× above the fixed one. AdamW hides most of a "
+        "constant gradient scale, and gradient clipping hides the rest, which is why this goes unnoticed."),
+    base={"backend": "trainer", "dropout": 0.0, "epochs": 1, "train_samples": 640, "eval_samples": 200,
+          "micro_batch_size": 8, "grad_accum_steps": 4},
+    runs=(DemoRun("Trainer library default", {"trainer_library_default": True}),
+          DemoRun("gradacc's fix", {"trainer_library_default": False})),
+    expect="Loss 4× smaller with the fix, at the same samples seen.",
+)
+
+NAIVE_VS_EXACT_LM = Scenario(
+    name="naive-vs-exact-lm",
+    title="The October 2024 bug: naive ÷k on a language model",
+    explanation=(
+        "tiny-gpt, a small GPT-2-style language model, learns builtin-text: reviews from two words to a dozen "
+        "sentences long. Three runs see the same 32 texts per optimizer step from the same start: the full batch "
+        "(m=32, k=1), then m=4, k=8 twice. The loss is the mean over *predicted tokens*, and micro-batches of "
+        "uneven texts predict very different numbers of them. **Naive** divides each micro-batch's mean by k, "
+        "so a micro-batch of four short texts counts as much as one of four long ones: not the full-batch "
+        "gradient, in every window. **Exact** weights each micro-batch by its share of the window's predicted "
+        "tokens (what transformers' num_items_in_batch fix does).\n\n"
+        "**Look at:** naive's curve drifts away from the full batch's; exact's lies on it."),
+    base={"backend": "pytorch", "model": "tiny-gpt", "dataset": "builtin-text", "task": "causal-lm",
+          "dropout": 0.0, "epochs": 1, "train_samples": 640, "eval_samples": 100},
+    runs=(DemoRun("full batch m=32, k=1", {"micro_batch_size": 32, "grad_accum_steps": 1}),
+          DemoRun("naive ÷k m=4, k=8", {"micro_batch_size": 4, "grad_accum_steps": 8, "loss_normalization": "naive"}),
+          DemoRun("exact m=4, k=8", {"micro_batch_size": 4, "grad_accum_steps": 8, "loss_normalization": "exact"})),
+    compares=(0, 1),
+    expect="Naive's loss curve drifts from the full batch's; exact's stays on it (float rounding).",
+)
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (SAME_CURVE, NAIVE_VS_EXACT, TRAINER_PITFALL,
+                                                      NAIVE_VS_EXACT_LM)}
+
+
+def get(name: str | None) -> Scenario | None:
+    return SCENARIOS.get((name or "").strip())
+
+
+if __name__ == "__main__":  # time a scenario: python -m gradacc.analysis.demos same-curve
+    import sys
+    import time
+
+    from gradacc.analysis.compare import headline
+    from gradacc.events import Recorder
+    from gradacc.training.engine import train
+
+    for scenario in [SCENARIOS[n] for n in sys.argv[1:]] or SCENARIOS.values():
+        began, recorded = time.perf_counter(), []
+        for label, config in scenario.configs():
+            recorder = Recorder()
+            ended = train(config, recorder)
+            recorded.append(recorder.events)
+            print(f"{scenario.name} · {label}: {ended['status']} in {ended['wall_s']:.1f} s {ended['warnings']}")
+        a, b = scenario.compares
+        print(f"{scenario.name}: {time.perf_counter() - began:.1f} s in all · "
+              f"{headline(recorded[a], recorded[b])['headline']}", flush=True)

@@ -1,0 +1,71 @@
+"""Two or more runs side by side: the headline in words, charts whose titles state it, the table.
+
+Shared by the Compare page and the Demos page, so a demo proves its point with the same view a visitor
+gets when comparing their own runs.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from gradacc import events as ev
+from gradacc.analysis import compare
+from gradacc.app import charts, widgets as ui
+
+
+def names(runs) -> dict[str, str]:
+    """{run id: what differs between these runs}, e.g. 'm=8, k=4, naive' (see compare.differing_labels)."""
+    return compare.differing_labels({run.run_id: run.config for run in runs})
+
+
+def headline(runs) -> dict | None:
+    """The headline of the first two runs, once both have ended (a live run's numbers still move)."""
+    if len(runs) < 2 or any(run.is_live for run in runs[:2]):
+        return None
+    return compare.headline(runs[0].events, runs[1].events)
+
+
+def show_headline(figures: dict | None, runs, labels: dict[str, str]) -> None:
+    if figures is None:
+        return
+    warned = any((run.ended or {}).get("warnings") for run in runs[:2])
+    against = f"**{labels[runs[1].run_id]}** against **{labels[runs[0].run_id]}**"
+    box = st.warning if warned or any(run.status != ev.COMPLETED for run in runs[:2]) else st.success
+    with st.container(key="headline"):
+        box(f"### {figures['headline']}\n{against}", icon="📣")
+
+
+def draw(runs, key: str, x: str = "samples_seen") -> dict | None:
+    """Headline (once the first two runs ended), loss, eval and memory charts, and the summary table.
+
+    ``key`` keeps this view's widgets and cached figures apart from another view's. Returns the headline.
+    """
+    snapshots = [run.snapshot() for run in runs]  # one set of events per draw: text and charts agree
+    labels = names(snapshots)
+    figures = headline(snapshots)
+    show_headline(figures, snapshots, labels)
+    for run in snapshots:
+        for warning in (run.ended or {}).get("warnings") or []:
+            st.caption(f"⚠️ {labels[run.run_id]}: {warning}")
+    curves = [(labels[run.run_id], run.events) for run in snapshots]
+    loss_title = figures["loss_claim"] if figures else "Training loss against samples seen"
+    memory_title = (f"Memory per step: {figures['memory_claim']}" if figures and figures["memory_claim"]
+                    else "Memory per step: static + peak activations")
+    loss_figure, eval_figure, memory_figure, process_figure = ui.shared_figures(
+        (key, tuple((run.run_id, name, len(run.events)) for run, (name, _) in zip(snapshots, curves)), loss_title,
+         memory_title),
+        lambda: (charts.loss_figure(curves, x=x, title=loss_title), charts.eval_figure(curves),
+                 charts.memory_breakdown_figure(curves, title=memory_title),
+                 charts.memory_figure(curves, x=x, title="Process memory (RSS) over the run")))
+    loss_chart, memory_chart = st.columns([3, 2])
+    loss_chart.plotly_chart(loss_figure, key=f"{key}_loss")
+    memory_chart.plotly_chart(memory_figure, key=f"{key}_memory")
+    rows = [compare.summary(run, labels[run.run_id]) for run in snapshots]
+    st.dataframe(rows, hide_index=True, column_order=compare.COLUMNS,
+                 column_config={"peak activation bytes": st.column_config.NumberColumn(format="compact")})
+    eval_column, process_column = st.columns(2)
+    eval_column.plotly_chart(eval_figure, key=f"{key}_eval")
+    with process_column.expander("Process memory (RSS): mostly the Python and torch runtime, the same for "
+                                 "every run"):
+        st.plotly_chart(process_figure, key=f"{key}_process")
+    return figures

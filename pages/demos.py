@@ -1,0 +1,87 @@
+"""Demos: one click per story. Each scenario (gradacc.analysis.demos) queues its runs, shows them live, and
+states its result. ``?demo=NAME`` opens one, so a speaker can prepare links."""
+
+import streamlit as st
+
+from gradacc.analysis import demos
+from gradacc.app import comparison, runview, widgets as ui
+from gradacc.errors import GradaccError
+
+CHOICE = "demo.choice"
+
+manager = ui.run_manager()
+limits = ui.limits()
+owner = ui.owner_id()
+
+st.title("Demos: one click per story")
+ui.warm_up_status()
+
+names = list(demos.SCENARIOS)
+requested = st.query_params.get("demo")
+if requested and requested not in demos.SCENARIOS:
+    st.warning(f"There is no demo called {requested!r}; the demos are {', '.join(names)}.")
+elif requested and st.session_state.get("demo.requested") != requested:
+    st.session_state[CHOICE] = requested  # a link (or a reload) picks the demo; the picker follows
+st.session_state["demo.requested"] = requested
+ui.defaults({CHOICE: names[0]})
+name = st.radio("Demo", names, key=CHOICE, horizontal=True, format_func=lambda n: demos.SCENARIOS[n].title,
+                label_visibility="collapsed")
+st.query_params["demo"] = name
+st.session_state["demo.requested"] = name
+scenario = demos.SCENARIOS[name]
+
+st.header(scenario.title)
+st.markdown(scenario.explanation)
+configs = scenario.configs()
+st.caption("Runs, in this order: " + " · ".join(
+    f"**{label}** ({ui.BACKEND_NAMES[config.backend]}, m={config.micro_batch_size}, k={config.grad_accum_steps}, "
+    f"{config.train_samples} examples × {config.epochs} epoch{'s' if config.epochs > 1 else ''})"
+    for label, config in configs) + f". Expect: {scenario.expect}")
+
+runs_key = f"demo.runs.{name}"
+run_ids = st.session_state.get(runs_key) or []
+runs = [run for run in (manager.get(run_id) for run_id in run_ids) if run is not None]
+live = any(run.is_live for run in runs)
+
+refused = {field: message for _, config in configs for field, message in limits.errors(config).items()}
+if refused:
+    st.error("This deployment's limits refuse this demo: " + " ".join(dict.fromkeys(refused.values())))
+if st.button("Run this demo", type="primary", key="demo.run", disabled=live or bool(refused),
+             help="Its runs are still going." if live else None):
+    try:
+        run_ids = [manager.submit(config, owner, label=scenario.run_label(label)) for label, config in configs]
+    except GradaccError as error:
+        st.error(error.message)
+    else:
+        st.session_state[runs_key] = run_ids
+        st.rerun()  # redraw with the live view polling
+
+st.divider()
+
+
+@st.fragment(run_every=ui.CHART_POLL_SECONDS if live else None)
+def demo_view():
+    current = [run for run in (manager.get(run_id) for run_id in run_ids) if run is not None]
+    if not current:
+        st.info("Press **Run this demo**: its runs queue one after the other, train live here, and the result "
+                "is written above the charts when both are done.")
+        return
+    if live and not any(run.is_live for run in current):
+        st.rerun()  # all ended: one full rerun turns polling off and enables the button again
+    snapshots = [run.snapshot() for run in current]
+    columns = st.columns(len(snapshots))
+    labels = comparison.names(snapshots)
+    for column, run in zip(columns, snapshots):
+        with column, st.container(key=f"demo-run-{run.run_id}"):
+            st.markdown(f"**{labels[run.run_id]}**")
+            kind, sentence = runview.status_message(run, runview.queue(manager, run.run_id))
+            getattr(st, kind)(sentence)
+            bar = runview.progress(run)
+            if bar is not None:  # queued, or failed before its first step: the sentence above says it all
+                st.progress(bar[0], text=bar[1])
+    if any(run.is_live for run in snapshots):
+        st.caption("The result is written here when both runs are done.")
+    comparison.draw(snapshots, key="demo")
+
+
+demo_view()

@@ -1,0 +1,109 @@
+"""The headline of two runs: what Compare, the Demos page and `python -m gradacc compare` say."""
+
+import json
+
+import pytest
+
+from gradacc import cli
+from gradacc import events as ev
+from gradacc.analysis import compare
+from gradacc.config import RunConfig
+
+
+def run_events(m=8, k=4, losses=(0.7, 0.5, 0.3), activation=1_000_000, seconds_per_step=1.0, f1=0.9,
+               eval_metrics=None, **config_changes) -> list[dict]:
+    config = RunConfig(micro_batch_size=m, grad_accum_steps=k, **config_changes).validate()
+    batch = config.effective_batch
+    found = [ev.run_started(config=config.to_dict(), effective_batch=batch, total_steps=len(losses),
+                            steps_per_epoch=len(losses), train_examples=batch * len(losses), eval_examples=10,
+                            static_memory={"total": 1}, device="cpu")]
+    for step, loss in enumerate(losses, 1):
+        found.append(ev.step(step=step, epoch=1, samples_seen=step * batch, tokens_seen=0, micro_batches=k,
+                             loss=loss, grad_norm=1.0, lr=1e-3, elapsed_s=step * seconds_per_step,
+                             memory={"activation_bytes": activation, "rss_bytes": 1, "cuda_peak_bytes": None}))
+    if eval_metrics is None:
+        found.append(ev.eval_(epoch=1, step=len(losses), eval_loss=0.3, eval_accuracy=0.9, eval_f1=f1))
+    else:
+        found.append({"event": ev.EVAL, "epoch": 1, "step": len(losses), **eval_metrics})
+    found.append(ev.run_ended(status="completed", reason=None, steps=len(losses), wall_s=3.0))
+    return found
+
+
+def test_identical_curves_say_so_with_the_costs():
+    big = run_events(m=32, k=1, activation=4_200_000, seconds_per_step=1.0, dropout=0.0)
+    small = run_events(m=8, k=4, losses=(0.7, 0.5, 0.30000003), activation=1_000_000, seconds_per_step=1.6,
+                       dropout=0.0)
+    figures = compare.headline(big, small)
+    assert figures["headline"] == ("Loss curves identical (max difference 1e-07) · activations 4.2× smaller · "
+                                   "1.6× slower per step · F1 0.900 both")
+    assert figures["loss_points_compared"] == 3
+    assert figures["activation_ratio"] == pytest.approx(4.2)
+    assert figures["samples_per_s_ratio"] == pytest.approx(1 / 1.6)
+    assert figures["effective_batch"] == [32, 32]
+    assert figures["differences"] == ["micro_batch_size", "grad_accum_steps"]
+
+
+def test_different_curves_name_what_differs():
+    exact = run_events(losses=(0.7, 0.5, 0.4))
+    naive = run_events(losses=(0.7, 0.5, 0.1), loss_normalization="naive", f1=0.8)
+    figures = compare.headline(exact, naive)
+    assert figures["loss_max_rel_diff"] == pytest.approx(0.75)
+    assert figures["headline"].startswith("Loss curves differ by up to 75% at the same samples seen "
+                                          "(normalisation exact vs naive differ)")
+    assert "activations the same" in figures["headline"] and "F1 0.900 vs 0.800" in figures["headline"]
+
+
+def test_different_effective_batches_are_not_called_identical():
+    small = run_events(m=8, k=4, losses=(0.7, 0.5, 0.3, 0.2))
+    large = run_events(m=8, k=8, losses=(0.5, 0.2))  # the same losses at 64 and 128 samples seen
+    figures = compare.headline(small, large)
+    assert figures["loss_points_compared"] == 2 and figures["loss_max_rel_diff"] == 0
+    assert not figures["same_effective_batch"]
+    assert figures["loss_claim"] == ("Different effective batches (32 vs 64): loss differs by up to 0 at the "
+                                     "same samples seen")
+    assert "identical" not in figures["headline"]
+
+
+def test_different_data_is_said_before_any_equality():
+    figures = compare.headline(run_events(), run_events(seed=7))
+    assert figures["loss_claim"].startswith("Different data (seed 42 vs 7)")
+    assert not figures["same_data"]
+
+
+def test_without_f1_the_shared_eval_metrics_are_reported():
+    lm = {"eval_loss": 2.0, "eval_perplexity": 7.389, "eval_next_token_accuracy": 0.41}
+    other = {"eval_loss": 2.0, "eval_perplexity": 7.389, "eval_next_token_accuracy": 0.43}
+    figures = compare.headline(run_events(eval_metrics=lm), run_events(eval_metrics=other))
+    assert set(figures["eval"]) == {"eval_loss", "eval_perplexity", "eval_next_token_accuracy"}
+    assert "perplexity 7.389 both" in figures["headline"]
+    assert "next token accuracy 0.410 vs 0.430" in figures["headline"]
+
+
+def test_cli_compare_prints_the_headline_or_json(tmp_path, capsys):
+    paths = []
+    for name, events in (("a", run_events(m=32, k=1, activation=4_000_000)), ("b", run_events())):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(ev.to_json(e) + "\n" for e in events))
+        paths.append(str(path))
+    assert cli.main(["compare", *paths]) == 0
+    assert capsys.readouterr().out.startswith("Loss curves identical (max difference 0) · activations 4.0× smaller")
+    assert cli.main(["compare", *paths, "--json"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["activation_ratio"] == 4.0 and figures["headline"].startswith("Loss curves identical")
+
+
+def test_cli_compare_refuses_a_file_that_is_not_events(tmp_path, capsys):
+    bad = tmp_path / "notes.jsonl"
+    bad.write_text("hello\n")
+    assert cli.main(["compare", str(bad), str(bad)]) == cli.EXIT_BAD_INPUT
+    assert capsys.readouterr().err.strip() == ("error: 'notes.jsonl' line 1 is not JSON; pass a file written by "
+                                               "--metrics-out.")
+
+
+def test_runs_are_named_by_what_differs():
+    configs = {"a": RunConfig(dropout=0.0, learning_rate=5e-3).validate().to_dict(),
+               "b": RunConfig(dropout=0.1, learning_rate=1e-4).validate().to_dict(),
+               "c": RunConfig(dropout=0.1, learning_rate=1e-4).validate().to_dict()}
+    assert compare.differing_labels(configs) == {"a": "m=8, k=4, lr 0.005, dropout 0",
+                                                 "b": "m=8, k=4, lr 0.0001, dropout 0.1 #1",
+                                                 "c": "m=8, k=4, lr 0.0001, dropout 0.1 #2"}

@@ -1,0 +1,58 @@
+"""Warnings on run_ended: a run that completes badly says so; a good one says nothing."""
+
+import pytest
+
+from gradacc import events as ev
+from gradacc.analysis import health
+from gradacc.config import RunConfig
+
+
+def events_of(losses, f1=0.9, majority_f1=0.0):
+    found = [ev.step(step=i, epoch=1, samples_seen=32 * i, tokens_seen=0, micro_batches=4, loss=loss, grad_norm=1.0,
+                     lr=1e-3, elapsed_s=i, memory={}) for i, loss in enumerate(losses, 1)]
+    return found + [ev.eval_(epoch=1, step=len(losses), eval_loss=0.3, eval_accuracy=0.9, eval_f1=f1,
+                             majority_f1=majority_f1)]
+
+
+GOOD = [0.70, 0.69, 0.66, 0.60, 0.50, 0.40, 0.30, 0.20, 0.12, 0.08, 0.05, 0.09, 0.04, 0.03]
+
+
+def test_a_good_run_has_no_warnings():
+    assert health.run_warnings(events_of(GOOD), RunConfig()) == []
+
+
+def test_noise_at_a_tiny_loss_is_not_a_spike():
+    noisy = GOOD + [0.01, 0.01, 0.05, 0.01, 0.01]  # 5× the median, but far below where it started
+    assert health.run_warnings(events_of(noisy), RunConfig()) == []
+
+
+def test_a_collapsed_pretrained_run_warns_and_names_the_learning_rate():
+    diverged = [0.70, 0.60, 0.50, 0.40, 0.35, 0.30, 0.30, 2.50, 0.80, 0.72, 0.71, 0.70, 0.72]
+    config = RunConfig(model="all-MiniLM-L6-v2", learning_rate=1e-3)
+    warnings = health.run_warnings(events_of(diverged, f1=0.0, majority_f1=0.0), config)
+    assert warnings[0].startswith("eval F1 0.000 is no better than always predicting the most frequent label")
+    assert warnings[1] == "the loss ended higher than it started (0.71 against 0.6)."
+    assert warnings[2] == "the loss spiked at step 8: 2.5, 6.2× the median of the steps before (0.4)."
+    assert warnings[3] == ("Likely cause: learning rate 0.001 is high for a pretrained model; its recipe uses 5e-05.")
+
+
+def test_a_warning_without_a_high_learning_rate_names_no_cause():
+    warnings = health.run_warnings(events_of([0.5, 0.6, 0.7, 0.8]), RunConfig(learning_rate=5e-3))
+    assert warnings == ["the loss ended higher than it started (0.8 against 0.5)."]
+
+
+@pytest.mark.parametrize("losses", [[], [0.7]])
+def test_too_short_to_judge_is_not_a_warning(losses):
+    assert health.run_warnings(events_of(losses), RunConfig()) == []
+
+
+def test_the_engine_puts_warnings_on_a_forced_divergence():
+    """A real run, forced to diverge (learning rate 2, no clipping): it completes, and says it went wrong."""
+    from gradacc.training.engine import train
+
+    recorder = ev.Recorder()
+    config = RunConfig(learning_rate=2.0, max_grad_norm=0.0, warmup_ratio=0.0, train_samples=96, eval_samples=64,
+                       epochs=1, micro_batch_size=8, grad_accum_steps=1, dropout=0.0)
+    ended = train(config, recorder)
+    assert ended["status"] == ev.COMPLETED and ended["warnings"], ended
+    assert any("Likely cause: learning rate 2" in w for w in ended["warnings"])

@@ -1,0 +1,66 @@
+"""The Demos page: every scenario from the registry, ?demo=NAME links, and each "Run this demo" button runs
+its scenario to a headline (shrunk with GRADACC_DEMO_SCALE so the suite stays fast)."""
+
+import pytest
+from app_support import APP, SCRIPT_TIMEOUT_S, charts, run_until
+from streamlit.testing.v1 import AppTest
+
+from gradacc.analysis import demos
+
+
+@pytest.fixture
+def demo_home(app_home, monkeypatch):
+    monkeypatch.setenv(demos.SCALE_ENV, "0.05")  # a few windows per run: seconds, not half a minute
+    return app_home
+
+
+def open_demos(query: str | None = None) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=SCRIPT_TIMEOUT_S)
+    if query:
+        at.query_params["demo"] = query
+    at.run()
+    at.switch_page("pages/demos.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def test_the_page_lists_every_scenario_and_explains_the_chosen_one(demo_home):
+    at = open_demos()
+    picker = at.radio(key="demo.choice")
+    assert list(picker.options) == [s.title for s in demos.SCENARIOS.values()]
+    first = next(iter(demos.SCENARIOS.values()))
+    assert at.header[0].value == first.title
+    assert "Press **Run this demo**" in at.info[0].value
+    picker.set_value("trainer-pitfall").run()
+    assert at.header[0].value == demos.SCENARIOS["trainer-pitfall"].title
+    assert at.query_params["demo"] == "trainer-pitfall"  # the address bar follows: a link to share
+
+
+def test_a_demo_link_opens_that_demo_and_a_bad_one_says_so(demo_home):
+    at = open_demos("naive-vs-exact")
+    assert at.radio(key="demo.choice").value == "naive-vs-exact"
+    assert at.header[0].value == demos.SCENARIOS["naive-vs-exact"].title
+    at = open_demos("no-such-demo")
+    assert "no demo called 'no-such-demo'" in at.warning[0].value
+    assert at.header[0].value == next(iter(demos.SCENARIOS.values())).title
+
+
+def headline(at: AppTest) -> str | None:
+    """The result sentence, written as a Markdown heading in a success or warning box."""
+    return next((e.value for e in [*at.success, *at.warning] if e.value.startswith("### ")), None)
+
+
+@pytest.mark.parametrize("name", list(demos.SCENARIOS))
+def test_each_demo_button_runs_its_scenario_to_a_headline(demo_home, name):
+    at = open_demos(name)
+    at.button(key="demo.run").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    scenario = demos.SCENARIOS[name]
+    at = run_until(at, lambda at: headline(at) is not None, timeout=240, what=f"the headline of {name}")
+    labels = [label for label, _ in scenario.configs()]
+    assert len(labels) >= 2
+    assert "loss" in headline(at).lower()
+    loss_chart = next(c for c in charts(at) if c["layout"]["xaxis"].get("title", {}).get("text") == "Samples seen")
+    assert len(loss_chart["data"]) == len(scenario.runs)  # every run drawn, distinguishable
+    assert len({str(trace.get("line", {}).get("dash")) for trace in loss_chart["data"]}) == len(scenario.runs)
+    assert not at.button(key="demo.run").disabled  # ended: it can be run again

@@ -19,7 +19,7 @@ import sys
 import threading
 
 from gradacc import events, paths
-from gradacc.config import BACKENDS, LOSS_NORMALIZATIONS, OPTIMIZERS, PRECISIONS, RunConfig, in_cli_words
+from gradacc.config import BACKENDS, LOSS_NORMALIZATIONS, OPTIMIZERS, PRECISIONS, TASKS, RunConfig, in_cli_words
 from gradacc.errors import GradaccError
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
@@ -117,9 +117,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=BACKENDS, default=RunConfig.backend)
-    parser.add_argument("--model", default=RunConfig.model, help="tiny-bert, all-MiniLM-L6-v2, a folder or a hub id")
-    parser.add_argument("--dataset", default=RunConfig.dataset,
-                        help="builtin-sentiment, a CSV/JSONL file, a save_to_disk folder or a hub id")
+    parser.add_argument("--model", default=RunConfig.model,
+                        help="tiny-bert, all-MiniLM-L6-v2, tiny-gpt, a folder or a hub id")
+    parser.add_argument("--dataset", default=None,
+                        help="builtin-sentiment, builtin-text (causal-lm), a CSV/JSONL file, a save_to_disk folder or "
+                             "a hub id (default: builtin-text for a causal-lm run, else builtin-sentiment)")
+    parser.add_argument("--task", choices=TASKS, default=None,
+                        help="default: the model's (a *ForCausalLM model or tiny-gpt means causal-lm)")
     parser.add_argument("--dataset-split", default=RunConfig.dataset_split, help="split of a hub dataset id")
     parser.add_argument("--text-column", default=None)
     parser.add_argument("--label-column", default=None)
@@ -151,7 +155,21 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
             raise GradaccError(f"Could not read the config file {args.config_file!r}: {error}", "config") from None
     else:
         values = {k: v for k, v in vars(args).items() if v is not None or k in ("max_steps",)}
+        if "dataset" not in values:
+            values["dataset"] = default_dataset(RunConfig.from_dict(values))
     return RunConfig.from_dict(values).replace(num_processes=distributed.world_size())
+
+
+def default_dataset(config: RunConfig) -> str:
+    """A language model's run without --dataset trains on builtin-text, a classifier's on builtin-sentiment."""
+    from gradacc.config import BUILTIN_MODEL_TASKS, CAUSAL_LM
+
+    task = config.task or BUILTIN_MODEL_TASKS.get(config.model)
+    if task is None:  # a folder: read its architecture (cheap, no torch)
+        from gradacc.training.sources.models import infer_task
+
+        task = infer_task(config)
+    return "builtin-text" if task == CAUSAL_LM else "builtin-sentiment"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -292,8 +310,13 @@ class _Progress:
             print(f"\r{line}", end="", flush=True) if self.tty else (
                 print(line, flush=True) if event["step"] % 10 == 0 or event["step"] == self.total else None)
         elif kind == events.EVAL:
-            print(f"{chr(10) if self.tty else ''}epoch {event['epoch']}: eval loss {event['eval_loss']:.4f}  "
-                  f"accuracy {event['eval_accuracy']:.4f}  F1 {event['eval_f1']:.4f}", flush=True)
+            if event.get("eval_perplexity") is not None:
+                scores = (f"perplexity {event['eval_perplexity']:.2f}  "
+                          f"next-token accuracy {event['eval_next_token_accuracy']:.4f}")
+            else:
+                scores = f"accuracy {event['eval_accuracy']:.4f}  F1 {event['eval_f1']:.4f}"
+            print(f"{chr(10) if self.tty else ''}epoch {event['epoch']}: eval loss {event['eval_loss']:.4f}  {scores}",
+                  flush=True)
         elif kind == events.RUN_ENDED:
             if event["status"] == events.FAILED and event.get("field"):
                 return  # bad input: the one error line on stderr says it, in the flag's words

@@ -23,7 +23,10 @@ import threading
 from gradacc.config import RunConfig
 from gradacc.errors import GradaccError
 
-CASES = ("equal_windows", "short_last_window", "token_level")
+CASES = ("equal_windows", "short_last_window", "token_level", "language_model")
+# The language-model case: a causal LM's next-token loss, where micro-batches of texts of uneven lengths
+# predict very different numbers of tokens (the October 2024 accumulation bug). Same backend, m and k.
+LANGUAGE_MODEL = dict(model="tiny-gpt", dataset="builtin-text", task="causal-lm")
 NORMALIZATIONS = ("naive", "exact")
 
 
@@ -50,7 +53,13 @@ def check(config: RunConfig, samples: int | None = None, cases=CASES) -> dict:
         product = "m×k" if processes == 1 else "m×k×processes"
         raise GradaccError(f"samples must be a whole number from 1 to {product} = {full} (one accumulation window); "
                            f"got {samples!r}.", "samples")
-    results = {case: _case(config, window_size(case, config.micro_batch_size, config.grad_accum_steps, processes),
+    from gradacc.training.sources.models import infer_task
+
+    if infer_task(config) == "causal-lm":
+        # Every window of a causal LM is token-level already: the two windows are the cases.
+        cases = [case for case in cases if case in ("equal_windows", "short_last_window")]
+    results = {case: _case(config.replace(**LANGUAGE_MODEL) if case == "language_model" else config,
+                           window_size(case, config.micro_batch_size, config.grad_accum_steps, processes),
                            token_level=case == "token_level") for case in cases}
     main = results["equal_windows"] if samples == full and "equal_windows" in results else _case(config, samples)
     report = {"backend": config.backend, "model": config.model, "micro_batch_size": config.micro_batch_size,

@@ -16,7 +16,7 @@ from gradacc.training import distributed, windows
 from gradacc.training.backends.common import Precision, enable_gradient_checkpointing
 from gradacc.training.sources import models
 from gradacc import paths
-from gradacc.config import RunConfig, optimizer_steps_per_epoch, too_few_examples, total_optimizer_steps
+from gradacc.config import CAUSAL_LM, RunConfig, optimizer_steps_per_epoch, too_few_examples, total_optimizer_steps
 from gradacc.errors import GradaccError, RunStopped
 from gradacc.events import EventSink
 
@@ -55,6 +55,10 @@ class Job:
     # Set when the run has a memory budget or the deployment a limit (``gradacc.training.budget.Guard``).
     memory_guard: object = None
 
+    @property
+    def causal_lm(self) -> bool:
+        return self.config.task == CAUSAL_LM
+
     def check_stop(self) -> None:
         if self.stop.is_set():
             raise RunStopped()
@@ -89,6 +93,14 @@ def _stop_requested(stop: threading.Event) -> None:
         raise RunStopped()
 
 
+def _with_predicted_tokens(train_examples, eval_examples):
+    keep_train = [e for e in train_examples if data_module.item_count(e)]
+    keep_eval = [e for e in eval_examples if data_module.item_count(e)]
+    if not keep_train or not keep_eval:
+        raise GradaccError("Dataset: no text is longer than one token, so a causal LM has nothing to predict.", "dataset")
+    return keep_train, keep_eval, len(train_examples) + len(eval_examples) - len(keep_train) - len(keep_eval)
+
+
 def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, token_level: bool = False,
             whole_micro_batch: bool = True, *, before_optimizer_step: Callable | None = None,
             trainer_library_default: bool = False, sync_each_micro_batch: bool = False,
@@ -102,6 +114,8 @@ def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, token_lev
     options are ``Job``'s.
     """
     config.validate()
+    # The task the run will have, shown in run_started's config: named, or inferred from the model.
+    config = config.replace(task=models.infer_task(config))
     if config.num_processes != distributed.world_size():
         raise GradaccError(f"Processes is {config.num_processes}, but this is a {distributed.world_size()}-process "
                            f"launch; start a {config.num_processes}-process run with accelerate launch or torchrun "
@@ -113,10 +127,21 @@ def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, token_lev
     _stop_requested(stop)
     loaded = models.load(config, text_data.num_labels, text_data.label_names, token_level, confinement)
     _stop_requested(stop)
-    train_examples, train_cut = data_module.tokenize(loaded.tokenizer, text_data.train_texts, text_data.train_labels,
-                                                     config.max_seq_length, token_level)
-    eval_examples, eval_cut = data_module.tokenize(loaded.tokenizer, text_data.eval_texts, text_data.eval_labels,
-                                                   config.max_seq_length, token_level)
+    if config.task == CAUSAL_LM:
+        token_level = True  # a label per token; the collator pads labels with -100
+        train_examples, train_cut = data_module.tokenize_causal_lm(loaded.tokenizer, text_data.train_texts,
+                                                                   config.max_seq_length)
+        eval_examples, eval_cut = data_module.tokenize_causal_lm(loaded.tokenizer, text_data.eval_texts,
+                                                                 config.max_seq_length)
+        train_examples, eval_examples, empty = _with_predicted_tokens(train_examples, eval_examples)
+        if empty:
+            text_data.notes.append(f"{empty} text(s) of a single token were dropped: a causal LM predicts nothing "
+                                   "from them.")
+    else:
+        train_examples, train_cut = data_module.tokenize(loaded.tokenizer, text_data.train_texts,
+                                                         text_data.train_labels, config.max_seq_length, token_level)
+        eval_examples, eval_cut = data_module.tokenize(loaded.tokenizer, text_data.eval_texts, text_data.eval_labels,
+                                                       config.max_seq_length, token_level)
     _stop_requested(stop)
     notes = list(text_data.notes)
     if train_cut or eval_cut:

@@ -16,7 +16,7 @@ import torch
 from gradacc import events
 from gradacc.training import distributed, memory
 from gradacc.errors import GradaccError, RunFailed
-from gradacc.training.metrics import classification_metrics
+from gradacc.training.metrics import classification_metrics, language_model_metrics
 
 EVAL_BATCH_SIZE = 64
 # SGD with momentum: one state tensor per parameter (AdamW keeps two, Adafactor factored rows and columns).
@@ -155,7 +155,8 @@ def to_device(batch: dict, device) -> dict:
 
 
 def evaluate(model: torch.nn.Module, job) -> dict:
-    """Example-weighted eval loss, accuracy and F1 over the eval set (as Trainer computes them).
+    """Example-weighted eval loss, accuracy and F1 over the eval set (as Trainer computes them); for a causal
+    LM, token-weighted eval loss, perplexity and next-token accuracy.
 
     On several processes rank 0 evaluates the whole eval set on the unwrapped model and sends the numbers to
     the others: every example counts once (sharding would pad the last batch with repeats, which
@@ -170,6 +171,8 @@ def evaluate(model: torch.nn.Module, job) -> dict:
 def _evaluate(model: torch.nn.Module, job) -> dict:
     was_training = model.training
     model.eval()
+    if job.causal_lm:
+        return _evaluate_causal_lm(model, job, was_training)
     total_loss, predictions, labels = 0.0, [], []
     for start in range(0, len(job.eval_examples), EVAL_BATCH_SIZE):
         chunk = job.eval_examples[start:start + EVAL_BATCH_SIZE]
@@ -183,6 +186,29 @@ def _evaluate(model: torch.nn.Module, job) -> dict:
     scores = classification_metrics(predictions, labels, job.num_labels)
     return {"eval_loss": total_loss / len(job.eval_examples), "eval_accuracy": scores["accuracy"],
             "eval_f1": scores["f1"], "eval_majority_f1": scores["majority_f1"]}
+
+
+def _evaluate_causal_lm(model: torch.nn.Module, job, was_training: bool) -> dict:
+    losses, predictions, targets = [], [], []
+    for start in range(0, len(job.eval_examples), EVAL_BATCH_SIZE):
+        batch = to_device(job.collate(job.eval_examples[start:start + EVAL_BATCH_SIZE]), job.device)
+        logits = model(**{key: value for key, value in batch.items() if key != "labels"}).logits
+        token_losses, predicted, target = next_token_predictions(logits, batch["labels"])
+        kept = target != -100
+        losses.extend(token_losses[kept].tolist())
+        predictions.extend(predicted[kept].tolist())
+        targets.extend(target[kept].tolist())
+    model.train(was_training)
+    return language_model_metrics(losses, predictions, targets)
+
+
+def next_token_predictions(logits: torch.Tensor, labels: torch.Tensor):
+    """Per position of a causal LM's output: the loss of the next token, the predicted next token, and the
+    next token itself (-100 where there is none). The same shift ``*ForCausalLM`` applies to its labels."""
+    target = torch.nn.functional.pad(labels[..., 1:], (0, 1), value=-100)
+    token_losses = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), target, ignore_index=-100,
+                                                     reduction="none")
+    return token_losses, logits.argmax(-1), target
 
 
 class StepReporter:
@@ -219,6 +245,5 @@ class StepReporter:
         memory.reset_cuda_peak(self.job.device)
 
     def evaluation(self, *, epoch: int, step: int, metrics: dict) -> None:
-        self.job.emit(events.eval_(epoch=epoch, step=step, eval_loss=metrics["eval_loss"],
-                                   eval_accuracy=metrics["eval_accuracy"], eval_f1=metrics["eval_f1"],
-                                   majority_f1=metrics.get("eval_majority_f1")))
+        named = {**metrics, "majority_f1": metrics.get("eval_majority_f1", metrics.get("majority_f1"))}
+        self.job.emit(events.eval_(epoch=epoch, step=step, **{name: named.get(name) for name in events.EVAL_METRICS}))

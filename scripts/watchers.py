@@ -83,14 +83,19 @@ def throughput(home: Path, run_id: str, start: float, end: float) -> dict:
             "samples_per_s": round((last["samples_seen"] - first["samples_seen"]) / (last["time"] - first["time"]), 2)}
 
 
-def watch(browser, base_url: str, run_id: str):
-    """A new visitor opens the run's link; returns once its loss chart has drawn a line."""
-    context = browser.new_context(viewport=VIEWPORT, base_url=base_url)
-    context.set_default_timeout(TIMEOUT_MS)
-    page = context.new_page()
-    page.goto(f"/?run={run_id}")
-    expect(st_ui.traces(st_ui.plot(page, "Training loss")).first).to_be_attached(timeout=300_000)
-    return context
+def open_watchers(browser, base_url: str, run_id: str, count: int) -> list:
+    """``count`` new visitors open the run's link at once; returns once every loss chart has drawn a line."""
+    contexts, pages = [], []
+    for _ in range(count):
+        context = browser.new_context(viewport=VIEWPORT, base_url=base_url)
+        context.set_default_timeout(TIMEOUT_MS)
+        page = context.new_page()
+        page.goto(f"/?run={run_id}", wait_until="commit")  # all load together, as a room opening a link does
+        contexts.append(context)
+        pages.append(page)
+    for page in pages:
+        expect(st_ui.traces(st_ui.plot(page, "Training loss")).first).to_be_attached(timeout=TIMEOUT_MS)
+    return contexts
 
 
 def one_count(browser, server: StreamlitServer, home: Path, probe: HealthProbe, watchers: int,
@@ -105,7 +110,7 @@ def one_count(browser, server: StreamlitServer, home: Path, probe: HealthProbe, 
     expect(train_page.loss_traces(starter).first).to_be_attached(timeout=120_000)  # training, not loading
     st_ui.go_to(starter, "Code")  # the starter keeps its session (to Stop later) but watches nothing
     opened = time.time()
-    contexts = [watch(browser, server.url, run_id) for _ in range(watchers)]
+    contexts = open_watchers(browser, server.url, run_id, watchers)
     ready = time.time()
     time.sleep(SETTLE_S)
     start = time.time()

@@ -223,7 +223,7 @@ def test_choosing_another_model_moves_untouched_fields_to_its_recipe(app_home):
     assert at.number_input(key="form.train.epochs").value == minilm.epochs
     assert at.number_input(key="form.train.dropout").value == 0.0  # touched: kept
     note = next(e.value for e in at.info if "recipe" in e.value)
-    assert note.startswith("Set to all-MiniLM-L6-v2's recipe: Learning rate 5e-05")
+    assert note.startswith("Set to all-MiniLM-L6-v2's recipe: Learning rate 0.0002")
     assert "Fields you changed keep your values." in note
 
 

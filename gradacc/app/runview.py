@@ -35,6 +35,10 @@ def status_message(run, queue: tuple[int, str] | None = None) -> tuple[str, str]
     wall = ended.get("wall_s")
     took = f" in {wall:.1f} s" if wall else ""
     if status == "completed":
+        warnings = ended.get("warnings") or []
+        if warnings:  # a run that completed badly is not a green success
+            return "warning", f"Completed: {steps} optimizer steps{took}, but it went badly. " + " ".join(
+                w[0].upper() + w[1:] for w in warnings)
         return style, f"Completed: {steps} optimizer steps{took}."
     if status == "failed":
         return style, f"Failed: {run.reason or 'no reason given'}"

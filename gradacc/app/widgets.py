@@ -196,6 +196,29 @@ def model_input(prefix: str, errors: FieldErrors) -> str:
     return name
 
 
+def follow_recipe(prefix: str, model: str, limits: Limits) -> None:
+    """When the model changes, move the fields the visitor left at the old model's recipe to the new one's,
+    and say so. Call it after the model input and before the fields' widgets (their values may still change)."""
+    key = f"{FORM}{prefix}.recipe_model"
+    previous = st.session_state.get(key)
+    st.session_state[key] = model
+    if previous is None or previous == model:
+        return
+    values = {name: st.session_state.get(f"{FORM}{prefix}.{name}") for name in form.PAGE_RECIPE_FIELDS}
+    moves = form.recipe_moves(previous, model, values, limits)
+    for name, value in moves.items():
+        st.session_state[f"{FORM}{prefix}.{name}"] = value
+    if moves:
+        st.session_state[f"{FORM}{prefix}.recipe_note"] = form.describe_moves(model, moves)
+
+
+def recipe_note(prefix: str) -> None:
+    """The sentence ``follow_recipe`` left, once, where the page wants it."""
+    note = st.session_state.pop(f"{FORM}{prefix}.recipe_note", None)
+    if note:
+        st.info(note, icon="🧪")
+
+
 FROM_THE_MODEL = "from the model"
 
 

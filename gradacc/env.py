@@ -1,6 +1,8 @@
 """Numbers read from environment variables, each bad value refused with one sentence naming the variable.
 
-Shared by the deployment limits and the run manager (which cannot import each other both ways).
+Shared vocabulary, so every layer reads its variables alike: the deployment's limits (``serving.limits``,
+which the run manager reads too), the app's torch threads (``serving.warmup``) and the demos' scale
+(``analysis.demos``).
 """
 
 from __future__ import annotations

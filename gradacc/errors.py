@@ -23,3 +23,18 @@ class RunFailed(RuntimeError):
 
 class RunStopped(Exception):
     """Raised inside a backend when the stop event is set; not an error."""
+
+
+def one_line(error: BaseException, *, with_type: bool = True, limit: int | None = None) -> str:
+    """``error`` in one line for a page, a log or the CLI: "TypeName: first line of its message".
+
+    Only the type's name when the message is empty; only the message with ``with_type=False``; cut to
+    ``limit`` characters (the last one "…") when given. Tracebacks and long library messages stay out.
+    """
+    text = str(error).strip()
+    first = text.splitlines()[0].strip() if text else ""
+    if not first:
+        line = type(error).__name__
+    else:
+        line = f"{type(error).__name__}: {first}" if with_type else first
+    return line if limit is None or len(line) <= limit else line[:limit - 1] + "…"

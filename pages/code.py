@@ -8,16 +8,15 @@ from gradacc.config import LOSS_NORMALIZATIONS, RunConfig
 from gradacc.errors import GradaccError
 
 K = f"{ui.FORM}code."
-TRAIN = f"{ui.FORM}train."
 
 ui.run_manager()
 st.title("The code behind each backend")
 st.caption("Not a sketch: this is the `train` function gradacc runs, read from its own source file when the page "
            "draws, so it cannot drift. The values of your settings are filled in where the loop reads them.")
 
-# Start from the Train page's settings, if the visitor has been there.
-base = RunConfig()
-ui.defaults({K + name: st.session_state.get(TRAIN + name, getattr(base, name))
+# Start from the Train page's settings (RunConfig's defaults if the visitor has not been there).
+train_config = ui.train_config()
+ui.defaults({K + name: getattr(train_config, name)
              for name in ("backend", "micro_batch_size", "grad_accum_steps", "loss_normalization")})
 errors = ui.FieldErrors()
 backend, micro_batch_size, grad_accum_steps, (_, normalization_column) = ui.accumulation_inputs(
@@ -26,11 +25,11 @@ with normalization_column:
     loss_normalization = st.radio("Loss normalisation", LOSS_NORMALIZATIONS, key=K + "loss_normalization",
                                   persist_state="session", horizontal=True)
 
-train_settings = {name: st.session_state[TRAIN + name] for name in ("epochs", "learning_rate", "seed")
-                  if TRAIN + name in st.session_state}
 try:
-    config = base.replace(backend=backend, micro_batch_size=micro_batch_size, grad_accum_steps=grad_accum_steps,
-                          loss_normalization=loss_normalization, **train_settings).validate()
+    # The loop's other settings shown in the header: the Train form's epochs, learning rate and seed.
+    config = RunConfig(backend=backend, micro_batch_size=micro_batch_size, grad_accum_steps=grad_accum_steps,
+                       loss_normalization=loss_normalization, epochs=train_config.epochs,
+                       learning_rate=train_config.learning_rate, seed=train_config.seed).validate()
 except GradaccError as error:
     errors.show({error.field or "config": error.message}, st.container())
     st.stop()
@@ -41,7 +40,14 @@ module_name = MODULES[backend]
 with st.spinner("Waiting for the training libraries to finish importing…", show_time=True):
     docstring = codeview.module_docstring(module_name)
 st.markdown(docstring)
-st.code(codeview.backend_code(config), language="python")
+code = codeview.backend_code(config)
+roles = codeview.line_roles(code)
+st.markdown("What accumulation adds to a training loop, highlighted: "
+            + " · ".join(f"**{number}** {codeview.ROLE_TITLES[role]}" for number, role in codeview.ROLES.items())
+            + ". Measuring and reporting (gradacc's instrumentation) is dimmed.")
+st.html(codeview.highlighted_html(code, roles))
+with st.expander("The same code as plain text, to copy"):
+    st.code(code, language="python")
 with st.expander("Helpers this loop calls"):
     for name, source in codeview.helpers(module_name):
         st.code(source, language="python")

@@ -5,10 +5,9 @@ import streamlit as st
 from gradacc.analysis import planner
 from gradacc.app import charts, widgets as ui
 from gradacc.config import RunConfig
-from gradacc.errors import GradaccError
+from gradacc.errors import GradaccError, one_line
 
 K = f"{ui.FORM}planner."
-TRAIN = f"{ui.FORM}train."
 
 ui.run_manager()
 limits = ui.limits()
@@ -51,7 +50,7 @@ if st.button("Measure", type="primary", key="measure", disabled=not measurable,
         except GradaccError as error:
             general.error(error.message)
         except Exception as error:  # noqa: BLE001 - a demo shows one line, never a traceback
-            general.error(f"Could not measure {model}: {type(error).__name__}: {error}".splitlines()[0])
+            general.error(f"Could not measure {model}: {one_line(error)}")
 
 measurement = st.session_state.get("planner.measurement")
 if measurement is None or (measurement.model, measurement.max_seq_length) != wanted:
@@ -94,12 +93,8 @@ if plan is not None:
                f"Use m = {plan.micro_batch_size} with k = {plan.grad_accum_steps} to reach an effective batch of "
                f"{plan.effective_batch} in {plan.grad_accum_steps} micro-batch(es) per optimizer step.")
     if st.button("Use these settings on the Train page", key="use_plan"):
-        choice = st.session_state.get(K + "model_choice")
-        st.session_state.update({TRAIN + "micro_batch_size": plan.micro_batch_size,
-                                 TRAIN + "grad_accum_steps": plan.grad_accum_steps,
-                                 TRAIN + "max_seq_length": measurement.max_seq_length,
-                                 TRAIN + "model_choice": choice,
-                                 TRAIN + "model_custom": st.session_state.get(K + "model_custom", "")})
+        ui.suggest_train_settings(micro_batch_size=plan.micro_batch_size, grad_accum_steps=plan.grad_accum_steps,
+                                  max_seq_length=measurement.max_seq_length, model=measurement.model)
         st.switch_page("pages/train.py")
 
 sizes = planner.chart_sizes(plan)

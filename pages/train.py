@@ -4,11 +4,10 @@ import streamlit as st
 
 from gradacc.app import charts, form, runview, widgets as ui
 from gradacc.training.backends import DESCRIPTIONS
-from gradacc.config import BACKENDS, LOSS_NORMALIZATIONS, RunConfig, field_label
+from gradacc.config import BACKENDS, RunConfig, field_label
 from gradacc.errors import GradaccError
 
-NORMALIZATION_NAMES = {"exact": "exact (weight by items in the window)", "naive": "naive (each mean ÷ k)"}
-K = f"{ui.FORM}train."
+K = ui.TRAIN_FORM
 
 manager = ui.run_manager()
 limits = ui.limits()
@@ -18,61 +17,26 @@ st.title("Gradient accumulation, live")
 ui.warm_up_status()
 st.caption("This deployment: " + " · ".join(limits.describe()) + ".")
 
-
-def within(value: int, limit: int | None) -> int:
-    return min(value, limit) if limit else value
-
-
-base = RunConfig().resolved()  # the default model (tiny-bert) and its recipe
-ui.defaults({K + "backend": base.backend, K + "micro_batch_size": base.micro_batch_size,
-             K + "grad_accum_steps": base.grad_accum_steps, K + "epochs": within(base.epochs, limits.max_epochs),
-             K + "learning_rate": base.learning_rate, K + "seed": base.seed,
-             K + "loss_normalization": base.loss_normalization, K + "dropout": base.dropout,
-             K + "train_samples": within(base.train_samples, limits.max_train_samples),
-             K + "eval_samples": within(base.eval_samples, limits.max_train_samples),
-             K + "max_seq_length": base.max_seq_length, K + "num_processes": base.num_processes})
-
+ui.prepare_train_form(limits)  # first values, and what another page (the planner) suggested since
 errors = ui.FieldErrors()
 data_column, settings_column = st.columns(2, gap="large")
 with data_column:
     st.subheader("Model and data")
     model = ui.model_input("train", errors)
+    ui.follow_recipe("train", model, limits)  # untouched fields move to the new model's recipe
+    ui.recipe_note("train")
     dataset, text_column, label_column, dataset_problem = ui.dataset_input("train", errors, limits)
+    task = ui.task_input("train", errors, RunConfig(model=model, dataset=dataset))
     backend = st.radio(field_label("backend"), BACKENDS, key=K + "backend", persist_state="session",
                        format_func=ui.BACKEND_NAMES.get, captions=[DESCRIPTIONS[b] for b in BACKENDS])
     errors.slot("backend")
-
 with settings_column:
     st.subheader("Accumulation and training")
-    left, right = st.columns(2)
-    with left:
-        micro_batch_size = ui.number_field(K, "micro_batch_size", errors,
-                                           help="Examples per forward/backward pass: what must fit in memory.")
-        epochs = ui.number_field(K, "epochs", errors)
-        seed = ui.number_field(K, "seed", errors)
-    with right:
-        grad_accum_steps = ui.number_field(K, "grad_accum_steps", errors,
-                                           help="Micro-batches whose gradients add up before one optimizer step.")
-        learning_rate = ui.number_field(K, "learning_rate", errors, whole=False, step=1e-4, format="%.1e")
-        dropout = ui.number_field(K, "dropout", errors, whole=False, step=0.05, format="%.2f",
-                                  help="0 makes the three backends draw the same loss curve.")
-    loss_normalization = st.radio(field_label("loss_normalization"), LOSS_NORMALIZATIONS, key=K + "loss_normalization",
-                                  persist_state="session", format_func=NORMALIZATION_NAMES.get, horizontal=True)
-    errors.slot("loss_normalization")
-    num_processes = st.selectbox(field_label("num_processes"), [1, 2], key=K + "num_processes", persist_state="session",
-                                 help="Data parallelism: 2 processes (started with accelerate launch) each train on "
-                                      "their own micro-batches; gradients are all-reduced once per window (no_sync).")
-    errors.slot("num_processes")
-    with st.expander("Advanced: data size and sequence length"):
-        train_samples = ui.number_field(K, "train_samples", errors, step=100)
-        eval_samples = ui.number_field(K, "eval_samples", errors, step=50)
-        max_seq_length = ui.number_field(K, "max_seq_length", errors, step=16)
+    settings = ui.training_inputs(K, errors)
 
-config = RunConfig(backend=backend, model=model, dataset=dataset, text_column=text_column,
-                   label_column=label_column, micro_batch_size=micro_batch_size, grad_accum_steps=grad_accum_steps,
-                   epochs=epochs, learning_rate=learning_rate, seed=seed, loss_normalization=loss_normalization,
-                   dropout=dropout, train_samples=train_samples, eval_samples=eval_samples,
-                   max_seq_length=max_seq_length, num_processes=num_processes)
+config = RunConfig(backend=backend, model=model, dataset=dataset, task=task, text_column=text_column,
+                   label_column=label_column, **settings)
+ui.keep_train_config(config)  # the other pages read the Train form's settings from here
 train_examples, data_problems = ui.train_examples(config)
 problems = form.all_errors(config, limits, train_examples)
 if dataset_problem:
@@ -86,7 +50,7 @@ sizes_ok = not {"micro_batch_size", "grad_accum_steps"} & problems.keys()
 effective.metric("Effective batch", config.effective_batch if sizes_ok else "—",
                  help="m × k × processes: the examples behind one optimizer step.")
 if sizes_ok:
-    effective.caption(f"{micro_batch_size} × {grad_accum_steps} × {config.num_processes} "
+    effective.caption(f"{config.micro_batch_size} × {config.grad_accum_steps} × {config.num_processes} "
                       f"process{'es' if config.num_processes > 1 else ''}")
 step_count = form.optimizer_steps(config, train_examples) if not problems else None
 steps.metric("Optimizer steps", step_count if step_count is not None else "—",
@@ -121,9 +85,18 @@ if own_live and stop_column.button("Stop", key="stop"):
 st.divider()
 
 
-@st.fragment(run_every=ui.POLL_SECONDS if live else None)
-def run_status():
-    current = manager.get(run_id) if run_id else None
+# Status and charts are drawn from one snapshot of the run per poll, so the chart shows the step the status
+# names. One poll a second: building plotly figures holds the GIL that the training thread needs, and on a
+# 2-CPU server twice a second would slow the run it draws.
+@st.fragment(run_every=ui.CHART_POLL_SECONDS if live else None)
+def run_panel():
+    live_run = manager.get(run_id) if run_id else None
+    current = live_run.snapshot() if live_run is not None else None
+    run_status(current)
+    run_charts(current)
+
+
+def run_status(current):
     if current is None:
         st.info("Press Start to train; loss, memory and F1 appear here as the run goes.")
         return
@@ -141,10 +114,9 @@ def run_status():
             st.caption(f"ℹ️ {note}")
         if not runview.has_anything_to_show(current):
             return  # ended before it trained: the reason above is all there is; no empty scores or charts
-        latest = runview.latest_eval(current)
         f1, accuracy, memory = st.columns(3)
-        f1.metric("Eval F1", f"{latest['eval_f1']:.3f}" if latest else "—")
-        accuracy.metric("Eval accuracy", f"{latest['eval_accuracy']:.3f}" if latest else "—")
+        for column, (name, value) in zip((f1, accuracy), runview.eval_scores(current)):
+            column.metric(name, value)
         static = (current.started or {}).get("static_memory") or {}
         memory.metric("Params + grads + optimizer", ui.format_bytes(static.get("total")))
         if not current.is_live and current.started is not None:
@@ -155,11 +127,7 @@ def run_status():
                                help="The run's TensorBoard event files: unzip, then `tensorboard --logdir .`")
 
 
-# Charts poll less often than the status: building plotly figures holds the GIL that the training
-# thread needs, and on a 2-CPU server twice a second would slow the run it draws.
-@st.fragment(run_every=ui.CHART_POLL_SECONDS if live else None)
-def run_charts():
-    current = manager.get(run_id) if run_id else None
+def run_charts(current):
     if current is not None and not runview.has_anything_to_show(current):
         return
     # Before a run has started the charts are drawn empty: the page keeps its layout, and the browser
@@ -178,5 +146,4 @@ def run_charts():
         st.plotly_chart(memory_figure, key="memory_chart")  # full width: its two panels need the room
 
 
-run_status()
-run_charts()
+run_panel()

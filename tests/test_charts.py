@@ -1,7 +1,6 @@
 import json
 import math
 
-import pandas as pd
 import pytest
 
 from gradacc.app import charts
@@ -41,16 +40,13 @@ def test_loss_figure_one_line_per_run_against_step_or_samples():
     assert by_samples.layout.xaxis.title.text == "Samples seen"
 
 
-def test_charts_accept_bare_events_and_dataframes():
-    events = run_events()
-    assert len(charts.loss_figure(events).data) == 1
-    steps = pd.DataFrame([e for e in events if e["event"] == "step"])
-    figure = charts.loss_figure([("df", steps)])
+def test_charts_accept_one_run_as_bare_events():
+    figure = charts.loss_figure(run_events())
+    assert [t.name for t in figure.data] == ["run"]
     assert list(figure.data[0].y) == [2.0, 1.0, 2.0 / 3]
 
 
-@pytest.mark.parametrize("make", [charts.loss_figure, charts.eval_figure, charts.memory_figure,
-                                  charts.static_memory_figure])
+@pytest.mark.parametrize("make", [charts.loss_figure, charts.eval_figure, charts.memory_figure])
 @pytest.mark.parametrize("runs", [[], None, [("empty", [])]])
 def test_empty_state_has_a_message_and_no_traces(make, runs):
     assert is_empty_state(make(runs))
@@ -76,13 +72,6 @@ def test_memory_figure_in_mb_and_cuda_only_when_measured():
     gpu = charts.memory_figure([("gpu", run_events(cuda=True))])
     assert "gpu · CUDA peak" in [t.name for t in gpu.data]
     assert len(charts.memory_figure([("a", run_events()), ("b", run_events(cuda=True))]).data) == 7
-
-
-def test_static_memory_figure_stacks_parts():
-    figure = charts.static_memory_figure([("a", run_events()), ("b", run_events())])
-    assert [t.name for t in figure.data] == ["parameters", "gradients", "optimizer state"]
-    assert list(figure.data[2].y) == [8.0, 8.0]
-    assert figure.layout.barmode == "stack"
 
 
 def test_equivalence_figure_log_scale_with_zero_and_nan():

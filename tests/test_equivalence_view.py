@@ -6,6 +6,7 @@ import pytest
 
 from gradacc.app import equivalence_view as view
 from gradacc.errors import GradaccError
+from gradacc.serving import checks
 
 
 def report(library_default=None, naive_short=0.5, exact=2e-7):
@@ -43,12 +44,12 @@ def test_rows_and_table_use_readable_case_names():
 
 
 def test_check_config_caps_the_window():
-    assert view.check_config("pytorch", 4, 4).max_seq_length == 32
+    assert checks.check_config("pytorch", 4, 4).max_seq_length == 32
     with pytest.raises(GradaccError) as raised:
-        view.check_config("pytorch", 32, 16)
+        checks.check_config("pytorch", 32, 16)
     assert raised.value.field == "grad_accum_steps"
     with pytest.raises(GradaccError) as raised:
-        view.check_config("pytorch", 0, 4)
+        checks.check_config("pytorch", 0, 4)
     assert raised.value.field == "micro_batch_size"
 
 
@@ -62,16 +63,27 @@ def test_checks_run_one_at_a_time_off_the_callers_thread_and_are_remembered():
             raise GradaccError("the run failed")
         return report()
 
-    runner = view.CheckRunner(slow_check)
-    first = runner.submit(view.check_config("pytorch", 2, 2))
-    second = runner.submit(view.check_config("pytorch", 3, 2))
+    runner = checks.CheckRunner(slow_check)
+    first = runner.submit(checks.check_config("pytorch", 2, 2))
+    second = runner.submit(checks.check_config("pytorch", 3, 2))
     assert not first.done and runner.waiting_before(second) == 1
     gate.set()
     first._future.result(10), second._future.exception(10)
     assert first.report["backend"] == "trainer" and first.error is None
     assert second.report is None and second.error == "the run failed"
     # The same settings again: the finished check answers; a failed one is run again.
-    assert runner.submit(view.check_config("pytorch", 2, 2)) is first
-    assert runner.submit(view.check_config("pytorch", 3, 2)) is not second
+    assert runner.submit(checks.check_config("pytorch", 2, 2)) is first
+    assert runner.submit(checks.check_config("pytorch", 3, 2)) is not second
     runner.shutdown()
     assert calls[:2] == [2, 3]
+
+
+def test_the_language_model_case_says_what_trainer_does_on_tiny_gpt():
+    right, wrong = report(library_default=3.0), report(library_default=3.0)
+    right["cases"]["language_model"] = {"naive_rel_error": 0.06, "exact_rel_error": 1e-7, "micro_batch_items": [9, 30],
+                                        "library_default_rel_error": 2e-7}
+    wrong["cases"]["language_model"] = {**right["cases"]["language_model"], "library_default_rel_error": 0.5}
+    assert "On the language model, Trainer's library default matches the full-batch gradient" in \
+        " ".join(view.explanation(right))
+    assert "On the language model, Trainer's library default is 50% off" in " ".join(view.explanation(wrong))
+    assert "6% off with a language model (tiny-gpt)" in " ".join(view.explanation(right))

@@ -5,6 +5,7 @@ import pytest
 from gradacc.app import form
 from gradacc.config import RunConfig
 from gradacc.errors import GradaccError
+from gradacc.serving import uploads
 from gradacc.serving.limits import Limits
 
 
@@ -37,9 +38,9 @@ def test_steps_and_examples_are_known_before_loading_for_built_in_data():
 def test_an_upload_is_saved_once_under_a_safe_name_and_its_columns_are_read(tmp_path, monkeypatch):
     monkeypatch.setenv("GRADACC_HOME", str(tmp_path))
     content = b"Sentence,Label\nvery good,pos\nrather bad,neg\nfine,pos\nawful,neg\nnice,pos\n"
-    path = form.save_upload("../../etc/my reviews!.csv", content, Limits())
+    path = uploads.save_upload("../../etc/my reviews!.csv", content, Limits())
     assert path.parent == tmp_path / "uploads" and path.name.startswith("my_reviews-") and path.suffix == ".csv"
-    assert form.save_upload("again.csv", content, Limits()).read_bytes() == content
+    assert uploads.save_upload("again.csv", content, Limits()).read_bytes() == content
     columns = form.table_columns(path)
     assert columns == ["Sentence", "Label"]
     assert form.guess_column(columns, ("text", "sentence")) == "Sentence"
@@ -52,15 +53,15 @@ def test_an_upload_is_saved_once_under_a_safe_name_and_its_columns_are_read(tmp_
 def test_bad_uploads_are_refused(tmp_path, monkeypatch, name, content, message):
     monkeypatch.setenv("GRADACC_HOME", str(tmp_path))
     with pytest.raises(GradaccError, match=message) as raised:
-        form.save_upload(name, content, Limits(max_upload_mb=0.001))
+        uploads.save_upload(name, content, Limits(max_upload_mb=0.001))
     assert raised.value.field == "dataset"
 
 
 def test_old_uploads_are_pruned(tmp_path, monkeypatch):
     monkeypatch.setenv("GRADACC_HOME", str(tmp_path))
-    monkeypatch.setattr(form, "KEEP_UPLOADS", 3)
+    monkeypatch.setattr(uploads, "KEEP_UPLOADS", 3)
     for i in range(5):
-        form.save_upload(f"f{i}.csv", f"text,label\n{i},1\n".encode(), Limits())
+        uploads.save_upload(f"f{i}.csv", f"text,label\n{i},1\n".encode(), Limits())
     assert len(list((tmp_path / "uploads").iterdir())) == 3
 
 

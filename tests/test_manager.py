@@ -76,10 +76,9 @@ def test_a_run_completes_with_every_event_in_memory_and_in_the_store(make_manage
     assert store.get_run(run_id)["status"] == "completed"
     assert state.config["micro_batch_size"] == 2
     assert state.progress() == (STEPS, STEPS)
-    assert list(state.steps()["loss"]) == [1.0 / s for s in range(1, STEPS + 1)]
-    assert list(state.evals()["eval_f1"]) == [0.75]
-    empty = RunState("x", "bob", None, {}, "queued")
-    assert "loss" in empty.steps().columns and "eval_f1" in empty.evals().columns  # the page can index them
+    assert [e["loss"] for e in state.of(ev.STEP)] == [1.0 / s for s in range(1, STEPS + 1)]
+    assert [e["eval_f1"] for e in state.of(ev.EVAL)] == [0.75]
+    assert RunState("x", "bob", None, {}, "queued").of(ev.STEP) == []
     assert state.started["effective_batch"] == 6 and state.ended["status"] == "completed"
     assert state.eta_seconds() is None  # over
 

@@ -1,7 +1,7 @@
 """Plotly figures from the event stream; every chart takes one run or several (Compare page).
 
 A run is ``(label, events)``: ``events`` is a list of event dicts (all kinds mixed is fine, each chart
-picks what it needs) or a DataFrame of rows. A bare list of events counts as one run.
+picks what it needs). A bare list of events counts as one run.
 """
 
 from __future__ import annotations
@@ -74,27 +74,18 @@ class FigureCache:
 
 # --- inputs -----------------------------------------------------------------------------------
 
-def _rows(events) -> list[dict]:
-    if events is None:
-        return []
-    if hasattr(events, "to_dict"):  # a DataFrame
-        return events.to_dict("records")
-    return list(events)
-
-
 def _as_runs(runs) -> list[tuple[str, list[dict]]]:
     """Accept [(label, events), ...], or one run's events on their own."""
-    if runs is None or hasattr(runs, "to_dict"):
-        return [("run", _rows(runs))]
+    if runs is None:
+        return [("run", [])]
     runs = list(runs)
     if runs and isinstance(runs[0], dict):
         return [("run", runs)]
-    return [(str(label), _rows(events)) for label, events in runs]
+    return [(str(label), list(events or [])) for label, events in runs]
 
 
-def _of(rows: list[dict], kind: str) -> list[dict]:
-    """Rows of one kind; rows without an 'event' key (a DataFrame of steps) are taken as they are."""
-    return [r for r in rows if r.get("event", kind) == kind]
+def _of(events: list[dict], kind: str) -> list[dict]:
+    return [e for e in events if e.get("event") == kind]
 
 
 def _mb(value) -> float | None:
@@ -173,23 +164,46 @@ def loss_figure(runs, x: str = "step", title: str = "Training loss") -> go.Figur
 
 
 def eval_figure(runs, title: str = "Evaluation after each epoch") -> go.Figure:
-    """Eval F1 (solid) and accuracy (dotted) after each epoch, per run."""
-    figure = _figure(title, "Epoch", "Score (0–1)")
+    """Eval F1 (solid) and accuracy (dotted) after each epoch, per run; a causal LM's run draws its
+    next-token accuracy (dash) on the same 0–1 axis and its perplexity (dash-dot) on a log axis at the right."""
+    all_runs = _as_runs(runs)
+    language_models = any(r.get("eval_perplexity") is not None for _, rows in all_runs for r in _of(rows, ev.EVAL))
+    if language_models:
+        figure = _style(make_subplots(specs=[[{"secondary_y": True}]]), title, "Epoch", "")
+        figure.update_yaxes(title_text="Perplexity (log)", type="log", secondary_y=True)
+    else:
+        figure = _figure(title, "Epoch", "Score (0–1)")
     drawn = False
-    for index, (label, rows) in enumerate(_as_runs(runs)):
+    for index, (label, rows) in enumerate(all_runs):
         evals = _of(rows, ev.EVAL)
         if not evals:
             continue
         drawn = True
         epochs = [r.get("epoch") for r in evals]
-        for metric, name, dash in (("eval_f1", "F1", "solid"), ("eval_accuracy", "accuracy", "dot")):
-            figure.add_trace(go.Scatter(x=epochs, y=[r.get(metric) for r in evals], name=f"{label} · {name}",
-                                        mode="lines+markers", line=dict(color=_color(index), dash=dash)))
+        for metric, name, dash in EVAL_SCORES:
+            values = [r.get(metric) for r in evals]
+            if all(v is None for v in values):
+                continue  # a metric this run's task does not have
+            trace = go.Scatter(x=epochs, y=values, name=f"{label} · {name}", mode="lines+markers",
+                               line=dict(color=_color(index), dash=dash))
+            if language_models:
+                figure.add_trace(trace, secondary_y=metric == "eval_perplexity")
+            else:
+                figure.add_trace(trace)
     if not drawn:
         return _empty(figure, "No evaluation yet: it runs at the end of each epoch")
-    figure.update_yaxes(range=[0, 1.02])
+    if language_models:
+        figure.update_yaxes(title_text="Score (0–1)", range=[0, 1.02], secondary_y=False)
+    else:
+        figure.update_yaxes(range=[0, 1.02])
     figure.update_xaxes(dtick=1)
     return figure
+
+
+# (eval field, legend name, line dash): classification's scores, then a causal LM's.
+EVAL_SCORES = (("eval_f1", "F1", "solid"), ("eval_accuracy", "accuracy", "dot"),
+               ("eval_next_token_accuracy", "next-token accuracy", "dash"),
+               ("eval_perplexity", "perplexity", "dashdot"))
 
 
 # --- memory -----------------------------------------------------------------------------------
@@ -266,25 +280,6 @@ def memory_breakdown_figure(runs, title: str = "Memory per optimizer step: stati
     return figure
 
 
-def static_memory_figure(runs) -> go.Figure:
-    """Parameters, gradients and optimizer state per run, as stacked bars."""
-    figure = _figure("Static memory: parameters, gradients, optimizer state", "Run", "Memory (MB)")
-    labels, parts = [], {"parameters": [], "gradients": [], "optimizer_state": []}
-    for label, rows in _as_runs(runs):
-        started = _of(rows, ev.RUN_STARTED)
-        static = started[0].get("static_memory") if started else None
-        if static:
-            labels.append(label)
-            for part, values in parts.items():
-                values.append(_mb(static.get(part)) or 0.0)
-    if not labels:
-        return _empty(figure, "No run has started yet")
-    for part, values in parts.items():
-        figure.add_trace(go.Bar(x=labels, y=values, name=part.replace("_", " ")))
-    figure.update_layout(barmode="stack", hovermode="closest")
-    return figure
-
-
 def _static_total(rows: list[dict]) -> float | None:
     started = _of(rows, ev.RUN_STARTED)
     static = (started[0].get("static_memory") or {}) if started else {}
@@ -321,7 +316,7 @@ def memory_plan_figure(predicted: Mapping | Iterable, measured: Mapping | Iterab
 
 def equivalence_figure(rows: Iterable[dict], tolerance: float | None = None) -> go.Figure:
     """Relative error of each case against the reference, one bar group per loss normalization."""
-    rows = _rows(rows)
+    rows = list(rows or [])
     figure = _figure("Accumulated vs. full-batch gradients: relative error", "Case",
                      "Relative error (log scale)")
     if not rows:

@@ -1,120 +1,15 @@
-"""The Equivalence page's logic: run checks off the page's thread, one at a time, and say what they mean.
+"""What an equivalence check's numbers mean, for the Equivalence page: rows for the chart, a table, sentences.
 
-A check trains a few one-step runs (seconds; Trainer's setup makes it tens of seconds), so the page
-submits it here and polls. One worker thread for the whole server: visitors' checks queue instead of
-competing for the CPU, and a finished check is remembered, so the same settings answer at once.
+The checks themselves run in ``gradacc.serving.checks``.
 """
 
 from __future__ import annotations
 
-import collections
-import concurrent.futures
-import threading
-import time
-
-from gradacc.serving import warmup
-from gradacc.config import RunConfig, field_label
 from gradacc.analysis.equivalence import rows as report_rows  # light: torch is imported only inside check()
-from gradacc.errors import GradaccError
-from gradacc.serving.manager import one_line_error
 
-# Largest window (m × k) the page accepts: the check builds the whole window as one batch too.
-MAX_WINDOW = 256
 EXACT_LOOKS_LIKE = 1e-5  # float32 rounding of a sum of micro-batch gradients stays well below this
-KEEP_RESULTS = 32
 CASE_NAMES = {"equal_windows": "equal windows", "short_last_window": "short last window",
-              "token_level": "token-level loss"}
-
-
-def check_config(backend: str, micro_batch_size, grad_accum_steps) -> RunConfig:
-    """The config a check runs, validated; GradaccError names the field at fault."""
-    config = RunConfig(backend=backend, micro_batch_size=micro_batch_size, grad_accum_steps=grad_accum_steps,
-                       max_seq_length=32).validate()
-    if config.micro_batch_size * config.grad_accum_steps > MAX_WINDOW:
-        raise GradaccError(f"{field_label('grad_accum_steps')} must keep m × k at most {MAX_WINDOW} here (the check "
-                           f"also runs the whole window as one batch); got {config.micro_batch_size} × "
-                           f"{config.grad_accum_steps} = {config.micro_batch_size * config.grad_accum_steps}.",
-                           "grad_accum_steps")
-    return config
-
-
-class Check:
-    """One submitted check: poll ``done``; then read ``report`` or ``error``."""
-
-    def __init__(self, future: concurrent.futures.Future):
-        self._future = future
-        self.submitted = time.monotonic()
-
-    @property
-    def done(self) -> bool:
-        return self._future.done()
-
-    @property
-    def running(self) -> bool:
-        return self._future.running()
-
-    @property
-    def report(self) -> dict | None:
-        return self._future.result() if self.done and self._future.exception() is None else None
-
-    @property
-    def error(self) -> str | None:
-        if not self.done:
-            return None
-        error = self._future.exception()
-        if error is None:
-            return None
-        return error.message if isinstance(error, GradaccError) else one_line_error(error)
-
-
-class CheckRunner:
-    """One worker thread; checks run in the order submitted; results kept by their settings."""
-
-    def __init__(self, check_fn=None):
-        self._check_fn = check_fn
-        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gradacc-check")
-        self._lock = threading.Lock()
-        self._checks: collections.OrderedDict[tuple, Check] = collections.OrderedDict()
-
-    def submit(self, config: RunConfig) -> Check:
-        key = _key(config)
-        with self._lock:
-            known = self._checks.get(key)
-            if known is not None and not known.error:  # same settings, same answer (it is deterministic)
-                return known
-            check = Check(self._executor.submit(self._run, config))
-            self._checks[key] = check
-            while len(self._checks) > KEEP_RESULTS:
-                self._checks.popitem(last=False)
-            return check
-
-    def get(self, config: RunConfig) -> Check | None:
-        with self._lock:
-            return self._checks.get(_key(config))
-
-    def waiting_before(self, check: Check) -> int:
-        """Checks submitted earlier that have not finished (0: this one is next or running)."""
-        with self._lock:
-            return sum(1 for other in self._checks.values()
-                       if other is not check and not other.done and other.submitted < check.submitted)
-
-    def shutdown(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
-
-    def _run(self, config: RunConfig) -> dict:
-        if self._check_fn is not None:
-            return self._check_fn(config)
-        warmup.wait_until_warm()  # no import of torch beside the warm-up's (see gradacc.serving.warmup)
-        from gradacc.analysis.equivalence import check  # lazy: imports torch
-
-        return check(config)
-
-
-def _key(config: RunConfig) -> tuple:
-    return config.backend, config.model, config.micro_batch_size, config.grad_accum_steps, config.max_seq_length
-
-
-# ---- what the numbers mean ------------------------------------------------------------------------
+              "token_level": "token-level loss", "language_model": "language model (tiny-gpt)"}
 
 def rows(report: dict) -> list[dict]:
     """(case, normalization, rel_error) rows for the chart, with readable case names."""
@@ -156,6 +51,12 @@ def explanation(report: dict) -> list[str]:
         parts = [f"{error:.0%} off with a {CASE_NAMES.get(case, case)}" for case, error in naive_off.items()]
         sentences.append("Naive is " + " and ".join(parts) + ": the epoch's short last window and token-level "
                          "losses give micro-batches unequal weight, which ÷ k ignores.")
+    language_model = cases.get("language_model")
+    if language_model is not None and "library_default_rel_error" in language_model:
+        error = language_model["library_default_rel_error"]
+        verdict = ("matches the full-batch gradient: GPT-2 forwards **kwargs to its loss, so num_items_in_batch "
+                   "reaches it" if error <= EXACT_LOOKS_LIKE else f"is {error:.0%} off")
+        sentences.append(f"On the language model, Trainer's library default {verdict}.")
     if equal is not None and "library_default_rel_error" in equal:
         error = equal["library_default_rel_error"]
         if error > EXACT_LOOKS_LIKE:

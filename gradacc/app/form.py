@@ -1,25 +1,20 @@
-"""The Train form's logic without Streamlit: every problem of a config at once, uploads, counts.
+"""The Train form's logic without Streamlit: every problem of a config at once, counts, a data file's columns.
 
 Pages stay thin: they draw widgets and show what this module says.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
-import re
-import tempfile
 from pathlib import Path
 
 from gradacc.training.sources import data as data_module
 from gradacc import paths
-from gradacc.config import (BUILTIN_DATASETS, BUILTIN_MODELS, RunConfig, field_label, too_few_examples,
+from gradacc.config import (BUILTIN_DATASETS, BUILTIN_MODELS, RECIPES, RunConfig, field_label, recipe_for,
+                            too_few_examples,
                             total_optimizer_steps)
 from gradacc.errors import GradaccError
 from gradacc.serving.limits import Limits
 
-# Uploads kept on disk; older ones are removed so a public server's disk does not fill up.
-KEEP_UPLOADS = 100
 # The built-in dataset's size when train_samples is not set (gradacc.training.sources.data uses the same).
 BUILTIN_DEFAULT_TRAIN = 2000
 GENERAL = "config"  # errors that belong to no single widget
@@ -50,6 +45,8 @@ def all_errors(config: RunConfig, limits: Limits | None = None, train_examples: 
         errors.setdefault(field, message)
     for field, message in local_path_errors(candidate).items():
         errors.setdefault(field, message)
+    for field, message in task_errors(candidate).items():
+        errors.setdefault(field, message)
     if train_examples is not None and "micro_batch_size" not in errors \
             and candidate.micro_batch_size > train_examples:
         errors["micro_batch_size"] = too_few_examples(candidate.micro_batch_size, train_examples)
@@ -76,6 +73,45 @@ def local_path_errors(config: RunConfig) -> dict[str, str]:
     except GradaccError as error:
         found["dataset"] = error.message
     return found
+
+
+# Recipe fields the Train page shows (warm-up is not on the page: a run takes it from the recipe).
+PAGE_RECIPE_FIELDS = ("learning_rate", "epochs", "dropout", "max_seq_length")
+
+
+def recipe_moves(old_model: str, new_model: str, values: dict, limits: Limits | None = None) -> dict:
+    """The page's fields that move to ``new_model``'s recipe: those still at ``old_model``'s recipe value
+    (the visitor has not touched them), as {field: new value}. A field the visitor changed keeps its value."""
+    old, new = recipe_for(old_model), recipe_for(new_model)
+    moves = {}
+    for name in PAGE_RECIPE_FIELDS:
+        was, becomes = getattr(old, name), getattr(new, name)
+        if name == "epochs" and limits and limits.max_epochs:
+            was, becomes = min(was, limits.max_epochs), min(becomes, limits.max_epochs)
+        if values.get(name) == was and becomes != was:
+            moves[name] = becomes
+    return moves
+
+
+def describe_moves(model: str, moves: dict) -> str:
+    """'Learning rate 5e-05, Epochs 1: all-MiniLM-L6-v2's recipe.' for the page to say what it changed."""
+    shown = ", ".join(f"{field_label(name)} {value:g}" for name, value in moves.items())
+    kind = f"{Path(model).name}'s recipe" if model in RECIPES else "the recipe for a pretrained model"
+    return f"Set to {kind}: {shown}. Fields you changed keep your values."
+
+
+def task_errors(config: RunConfig) -> dict[str, str]:
+    """A model, task and built-in dataset that cannot go together, said before Start (no torch needed)."""
+    from gradacc.config import BUILTIN_MODEL_TASKS, CAUSAL_LM
+    from gradacc.training.sources.models import infer_task
+
+    task = infer_task(config)
+    model_task = BUILTIN_MODEL_TASKS.get(config.model)
+    if model_task is not None and model_task != task:
+        return {"task": f"Task {task} does not fit {config.model}, a {model_task} model."}
+    if config.dataset == "builtin-text" and task != CAUSAL_LM:
+        return {"dataset": "Dataset builtin-text has no labels to classify: it is for the causal-lm task (tiny-gpt)."}
+    return {}
 
 
 def optimizer_steps(config: RunConfig, train_examples: int | None) -> int | None:
@@ -113,48 +149,16 @@ def run_label(config: RunConfig) -> str:
             f"{config.loss_normalization} · {model}")
 
 
-# ---- uploads --------------------------------------------------------------------------------------
-
-def save_upload(filename: str, content: bytes, limits: Limits) -> Path:
-    """Keep an uploaded data file under the uploads folder; the same content reuses the same file."""
-    suffix = Path(filename).suffix.lower()
-    if suffix not in data_module.FILE_SUFFIXES:
-        raise GradaccError(f"{filename!r} is not a CSV or JSONL file.", "dataset")
-    if len(content) > limits.max_upload_bytes:
-        raise GradaccError(f"{filename!r} is {len(content) / 1e6:.1f} MB; this deployment accepts uploads up to "
-                           f"{limits.max_upload_mb:g} MB.", "dataset")
-    if not content:
-        raise GradaccError(f"{filename!r} is empty.", "dataset")
-    # Never trust the visitor's file name as a path: keep safe characters, add the content hash.
-    stem = re.sub(r"[^A-Za-z0-9_-]+", "_", Path(filename).stem)[:40].strip("_") or "data"
-    folder = paths.uploads_home()
-    target = folder / f"{stem}-{hashlib.sha256(content).hexdigest()[:16]}{suffix}"
-    if not target.exists():
-        handle, staging = tempfile.mkstemp(dir=folder, prefix=".upload-")
-        with os.fdopen(handle, "wb") as file:
-            file.write(content)
-        os.replace(staging, target)  # a reader never sees half a file
-        _prune_uploads(folder, KEEP_UPLOADS)
-    return target
-
-
-def _prune_uploads(folder: Path, keep: int) -> None:
-    files = sorted((p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")),
-                   key=lambda p: p.stat().st_mtime, reverse=True)
-    for old in files[keep:]:
-        old.unlink(missing_ok=True)
-
-
 def table_columns(path: str | Path) -> list[str]:
     """Column names of a CSV/JSONL file (GradaccError when it cannot be read)."""
-    frame = data_module._read_file(str(path))  # the loader's own reader: same checks, same messages
+    frame = data_module.read_table(str(path))  # the loader's own reader: same checks, same messages
     return [str(c) for c in frame.columns]
 
 
 def label_column_guess(path: str | Path, text_column: str | None) -> str | None:
     """The label column to pre-pick for an upload: the loader's own detection, else the first column that
     could be a label; never an id, free text or a single class (None when no column could be one)."""
-    frame = data_module._read_file(str(path))
+    frame = data_module.read_table(str(path))
     return data_module.detect_label_column(frame, text_column) or \
         next(iter(data_module.usable_label_columns(frame, text_column)), None)
 

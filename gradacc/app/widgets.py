@@ -11,13 +11,14 @@ import uuid
 import streamlit as st
 
 from gradacc.app import form
-from gradacc.serving import warmup
-from gradacc.config import BUILTIN_DATASETS, BUILTIN_MODELS, RunConfig, field_label
+from gradacc.serving import uploads, warmup
+from gradacc.config import BACKENDS, BUILTIN_DATASETS, BUILTIN_MODELS, LOSS_NORMALIZATIONS, RunConfig, field_label
 from gradacc.training.sources.data import FILE_SUFFIXES, TEXT_COLUMNS
 from gradacc.errors import GradaccError
 from gradacc.serving.limits import Limits
 from gradacc.serving.manager import RunManager
 from gradacc.serving.store import RunStore
+from gradacc.units import format_bytes  # noqa: F401 - the pages' name for it
 
 # How often a live page polls its run; only while that run is queued or running. Charts are redrawn
 # less often: building plotly figures is pure Python and competes with training for the GIL.
@@ -29,6 +30,7 @@ WARM_UP_POLL_SECONDS = 1.0
 FORM = "form."
 
 BACKEND_NAMES = {"pytorch": "PyTorch loop", "accelerate": "🤗 Accelerate", "trainer": "🤗 Trainer"}
+NORMALIZATION_NAMES = {"exact": "exact (weight by items in the window)", "naive": "naive (each mean ÷ k)"}
 OTHER_MODEL = "other: hub id or local folder"
 UPLOAD_DATASET = "upload a CSV / JSONL file"
 OTHER_DATASET = "other: hub id or local path"
@@ -38,7 +40,6 @@ OTHER_DATASET = "other: hub id or local path"
 
 @st.cache_resource(show_spinner=False)
 def _create_manager() -> RunManager:
-    limits = Limits.from_env()
     warmup.torch_threads()  # a bad GRADACC_TORCH_THREADS stops the page with one sentence, like the limits
     # plotly looks numpy and pandas up in sys.modules without importing them; while the warm-up thread is
     # half-way through importing pandas, a chart drawn here would find a partial module and fail. Import both
@@ -46,8 +47,9 @@ def _create_manager() -> RunManager:
     import numpy  # noqa: F401
     import pandas  # noqa: F401
 
+    # Slots and the time limit come from the deployment's Limits (a bad value: GradaccError, shown below).
     # recover=True marks runs a previous server left queued/running as interrupted (once per server).
-    manager = RunManager(RunStore(), max_run_seconds=limits.max_run_seconds or 0, recover=True)
+    manager = RunManager(RunStore(), recover=True)
     warmup.start()  # torch and transformers import in the background while the page paints
     return manager
 
@@ -67,7 +69,7 @@ def run_manager() -> RunManager:
 @st.cache_resource(show_spinner=False)
 def check_runner():
     """The server's queue of equivalence checks (one worker thread, shared by every visitor)."""
-    from gradacc.app.equivalence_view import CheckRunner
+    from gradacc.serving.checks import CheckRunner
 
     return CheckRunner()
 
@@ -136,8 +138,6 @@ def accumulation_inputs(prefix: str, errors: FieldErrors, widths: list) -> tuple
 
     ``widths`` has at least three entries; columns past the third are returned for the page's own widgets.
     """
-    from gradacc.config import BACKENDS
-
     backend_column, m_column, k_column, *extra_columns = st.columns(widths)
     with backend_column:
         backend = st.radio(field_label("backend"), BACKENDS, key=prefix + "backend", persist_state="session",
@@ -148,18 +148,100 @@ def accumulation_inputs(prefix: str, errors: FieldErrors, widths: list) -> tuple
         grad_accum_steps = number_field(prefix, "grad_accum_steps", errors)
     return backend, micro_batch_size, grad_accum_steps, [backend_column, *extra_columns]
 
+
+def training_inputs(prefix: str, errors: FieldErrors) -> dict:
+    """The Train form's accumulation and training settings, each with its error slot: {RunConfig field: value}."""
+    left, right = st.columns(2)
+    with left:
+        values = {"micro_batch_size": number_field(prefix, "micro_batch_size", errors,
+                                                   help="Examples per forward/backward pass: what must fit in memory."),
+                  "epochs": number_field(prefix, "epochs", errors),
+                  "seed": number_field(prefix, "seed", errors)}
+    with right:
+        values |= {"grad_accum_steps": number_field(prefix, "grad_accum_steps", errors,
+                                                    help="Micro-batches whose gradients add up before one optimizer "
+                                                         "step."),
+                   "learning_rate": number_field(prefix, "learning_rate", errors, whole=False, step=1e-4,
+                                                 format="%.1e"),
+                   "dropout": number_field(prefix, "dropout", errors, whole=False, step=0.05, format="%.2f",
+                                           help="0 makes the three backends draw the same loss curve.")}
+    values["loss_normalization"] = st.radio(field_label("loss_normalization"), LOSS_NORMALIZATIONS,
+                                            key=prefix + "loss_normalization", persist_state="session",
+                                            format_func=NORMALIZATION_NAMES.get, horizontal=True)
+    errors.slot("loss_normalization")
+    values["num_processes"] = st.selectbox(
+        field_label("num_processes"), [1, 2], key=prefix + "num_processes", persist_state="session",
+        help="Data parallelism: 2 processes (started with accelerate launch) each train on their own micro-batches; "
+             "gradients are all-reduced once per window (no_sync).")
+    errors.slot("num_processes")
+    with st.expander("Advanced: data size and sequence length"):
+        values |= {"train_samples": number_field(prefix, "train_samples", errors, step=100),
+                   "eval_samples": number_field(prefix, "eval_samples", errors, step=50),
+                   "max_seq_length": number_field(prefix, "max_seq_length", errors, step=16)}
+    return values
+
+
 def model_input(prefix: str, errors: FieldErrors) -> str:
-    defaults({f"{FORM}{prefix}.model_choice": BUILTIN_MODELS[0], f"{FORM}{prefix}.model_custom": ""})
+    defaults(_model_widget_values(prefix, BUILTIN_MODELS[0]))
     choice = st.selectbox("Model", [*BUILTIN_MODELS, OTHER_MODEL], key=f"{FORM}{prefix}.model_choice",
                           persist_state="session",
                           help="tiny-bert: a 190k-parameter BERT, random init (fast). all-MiniLM-L6-v2: pretrained, "
-                               "packaged (22M parameters).")
+                               "packaged (22M parameters). tiny-gpt: a 200k-parameter GPT-2-style language model, "
+                               "random init (the causal-lm task).")
     name = choice
     if choice == OTHER_MODEL:
         name = st.text_input("Hub id or local model folder", key=f"{FORM}{prefix}.model_custom",
                              persist_state="session", placeholder="prajjwal1/bert-tiny").strip()
     errors.slot("model")
     return name
+
+
+def follow_recipe(prefix: str, model: str, limits: Limits) -> None:
+    """When the model changes, move the fields the visitor left at the old model's recipe to the new one's,
+    and say so. Call it after the model input and before the fields' widgets (their values may still change)."""
+    key = f"{FORM}{prefix}.recipe_model"
+    previous = st.session_state.get(key)
+    st.session_state[key] = model
+    if previous is None or previous == model:
+        return
+    values = {name: st.session_state.get(f"{FORM}{prefix}.{name}") for name in form.PAGE_RECIPE_FIELDS}
+    moves = form.recipe_moves(previous, model, values, limits)
+    for name, value in moves.items():
+        st.session_state[f"{FORM}{prefix}.{name}"] = value
+    if moves:
+        st.session_state[f"{FORM}{prefix}.recipe_note"] = form.describe_moves(model, moves)
+
+
+def recipe_note(prefix: str) -> None:
+    """The sentence ``follow_recipe`` left, once, where the page wants it."""
+    note = st.session_state.pop(f"{FORM}{prefix}.recipe_note", None)
+    if note:
+        st.info(note, icon="🧪")
+
+
+FROM_THE_MODEL = "from the model"
+
+
+def task_input(prefix: str, errors: FieldErrors, config: RunConfig) -> str | None:
+    """Task: classification, causal-lm, or (None) whatever the model is; the inferred task is shown."""
+    from gradacc.config import TASKS
+    from gradacc.training.sources.models import infer_task  # reads a folder's config.json at most, no torch
+
+    choice = st.selectbox("Task", [FROM_THE_MODEL, *TASKS], key=f"{FORM}{prefix}.task", persist_state="session",
+                          help="classification: a label per text (F1, accuracy). causal-lm: predict each next token "
+                               "(perplexity, next-token accuracy); a *ForCausalLM model or tiny-gpt means causal-lm.")
+    task = None if choice == FROM_THE_MODEL else choice
+    if task is None:
+        st.caption(f"Task from the model: **{infer_task(config)}**.")
+    errors.slot("task")
+    return task
+
+
+def _model_widget_values(prefix: str, model: str) -> dict:
+    """What ``model_input``'s widgets hold to show ``model``: a built-in one picked, or "other" and its name."""
+    builtin = model in BUILTIN_MODELS
+    return {f"{FORM}{prefix}.model_choice": model if builtin else OTHER_MODEL,
+            f"{FORM}{prefix}.model_custom": "" if builtin else model}
 
 
 def dataset_input(prefix: str, errors: FieldErrors, limits: Limits) -> tuple[str, str | None, str | None, str | None]:
@@ -170,7 +252,8 @@ def dataset_input(prefix: str, errors: FieldErrors, limits: Limits) -> tuple[str
     defaults({f"{FORM}{prefix}.dataset_choice": BUILTIN_DATASETS[0], f"{FORM}{prefix}.dataset_custom": ""})
     choice = st.selectbox("Dataset", [*BUILTIN_DATASETS, UPLOAD_DATASET, OTHER_DATASET],
                           key=f"{FORM}{prefix}.dataset_choice", persist_state="session",
-                          help="builtin-sentiment: generated product reviews, positive or negative (offline).")
+                          help="builtin-sentiment: generated product reviews, positive or negative (offline). "
+                               "builtin-text: reviews of one to a dozen sentences, for the causal-lm task.")
     if choice == UPLOAD_DATASET:
         return _upload_input(prefix, errors, limits)
     dataset = choice
@@ -189,7 +272,7 @@ def _upload_input(prefix: str, errors: FieldErrors, limits: Limits):
     kept_key = f"{prefix}.uploaded"  # the saved file outlives the widget (which forgets it on a page switch)
     if uploaded is not None:
         try:
-            path = form.save_upload(uploaded.name, uploaded.getvalue(), limits)
+            path = uploads.save_upload(uploaded.name, uploaded.getvalue(), limits)
         except GradaccError as error:
             st.session_state.pop(kept_key, None)
             return "", None, None, error.message
@@ -262,6 +345,58 @@ def shared_figures(key, build) -> tuple:
     return figure_cache().get(key, build)
 
 
+# ---- the Train form's settings, shared by pages -----------------------------------------------------------
+# The Train page keeps its settings in session state as one RunConfig; the planner writes its advice into it
+# and the Code page reads it. No page reads or writes another page's widget keys.
+
+TRAIN_CONFIG = "train_config"
+TRAIN_FORM = f"{FORM}train."  # the Train form's widget keys: only the Train page and this section use them
+_TRAIN_CONFIG_SHOWN = "train_config.shown"  # the config the Train form's widgets showed when it last drew
+# The Train form's widgets, by RunConfig field (the model and the data have pickers of their own).
+TRAIN_FORM_FIELDS = ("backend", "micro_batch_size", "grad_accum_steps", "epochs", "learning_rate", "seed",
+                     "loss_normalization", "dropout", "train_samples", "eval_samples", "max_seq_length",
+                     "num_processes")
+
+
+def train_config() -> RunConfig:
+    """The Train form's settings (the defaults, recipe filled in, until the visitor has been on the Train page)."""
+    return st.session_state.get(TRAIN_CONFIG) or RunConfig().resolved()
+
+
+def suggest_train_settings(**changes) -> None:
+    """Another page's advice for the Train form (the planner's m and k); the form shows it when it next draws."""
+    st.session_state[TRAIN_CONFIG] = train_config().replace(**changes)
+
+
+def prepare_train_form(limits: Limits) -> None:
+    """Before the Train form draws: its first values (the defaults within this deployment's limits), and any
+    setting another page has changed in the shared config since the form last drew."""
+
+    def within(value: int, limit: int | None) -> int:
+        return min(value, limit) if limit else value
+
+    base = RunConfig().resolved()  # the default model (tiny-bert) and its recipe
+    first = {field: getattr(base, field) for field in TRAIN_FORM_FIELDS}
+    first |= {"epochs": within(base.epochs, limits.max_epochs),
+              "train_samples": within(base.train_samples, limits.max_train_samples),
+              "eval_samples": within(base.eval_samples, limits.max_train_samples)}
+    defaults({TRAIN_FORM + field: value for field, value in first.items()})
+    shared, shown = st.session_state.get(TRAIN_CONFIG), st.session_state.get(_TRAIN_CONFIG_SHOWN)
+    if shared is None or shared is shown:
+        return
+    shown = shown or base
+    for field in TRAIN_FORM_FIELDS:
+        if getattr(shared, field) != getattr(shown, field):
+            st.session_state[TRAIN_FORM + field] = getattr(shared, field)
+    if shared.model != shown.model:
+        st.session_state.update(_model_widget_values("train", shared.model))
+
+
+def keep_train_config(config: RunConfig) -> None:
+    """After the Train form drew: its settings, for the other pages."""
+    st.session_state[TRAIN_CONFIG] = st.session_state[_TRAIN_CONFIG_SHOWN] = config
+
+
 # ---- status lines ---------------------------------------------------------------------------------
 
 def warm_up_status() -> None:
@@ -284,20 +419,3 @@ def warm_up_status() -> None:
                      "the server is restarted.")
 
     status_line()
-
-
-def format_bytes(value) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "—"
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(value) >= size:
-            return f"{value / size:,.1f} {unit}"
-    return f"{value:,.0f} B"
-
-
-def format_seconds(seconds) -> str:
-    if seconds is None:
-        return "—"
-    seconds = int(round(seconds))
-    minutes, seconds = divmod(seconds, 60)
-    return f"{minutes} min {seconds:02d} s" if minutes else f"{seconds} s"

@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from gradacc.errors import one_line
+
 FIGURE_SIZE = dict(width=960, height=460)
 # kaleido's Chrome page sometimes is not ready in time on a loaded machine; once more usually works.
 PNG_ATTEMPTS = 2
@@ -97,17 +99,11 @@ def write(result: dict, figure, out_dir: Path) -> dict:
             files.pop("png_skipped", None)
             break
         except Exception as error:  # noqa: BLE001 - no Chrome, no kaleido: the HTML is enough
-            files["png_skipped"] = _one_line(error)
+            files["png_skipped"] = one_line(error, limit=200)
             progress(f"PNG export failed (attempt {attempt + 1} of {PNG_ATTEMPTS}): {files['png_skipped']}")
     result["files"] = files
     Path(files["json"]).write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
     return files
-
-
-def _one_line(error: Exception, limit: int = 200) -> str:
-    text = str(error).strip()
-    line = f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
-    return line if len(line) <= limit else line[:limit - 1] + "…"
 
 
 def print_table(headers: list[str], rows: list[list]) -> None:

@@ -24,7 +24,7 @@ from typing import Iterable
 
 from gradacc import events as ev
 from gradacc.config import field_label
-from gradacc.errors import GradaccError
+from gradacc.errors import GradaccError, one_line
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ class Trackers:
         self.writers = []
 
     def _turn_off(self, writer, error: Exception) -> None:
-        reason = _one_line(error)
+        reason = one_line(error)
         self.failures[writer.name] = reason
         log.warning("%s export stopped: %s", writer.name, reason)
         if writer in self.writers:
@@ -190,7 +190,7 @@ class TensorBoardWriter:
 
             self.writer = SummaryWriter(log_dir=str(folder))
         except Exception as error:  # noqa: BLE001 - one line, at start
-            raise GradaccError(f"{field_label('report_to')} tensorboard could not start: {_one_line(error)}", "report_to") from None
+            raise GradaccError(f"{field_label('report_to')} tensorboard could not start: {one_line(error)}", "report_to") from None
         self.folder = folder
         self.config = config
         self.metrics: list[str] = []
@@ -233,7 +233,7 @@ class TrackioWriter:
                 self.run = trackio.init(project=TRACKIO_PROJECT, name=run_id, config=hyperparameters(config),
                                         embed=False, auto_log_cpu=False, auto_log_gpu=False)
         except Exception as error:  # noqa: BLE001 - one line, at start
-            raise GradaccError(f"{field_label('report_to')} trackio could not start: {_one_line(error)}", "report_to") from None
+            raise GradaccError(f"{field_label('report_to')} trackio could not start: {one_line(error)}", "report_to") from None
         self.trackio = trackio
         self.folder = folder
 
@@ -291,9 +291,3 @@ def _quiet_stdout():
     stream, and the CLI says where the run went itself."""
     with open(os.devnull, "w", encoding="utf-8") as devnull, contextlib.redirect_stdout(devnull):
         yield
-
-
-def _one_line(error: BaseException) -> str:
-    text = str(error).strip()
-    first = text.splitlines()[0] if text else ""
-    return f"{type(error).__name__}: {first}" if first else type(error).__name__

@@ -3,11 +3,14 @@
     GRADACC_MAX_EPOCHS          most epochs a run may train (unset: no limit beyond the config's own)
     GRADACC_MAX_TRAIN_SAMPLES   most training examples a run may use; also caps eval examples
     GRADACC_MAX_RUN_SECONDS     wall-clock limit of a run, after which it is stopped (default 600; 0: none)
+    GRADACC_MAX_CONCURRENT_RUNS runs that train at once; the others wait in a queue (default 1)
     GRADACC_MAX_UPLOAD_MB       largest data file a visitor may upload (default 5)
     GRADACC_ALLOW_HUB           0/false/no: refuse hub model and dataset ids (default: allowed)
+    GRADACC_MAX_RUN_MEMORY_MB   most memory one run may need (measured before it starts; unset: no limit)
 
 The app and the CLI both call ``Limits.from_env().check(config)``; a bad value raises ``GradaccError``
-naming the field, like ``RunConfig.validate``.
+naming the field, like ``RunConfig.validate``. The run manager takes its slots and run-time limit from here,
+and a bad environment value is refused with one sentence naming the variable.
 """
 
 from __future__ import annotations
@@ -15,13 +18,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from gradacc import env as env_numbers, paths
+from gradacc import env, paths
 from gradacc.config import BUILTIN_DATASETS, BUILTIN_MODELS, RunConfig, field_label
 from gradacc.errors import GradaccError
-from gradacc.serving.manager import DEFAULT_MAX_RUN_SECONDS
+from gradacc.training.sources.hub import hub_allowed  # light: os and socket only
 
+DEFAULT_MAX_RUN_SECONDS = 600.0
+DEFAULT_MAX_CONCURRENT_RUNS = 1
 DEFAULT_MAX_UPLOAD_MB = 5.0
-_FALSE_WORDS = ("0", "false", "no")  # as gradacc.training.sources.hub.hub_allowed reads it
 
 
 @dataclass(frozen=True)
@@ -32,16 +36,22 @@ class Limits:
     max_run_seconds: float | None = DEFAULT_MAX_RUN_SECONDS
     max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB
     allow_hub: bool = True
+    max_concurrent_runs: int = DEFAULT_MAX_CONCURRENT_RUNS
+    # A run measured to need more is refused before it starts (gradacc.training.budget); None: no limit.
+    max_run_memory_mb: float | None = None
 
     @classmethod
     def from_env(cls, environ: dict | None = None) -> "Limits":
-        env = os.environ if environ is None else environ
-        run_seconds = env_numbers.number(env, "GRADACC_MAX_RUN_SECONDS", DEFAULT_MAX_RUN_SECONDS, allow_zero=True)
-        return cls(max_epochs=env_numbers.whole_number(env, "GRADACC_MAX_EPOCHS"),
-                   max_train_samples=env_numbers.whole_number(env, "GRADACC_MAX_TRAIN_SAMPLES"),
+        variables = os.environ if environ is None else environ
+        run_seconds = env.number(variables, "GRADACC_MAX_RUN_SECONDS", DEFAULT_MAX_RUN_SECONDS, allow_zero=True)
+        return cls(max_epochs=env.whole_number(variables, "GRADACC_MAX_EPOCHS"),
+                   max_train_samples=env.whole_number(variables, "GRADACC_MAX_TRAIN_SAMPLES"),
                    max_run_seconds=run_seconds or None,
-                   max_upload_mb=env_numbers.number(env, "GRADACC_MAX_UPLOAD_MB", DEFAULT_MAX_UPLOAD_MB),
-                   allow_hub=env.get("GRADACC_ALLOW_HUB", "1").strip().lower() not in _FALSE_WORDS)
+                   max_upload_mb=env.number(variables, "GRADACC_MAX_UPLOAD_MB", DEFAULT_MAX_UPLOAD_MB),
+                   allow_hub=hub_allowed(variables),
+                   max_concurrent_runs=env.whole_number(variables, "GRADACC_MAX_CONCURRENT_RUNS")
+                   or DEFAULT_MAX_CONCURRENT_RUNS,
+                   max_run_memory_mb=env.number(variables, "GRADACC_MAX_RUN_MEMORY_MB", 0.0) or None)
 
     @property
     def max_upload_bytes(self) -> int:
@@ -82,6 +92,8 @@ class Limits:
             f"runs stop after {self.max_run_seconds:g} s" if self.max_run_seconds else "no time limit",
             f"uploads up to {self.max_upload_mb:g} MB",
             "hub ids allowed" if self.allow_hub else "hub ids disabled",
+            f"runs up to {self.max_run_memory_mb:,.0f} MB of memory" if self.max_run_memory_mb
+            else "no memory limit per run",
         ]
 
 
@@ -93,3 +105,4 @@ def is_hub_model(name: str) -> bool:
 def is_hub_dataset(name: str) -> bool:
     name = (name or "").strip()
     return bool(name) and name not in BUILTIN_DATASETS and not paths.dataset_is_local(name)
+

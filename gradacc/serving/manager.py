@@ -1,8 +1,10 @@
-"""Runs training in background threads, one ``RunManager`` per server.
+"""Runs training in background threads, one ``RunManager`` per server: a FIFO queue with a fixed number of
+slots, each run stopped by its owner, by the deployment's time limit, or by the server shutting down.
 
 The Streamlit script only submits, stops and reads; the threads here never call ``st.*``. Every
-event goes to the in-memory ``RunState`` (what the live page polls) and to the ``RunStore`` (what a
-reload, a second tab or the next server start reads).
+event goes to the in-memory ``RunState`` (what the live page polls; ``run_state``) and to the ``RunStore``
+(what a reload, a second tab or the next server start reads). What happens at server start and exit is
+in ``recovery``.
 
 Importing this module must stay cheap: torch and transformers are imported by the worker thread
 (or by ``gradacc.serving.warmup``), never at import time.
@@ -10,160 +12,28 @@ Importing this module must stay cheap: torch and transformers are imported by th
 
 from __future__ import annotations
 
-import atexit
 import collections
 import logging
-import os
 import threading
 import time
-import weakref
 from typing import Callable
 
-from gradacc import env as env_numbers
 from gradacc import events as ev
-from gradacc.serving import warmup
 from gradacc.config import RunConfig
-from gradacc.errors import GradaccError, RunStopped
-from gradacc.serving.store import LIVE_STATUSES, RunStore
+from gradacc.errors import GradaccError, RunStopped, one_line
+from gradacc.serving import recovery, warmup
+from gradacc.serving.limits import Limits
+from gradacc.serving.run_state import (NO_RUN_ENDED, SHUTDOWN_BEFORE_START, SHUTDOWN_WHILE_RUNNING,
+                                       STOPPED_BEFORE_START, STOPPED_BY_OWNER, RunState, limit_reason)
+from gradacc.serving.store import RunStore
+from gradacc.training.launch import train_for
 
 log = logging.getLogger(__name__)
 
 TrainFn = Callable[[RunConfig, ev.EventSink, threading.Event], dict]
 
-DEFAULT_MAX_CONCURRENT = 1
-DEFAULT_MAX_RUN_SECONDS = 600.0
 # Finished runs kept in memory so the page does not re-read the store on every rerun.
 FINISHED_CACHE_SIZE = 32
-
-STOPPED_BY_OWNER = "stopped by its owner"
-STOPPED_BEFORE_START = "stopped before it started"
-SHUTDOWN_BEFORE_START = "the server shut down before this run started"
-SHUTDOWN_WHILE_RUNNING = "the server shut down while this run was running"
-NO_RUN_ENDED = "the training function returned without ending the run"
-
-
-def limit_reason(seconds: float) -> str:
-    return f"reached the deployment's limit of {seconds:g} s"
-
-
-def one_line_error(error: BaseException) -> str:
-    text = f"{type(error).__name__}: {error}".strip()
-    return text.splitlines()[0] if text else type(error).__name__
-
-
-class RunState:
-    """One run as the app sees it. Safe to read from any thread while a worker appends."""
-
-    def __init__(self, run_id: str, owner: str, label: str | None, config: dict, status: str,
-                 reason: str | None = None, created: float | None = None, events: list[dict] | None = None,
-                 load_events: Callable[[], list[dict]] | None = None):
-        self.run_id = run_id
-        self.owner = owner
-        self.label = label
-        self.config = config
-        self.status = status
-        self.reason = reason
-        self.created = created if created is not None else time.time()
-        self._lock = threading.Lock()
-        self._events: list[dict] = list(events or [])
-        # A run read from the store loads its events on first use: the run list needs none of them.
-        self._load_events = load_events
-        self._stop_reason: str | None = None
-
-    def __repr__(self) -> str:
-        return f"RunState({self.run_id!r}, status={self.status!r}, events={len(self.events)})"
-
-    @property
-    def name(self) -> str:
-        return self.label or self.run_id
-
-    @property
-    def is_live(self) -> bool:
-        return self.status in LIVE_STATUSES
-
-    @property
-    def events(self) -> list[dict]:
-        """A copy, so a caller can iterate while the worker appends."""
-        with self._lock:
-            if self._load_events is not None:
-                self._events, self._load_events = self._load_events(), None
-            return list(self._events)
-
-    def of(self, kind: str) -> list[dict]:
-        return [e for e in self.events if e.get("event") == kind]
-
-    def snapshot(self) -> "RunState":
-        """This run frozen now: a page that draws its status and its charts from one snapshot shows the same
-        step in both (the worker keeps appending to the live state meanwhile)."""
-        with self._lock:
-            status, reason = self.status, self.reason
-        return RunState(self.run_id, self.owner, self.label, self.config, status, reason, self.created,
-                        events=self.events)
-
-    @property
-    def started(self) -> dict | None:
-        found = self.of(ev.RUN_STARTED)
-        return found[0] if found else None
-
-    @property
-    def ended(self) -> dict | None:
-        found = self.of(ev.RUN_ENDED)
-        return found[-1] if found else None
-
-    def steps(self):
-        """Step events as a pandas DataFrame, one row per optimizer step (columns even when empty)."""
-        return _frame(self.of(ev.STEP), STEP_COLUMNS)
-
-    def evals(self):
-        """Eval events as a pandas DataFrame, one row per epoch."""
-        return _frame(self.of(ev.EVAL), EVAL_COLUMNS)
-
-    def progress(self) -> tuple[int, int | None]:
-        """(optimizer steps done, total steps or None before run_started)."""
-        events = self.events
-        steps = [e for e in events if e.get("event") == ev.STEP]
-        started = next((e for e in events if e.get("event") == ev.RUN_STARTED), None)
-        done = steps[-1]["step"] if steps else 0
-        return done, (started or {}).get("total_steps")
-
-    def eta_seconds(self) -> float | None:
-        """Seconds left at the pace so far; None until a step is done or once the run is over."""
-        if self.status != "running":
-            return None
-        steps = self.of(ev.STEP)
-        done, total = self.progress()
-        if not steps or not total or done <= 0:
-            return None
-        elapsed = steps[-1].get("elapsed_s") or 0.0
-        return max(0.0, elapsed / done * (total - done))
-
-    # --- written by the manager only ---------------------------------------------------------
-
-    def _apply(self, event: dict) -> None:
-        with self._lock:
-            self._events.append(event)
-            kind = event.get("event")
-            if kind == ev.RUN_STARTED:
-                self.status = "running"
-            elif kind == ev.RUN_ENDED:
-                self.status, self.reason = event.get("status") or ev.FAILED, event.get("reason")
-
-    def _request_stop(self, reason: str) -> None:
-        with self._lock:
-            # The first cause wins: a run stopped by its owner that then hits the limit was stopped by its owner.
-            self._stop_reason = self._stop_reason or reason
-
-
-STEP_COLUMNS = ("time", "step", "epoch", "samples_seen", "tokens_seen", "micro_batches", "loss", "grad_norm", "lr",
-                "elapsed_s", "samples_per_s", "activation_bytes", "rss_bytes", "cuda_peak_bytes")
-EVAL_COLUMNS = ("time", "epoch", "step", "eval_loss", "eval_accuracy", "eval_f1")
-
-
-def _frame(rows: list[dict], columns: tuple[str, ...]):
-    import pandas as pd  # lazy: the runner module stays cheap to import
-
-    frame = pd.DataFrame(rows)
-    return frame if rows else pd.DataFrame(columns=list(columns))
 
 
 class _Worker:
@@ -179,17 +49,25 @@ class _Worker:
 
 class RunManager:
     def __init__(self, store: RunStore, max_concurrent: int | None = None, train_fn: TrainFn | None = None,
-                 max_run_seconds: float | None = None, recover: bool = True):
-        """``max_concurrent``: default env GRADACC_MAX_CONCURRENT_RUNS or 1. ``max_run_seconds``: default env
-        GRADACC_MAX_RUN_SECONDS or 600; 0 means no limit. ``train_fn``: default ``gradacc.training.engine.train``.
+                 max_run_seconds: float | None = None, recover: bool = True, max_run_memory_mb: float | None = None):
+        """``max_concurrent`` and ``max_run_seconds`` (0: no limit): by default the deployment's ``Limits``
+        (GRADACC_MAX_CONCURRENT_RUNS, GRADACC_MAX_RUN_SECONDS, GRADACC_MAX_RUN_MEMORY_MB). ``train_fn``: by default
+        ``training.launch.train_for(config)`` (the engine, or a launch on several processes).
         ``recover``: mark runs a previous server left queued or running as interrupted (first manager of
-        this process on this store file only)."""
+        this process on this store file only). ``max_run_memory_mb``: the deployment's memory limit per run
+        (``Limits.max_run_memory_mb``), handed to the engine, which refuses a run that needs more before it starts."""
         self.store = store
-        self.max_concurrent = max_concurrent if max_concurrent is not None else _env_max_concurrent()
+        if max_concurrent is None or max_run_seconds is None or max_run_memory_mb is None:
+            limits = Limits.from_env()
+            max_concurrent = limits.max_concurrent_runs if max_concurrent is None else max_concurrent
+            max_run_seconds = (limits.max_run_seconds or 0) if max_run_seconds is None else max_run_seconds
+            max_run_memory_mb = limits.max_run_memory_mb if max_run_memory_mb is None else max_run_memory_mb
+        self.max_concurrent = max_concurrent
         if self.max_concurrent < 1:
             raise GradaccError(f"max concurrent runs must be at least 1; got {self.max_concurrent}.")
-        self.max_run_seconds = max_run_seconds if max_run_seconds is not None else _env_max_run_seconds()
+        self.max_run_seconds = max_run_seconds
         self._train_fn = train_fn
+        self.max_run_memory_mb = max_run_memory_mb
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)  # notified whenever a run starts or ends
         self._live: dict[str, RunState] = {}  # queued and running
@@ -199,8 +77,8 @@ class RunManager:
         self._finished: collections.OrderedDict[str, RunState] = collections.OrderedDict()
         self._closed = False
         if recover:
-            _recover_once(store)
-        _open_managers.add(self)
+            recovery.recover_once(store)
+        recovery.shut_down_at_exit(self)
 
     # --- submitting and stopping -----------------------------------------------------------
 
@@ -231,7 +109,7 @@ class RunManager:
                 self._end_unstarted(state, STOPPED_BEFORE_START)
                 return True
             worker = self._workers[run_id]
-        state._request_stop(STOPPED_BY_OWNER)
+        state.request_stop(STOPPED_BY_OWNER)
         worker.stop.set()
         return True
 
@@ -311,7 +189,7 @@ class RunManager:
             self._queue.clear()
             running = [(self._live[run_id], worker) for run_id, worker in self._workers.items()]
         for state, worker in running:
-            state._request_stop(SHUTDOWN_WHILE_RUNNING)
+            state.request_stop(SHUTDOWN_WHILE_RUNNING)
             worker.stop.set()
         for _, worker in running:
             worker.thread.join(max(0.0, deadline - time.monotonic()))
@@ -380,18 +258,19 @@ class RunManager:
             # status meanwhile says "loading the model and data", and Stop still works.
             while not warmup.wait_until_warm(timeout=0.2) and not worker.stop.is_set():
                 pass
-            train = self._train_fn or _engine_train(config)
-            result = train(config, lambda event: self._record(state, event), worker.stop)
+            train = self._train_fn or train_for(config)
+            limit = {"memory_limit_mb": self.max_run_memory_mb} if self.max_run_memory_mb else {}
+            result = train(config, lambda event: self._record(state, event), worker.stop, **limit)
             if state.ended is None:
                 ended = result if isinstance(result, dict) and result.get("event") == ev.RUN_ENDED else None
                 self._record(state, ended or self._ended_event(state, worker, ev.FAILED, NO_RUN_ENDED))
         except RunStopped:  # a backend's way out of its loop, leaked: still a stop, not a failure
             if state.ended is None:
-                self._record(state, self._ended_event(state, worker, ev.STOPPED, state._stop_reason))
+                self._record(state, self._ended_event(state, worker, ev.STOPPED, state.stop_reason))
         except Exception as error:  # the engine should not raise, but a run must never die silently
             log.exception("run %s failed", state.run_id)
             if state.ended is None:
-                self._record(state, self._ended_event(state, worker, ev.FAILED, one_line_error(error)))
+                self._record(state, self._ended_event(state, worker, ev.FAILED, one_line(error)))
         finally:
             try:
                 if worker.timer:
@@ -402,10 +281,7 @@ class RunManager:
 
     def _record(self, state: RunState, event: dict) -> None:
         """The engine's ``on_event``: into memory first (the live page), then into the store."""
-        if event.get("event") == ev.RUN_ENDED and event.get("status") == ev.STOPPED and state._stop_reason:
-            # The engine only knows it was asked to stop; the manager knows why.
-            event = {**event, "reason": state._stop_reason}
-        state._apply(event)
+        event = state.record(event)
         try:
             self.store.append_event(state.run_id, event)
         except Exception:  # a full disk must not kill the training; the page still has the event
@@ -425,59 +301,6 @@ class RunManager:
             self._changed.notify_all()
 
 
-# At interpreter exit (SIGTERM from docker stop or a Space restart included), stop every run within its
-# micro-batch and record it: a daemon thread still inside torch while Python finalises aborts the process
-# ("terminate called without an active exception") and leaves its run to be found interrupted.
-EXIT_SHUTDOWN_SECONDS = 5.0
-_open_managers: "weakref.WeakSet[RunManager]" = weakref.WeakSet()
-
-
-@atexit.register
-def _shutdown_at_exit() -> None:
-    for manager in list(_open_managers):
-        try:
-            manager.shutdown(timeout=EXIT_SHUTDOWN_SECONDS)
-        except Exception:  # exiting anyway; one manager must not keep the others from stopping
-            log.exception("could not shut a run manager down at exit")
-
-
-_recover_lock = threading.Lock()
-_recovered_stores: set[str] = set()
-
-
-def _recover_once(store: RunStore) -> None:
-    """Mark the runs a previous server left live as interrupted, once per process and store file.
-
-    Once only: a second manager in the same process (Streamlit re-creating a cached resource) must not
-    call the first one's live runs interrupted.
-    """
-    key = str(store.path.resolve())
-    with _recover_lock:
-        if key in _recovered_stores:
-            return
-        _recovered_stores.add(key)
-    store.mark_interrupted()
-
-
 def _hit_limit(state: RunState, stop: threading.Event, reason: str) -> None:
-    state._request_stop(reason)
+    state.request_stop(reason)
     stop.set()
-
-
-def _engine_train(config: RunConfig | None = None) -> TrainFn:
-    if config is not None and config.num_processes > 1:
-        from gradacc.training.launch import train  # one process per rank, started through accelerate launch
-
-        return train
-    from gradacc.training.engine import train  # lazy: imports torch
-
-    return train
-
-
-def _env_max_concurrent() -> int:
-    return env_numbers.whole_number(os.environ, "GRADACC_MAX_CONCURRENT_RUNS") or DEFAULT_MAX_CONCURRENT
-
-
-def _env_max_run_seconds() -> float:
-    """GRADACC_MAX_RUN_SECONDS; 0 turns the limit off."""
-    return env_numbers.number(os.environ, "GRADACC_MAX_RUN_SECONDS", DEFAULT_MAX_RUN_SECONDS, allow_zero=True)

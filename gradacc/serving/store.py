@@ -147,9 +147,6 @@ class RunStore:
                           (run_id, after_seq))
         return [json.loads(row["payload"]) for row in rows]
 
-    def event_count(self, run_id: str) -> int:
-        return self._read("SELECT COUNT(*) FROM events WHERE run_id = ?", (run_id,))[0][0]
-
 
 def _run_dict(row: sqlite3.Row) -> dict:
     run = dict(row)

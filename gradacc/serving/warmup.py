@@ -25,7 +25,8 @@ import logging
 import os
 import threading
 
-from gradacc import env as env_numbers
+from gradacc.errors import one_line
+from gradacc.env import whole_number
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ def parse(source: str) -> ast.Module:
 
 def torch_threads() -> int:
     """Threads torch computes with in the app: ``GRADACC_TORCH_THREADS``, else 1."""
-    return env_numbers.whole_number(os.environ, "GRADACC_TORCH_THREADS") or DEFAULT_TORCH_THREADS
+    return whole_number(os.environ, "GRADACC_TORCH_THREADS") or DEFAULT_TORCH_THREADS
 
 
 def _import_all() -> None:
@@ -104,7 +105,7 @@ def _import_all() -> None:
             except Exception as error:  # a run started later reports its own error; say it on the page too
                 log.warning("warm-up could not import %s", module_name, exc_info=True)
                 if _failure is None:
-                    _failure = f"{module_name}: {type(error).__name__}: {error}".splitlines()[0]
+                    _failure = f"{module_name}: {one_line(error)}"
         if "torch" in imported:
             try:
                 imported["torch"].set_num_threads(torch_threads())

@@ -26,10 +26,12 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from gradacc import events
 from gradacc.config import RunConfig
+from gradacc.errors import one_line
 from gradacc.events import EventSink
 
 STOP_GRACE_S = 3.0
@@ -37,8 +39,11 @@ STDERR_LINES_KEPT = 200
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds gradacc/
 
 
-def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.Event | None = None) -> dict:
-    """Run ``config`` on ``config.num_processes`` processes; emit rank 0's events; return ``run_ended``."""
+def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.Event | None = None,
+          memory_limit_mb: float | None = None) -> dict:
+    """Run ``config`` on ``config.num_processes`` processes; emit rank 0's events; return ``run_ended``.
+
+    ``memory_limit_mb``: the deployment's cap on each process's memory (the ranks' CLI reads it back)."""
     on_event = on_event or (lambda event: None)
     stop = stop or threading.Event()
     started = time.perf_counter()
@@ -48,7 +53,7 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
         try:
             process = subprocess.Popen(command(str(config_file), config.num_processes, free_port()),
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
-                                       env=_environment(),
+                                       env=_environment(memory_limit_mb),
                                        start_new_session=True)  # its own process group: Stop reaches every rank
         except OSError as error:
             ended = events.run_ended(status=events.FAILED, reason=f"could not start the launcher: {error}", steps=0,
@@ -72,7 +77,7 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
             try:
                 on_event(event)
             except Exception as error:  # noqa: BLE001 - a broken sink fails the run, as in the engine
-                sink_failure = f"{type(error).__name__}: {error}".splitlines()[0]
+                sink_failure = one_line(error)
                 _kill_group(process, signal.SIGKILL)
         returncode = process.wait()
         errors.join()
@@ -85,6 +90,16 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
         ended = _outcome(rank0_ended, returncode, stop.is_set(), errors, steps, wall_s)
     on_event(ended)
     return ended
+
+
+def train_for(config: RunConfig) -> Callable[..., dict]:
+    """What trains ``config``: ``engine.train`` in this process, or ``train`` above (one process per rank,
+    through accelerate launch) when it asks for several processes. Both take (config, on_event, stop)."""
+    if config.num_processes > 1:
+        return train
+    from gradacc.training.engine import train as train_here  # lazy: imports torch
+
+    return train_here
 
 
 def command(config_file: str, num_processes: int, port: int) -> list[str]:
@@ -102,8 +117,10 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _environment() -> dict:
+def _environment(memory_limit_mb: float | None = None) -> dict:
     env = dict(os.environ)
+    if memory_limit_mb:
+        env["GRADACC_MAX_RUN_MEMORY_MB"] = f"{memory_limit_mb:g}"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"  # events arrive as they happen
     return env

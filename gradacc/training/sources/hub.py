@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+from typing import Mapping
 from urllib.parse import urlparse
 
 from gradacc.config import field_label
@@ -17,8 +18,10 @@ from gradacc.errors import GradaccError
 CONNECT_TIMEOUT_S = 3.0
 
 
-def hub_allowed() -> bool:
-    return os.environ.get("GRADACC_ALLOW_HUB", "1").strip().lower() not in ("0", "false", "no")
+def hub_allowed(environ: Mapping[str, str] | None = None) -> bool:
+    """GRADACC_ALLOW_HUB: 0, false or no refuse hub ids (default: allowed)."""
+    env = os.environ if environ is None else environ
+    return env.get("GRADACC_ALLOW_HUB", "1").strip().lower() not in ("0", "false", "no")
 
 
 def hub_reachable(timeout: float = CONNECT_TIMEOUT_S) -> bool:

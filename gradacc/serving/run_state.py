@@ -1,0 +1,131 @@
+"""One run as the app sees it (``RunState``), and the reasons the run manager gives when it ends a run.
+
+No torch here: the page reads these while a worker thread appends.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+from gradacc import events as ev
+from gradacc.serving.store import LIVE_STATUSES
+
+STOPPED_BY_OWNER = "stopped by its owner"
+STOPPED_BEFORE_START = "stopped before it started"
+SHUTDOWN_BEFORE_START = "the server shut down before this run started"
+SHUTDOWN_WHILE_RUNNING = "the server shut down while this run was running"
+NO_RUN_ENDED = "the training function returned without ending the run"
+
+
+def limit_reason(seconds: float) -> str:
+    return f"reached the deployment's limit of {seconds:g} s"
+
+
+class RunState:
+    """One run as the app sees it. Safe to read from any thread while a worker appends."""
+
+    def __init__(self, run_id: str, owner: str, label: str | None, config: dict, status: str,
+                 reason: str | None = None, created: float | None = None, events: list[dict] | None = None,
+                 load_events: Callable[[], list[dict]] | None = None):
+        self.run_id = run_id
+        self.owner = owner
+        self.label = label
+        self.config = config
+        self.status = status
+        self.reason = reason
+        self.created = created if created is not None else time.time()
+        self._lock = threading.Lock()
+        self._events: list[dict] = list(events or [])
+        # A run read from the store loads its events on first use: the run list needs none of them.
+        self._load_events = load_events
+        self._stop_reason: str | None = None
+
+    def __repr__(self) -> str:
+        return f"RunState({self.run_id!r}, status={self.status!r}, events={len(self.events)})"
+
+    @property
+    def name(self) -> str:
+        return self.label or self.run_id
+
+    @property
+    def is_live(self) -> bool:
+        return self.status in LIVE_STATUSES
+
+    @property
+    def events(self) -> list[dict]:
+        """A copy, so a caller can iterate while the worker appends."""
+        with self._lock:
+            if self._load_events is not None:
+                self._events, self._load_events = self._load_events(), None
+            return list(self._events)
+
+    def of(self, kind: str) -> list[dict]:
+        return [e for e in self.events if e.get("event") == kind]
+
+    def snapshot(self) -> "RunState":
+        """This run frozen now: a page that draws its status and its charts from one snapshot shows the same
+        step in both (the worker keeps appending to the live state meanwhile)."""
+        with self._lock:
+            status, reason = self.status, self.reason
+        return RunState(self.run_id, self.owner, self.label, self.config, status, reason, self.created,
+                        events=self.events)
+
+    @property
+    def started(self) -> dict | None:
+        found = self.of(ev.RUN_STARTED)
+        return found[0] if found else None
+
+    @property
+    def ended(self) -> dict | None:
+        found = self.of(ev.RUN_ENDED)
+        return found[-1] if found else None
+
+    def progress(self) -> tuple[int, int | None]:
+        """(optimizer steps done, total steps or None before run_started)."""
+        events = self.events
+        steps = [e for e in events if e.get("event") == ev.STEP]
+        started = next((e for e in events if e.get("event") == ev.RUN_STARTED), None)
+        done = steps[-1]["step"] if steps else 0
+        return done, (started or {}).get("total_steps")
+
+    def eta_seconds(self) -> float | None:
+        """Seconds left at the pace so far; None until a step is done or once the run is over."""
+        if self.status != "running":
+            return None
+        steps = self.of(ev.STEP)
+        done, total = self.progress()
+        if not steps or not total or done <= 0:
+            return None
+        elapsed = steps[-1].get("elapsed_s") or 0.0
+        return max(0.0, elapsed / done * (total - done))
+
+    # --- written by the run manager only -------------------------------------------------------
+
+    def record(self, event: dict) -> dict:
+        """Append ``event`` and update the status; return it as recorded.
+
+        A ``run_ended`` with status stopped gets the reason the run was asked to stop for: the engine only
+        knows that it was asked, the manager knows why.
+        """
+        with self._lock:
+            if event.get("event") == ev.RUN_ENDED and event.get("status") == ev.STOPPED and self._stop_reason:
+                event = {**event, "reason": self._stop_reason}
+            self._events.append(event)
+            kind = event.get("event")
+            if kind == ev.RUN_STARTED:
+                self.status = "running"
+            elif kind == ev.RUN_ENDED:
+                self.status, self.reason = event.get("status") or ev.FAILED, event.get("reason")
+        return event
+
+    def request_stop(self, reason: str) -> None:
+        """Remember why the run is being stopped; the first cause wins (a run stopped by its owner that then
+        hits the time limit was stopped by its owner)."""
+        with self._lock:
+            self._stop_reason = self._stop_reason or reason
+
+    @property
+    def stop_reason(self) -> str | None:
+        return self._stop_reason

@@ -30,7 +30,7 @@ from gradacc.training.memory import ActivationMeter
 from gradacc.training.metrics import classification_metrics
 
 
-def make_loss_function(normalization: str, k: int, num_processes: int = 1):
+def make_loss_function(normalization: str, gradient_accumulation_steps: int, num_processes: int = 1):
     """Trainer's ``compute_loss_func``: summed cross-entropy over the window's items, or each mean ÷ k.
 
     ``num_items_in_batch`` counts the window on all ranks, and Trainer multiplies the returned loss by the
@@ -44,7 +44,7 @@ def make_loss_function(normalization: str, k: int, num_processes: int = 1):
                                  reduction="sum")
         if normalization == "exact":
             return summed / num_items_in_batch
-        return summed / (labels != -100).sum() / k / num_processes
+        return summed / (labels != -100).sum() / gradient_accumulation_steps / num_processes
 
     return compute_loss
 

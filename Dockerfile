@@ -20,6 +20,10 @@ COPY --chown=user . .
 
 # Spaces' disk is wiped on restart, so runs and caches live in /tmp. Limits for a public,
 # CPU-only demo; each can be changed in the Space's settings (variables override these).
+# GRADACC_MAX_RUN_MEMORY_MB: CPU Basic has 16 GB for the server and its runs. A run's measured need
+# (parameters, gradients, optimizer state, saved activations) leaves out backward's temporaries and the
+# allocator's slack, which can be as large again; 6 GB of need, doubled, plus the server (~1 GB with torch
+# imported) stays under 16 GB with one run at a time.
 ENV GRADACC_HOME=/tmp/gradacc \
     GRADACC_DEVICE=cpu \
     GRADACC_MAX_CONCURRENT_RUNS=1 \
@@ -28,6 +32,7 @@ ENV GRADACC_HOME=/tmp/gradacc \
     GRADACC_MAX_TRAIN_SAMPLES=5000 \
     GRADACC_MAX_UPLOAD_MB=5 \
     GRADACC_ALLOW_HUB=0 \
+    GRADACC_MAX_RUN_MEMORY_MB=6000 \
     GRADACC_DATA_DIRS=/tmp/gradacc/uploads
 
 EXPOSE 8501

@@ -19,7 +19,7 @@ import sys
 import threading
 
 from gradacc import events, paths
-from gradacc.config import BACKENDS, LOSS_NORMALIZATIONS, RunConfig, in_cli_words
+from gradacc.config import BACKENDS, LOSS_NORMALIZATIONS, OPTIMIZERS, PRECISIONS, TASKS, RunConfig, in_cli_words
 from gradacc.errors import GradaccError
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--dropout", type=_value, default=None, help=recipe)
     train.add_argument("--trainer-library-default", action="store_true",
                        help="Trainer backend: keep Trainer's own loss scaling (k× too large on BERT in transformers 5)")
+    train.add_argument("--memory-budget-mb", type=_value, default=None,
+                       help="fail like out-of-memory when the run needs more than this (measured before step 1 and "
+                            "on every measured micro-batch; a real allocator cap on CUDA)")
     train.add_argument("--no-instrument", action="store_false", dest="instrument",
                        help="skip activation/RSS measurement (for overhead comparisons)")
     train.add_argument("--metrics-out", default=None, help="also write every event to this JSONL file")
@@ -107,9 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=BACKENDS, default=RunConfig.backend)
-    parser.add_argument("--model", default=RunConfig.model, help="tiny-bert, all-MiniLM-L6-v2, a folder or a hub id")
-    parser.add_argument("--dataset", default=RunConfig.dataset,
-                        help="builtin-sentiment, a CSV/JSONL file, a save_to_disk folder or a hub id")
+    parser.add_argument("--model", default=RunConfig.model,
+                        help="tiny-bert, all-MiniLM-L6-v2, tiny-gpt, a folder or a hub id")
+    parser.add_argument("--dataset", default=None,
+                        help="builtin-sentiment, builtin-text (causal-lm), a CSV/JSONL file, a save_to_disk folder or "
+                             "a hub id (default: builtin-text for a causal-lm run, else builtin-sentiment)")
+    parser.add_argument("--task", choices=TASKS, default=None,
+                        help="default: the model's (a *ForCausalLM model or tiny-gpt means causal-lm)")
     parser.add_argument("--dataset-split", default=RunConfig.dataset_split, help="split of a hub dataset id")
     parser.add_argument("--text-column", default=None)
     parser.add_argument("--label-column", default=None)
@@ -118,6 +125,12 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--loss-normalization", choices=LOSS_NORMALIZATIONS, default=RunConfig.loss_normalization)
     parser.add_argument("--seed", type=_value, default=RunConfig.seed)
     parser.add_argument("--max-seq-length", type=_value, default=None, help="default: the model's recipe")
+    parser.add_argument("--gradient-checkpointing", action="store_true",
+                        help="recompute activations in backward instead of keeping them (use_reentrant=False)")
+    parser.add_argument("--precision", choices=PRECISIONS, default=RunConfig.precision,
+                        help="autocast precision: bf16 also on CPU; fp16 only on CUDA (with a grad scaler)")
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, default=RunConfig.optimizer,
+                        help="adamw-fused where torch fuses it on the device; adamw-8bit needs bitsandbytes and CUDA")
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
@@ -135,7 +148,21 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
             raise GradaccError(f"Could not read the config file {args.config_file!r}: {error}", "config") from None
     else:
         values = {k: v for k, v in vars(args).items() if v is not None or k in ("max_steps",)}
+        if "dataset" not in values:
+            values["dataset"] = default_dataset(RunConfig.from_dict(values))
     return RunConfig.from_dict(values).replace(num_processes=distributed.world_size())
+
+
+def default_dataset(config: RunConfig) -> str:
+    """A language model's run without --dataset trains on builtin-text, a classifier's on builtin-sentiment."""
+    from gradacc.config import BUILTIN_MODEL_TASKS, CAUSAL_LM
+
+    task = config.task or BUILTIN_MODEL_TASKS.get(config.model)
+    if task is None:  # a folder: read its architecture (cheap, no torch)
+        from gradacc.training.sources.models import infer_task
+
+        task = infer_task(config)
+    return "builtin-text" if task == CAUSAL_LM else "builtin-sentiment"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -175,7 +202,7 @@ def _train(args) -> int:
     parse_report_to(args.report_to)  # a misspelt tracker fails here, before torch is imported
     config = config_from_args(args)
     config.validate()
-    _apply_limits(config)
+    limits = _apply_limits(config)
     writes = distributed.is_main_process()  # only rank 0 prints and writes events
     metrics_file = open(args.metrics_out, "w", encoding="utf-8") if args.metrics_out and writes else None
     show = _print_json if args.json else _Progress()
@@ -193,7 +220,8 @@ def _train(args) -> int:
     try:
         ended = train(config, on_event, stop, report_to=args.report_to, log_dir=args.log_dir, run_id=run_id,
                       sync_each_micro_batch=args.sync_each_micro_batch,
-                      confinement=None if args.confine else paths.TRUST_USER)  # None: the visitors' folders
+                      confinement=None if args.confine else paths.TRUST_USER,  # None: the visitors' folders
+                      memory_limit_mb=limits.max_run_memory_mb if limits else None)
     except KeyboardInterrupt:  # Ctrl-C: the engine stops within one micro-batch on its own next check
         stop.set()
         raise
@@ -236,12 +264,14 @@ def _app(streamlit_options: list[str]) -> int:
     return EXIT_FAILED  # not reached
 
 
-def _apply_limits(config: RunConfig) -> None:
+def _apply_limits(config: RunConfig):
     try:
         from gradacc.serving.limits import Limits
     except ImportError:
-        return
-    Limits.from_env().check(config)
+        return None
+    limits = Limits.from_env()
+    limits.check(config)
+    return limits
 
 
 def _print_json(event: dict) -> None:
@@ -271,8 +301,13 @@ class _Progress:
             print(f"\r{line}", end="", flush=True) if self.tty else (
                 print(line, flush=True) if event["step"] % 10 == 0 or event["step"] == self.total else None)
         elif kind == events.EVAL:
-            print(f"{chr(10) if self.tty else ''}epoch {event['epoch']}: eval loss {event['eval_loss']:.4f}  "
-                  f"accuracy {event['eval_accuracy']:.4f}  F1 {event['eval_f1']:.4f}", flush=True)
+            if event.get("eval_perplexity") is not None:
+                scores = (f"perplexity {event['eval_perplexity']:.2f}  "
+                          f"next-token accuracy {event['eval_next_token_accuracy']:.4f}")
+            else:
+                scores = f"accuracy {event['eval_accuracy']:.4f}  F1 {event['eval_f1']:.4f}"
+            print(f"{chr(10) if self.tty else ''}epoch {event['epoch']}: eval loss {event['eval_loss']:.4f}  {scores}",
+                  flush=True)
         elif kind == events.RUN_ENDED:
             if event["status"] == events.FAILED and event.get("field"):
                 return  # bad input: the one error line on stderr says it, in the flag's words

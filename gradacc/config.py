@@ -10,8 +10,16 @@ from gradacc.errors import GradaccError
 
 BACKENDS = ("pytorch", "accelerate", "trainer")
 LOSS_NORMALIZATIONS = ("exact", "naive")
-BUILTIN_MODELS = ("tiny-bert", "all-MiniLM-L6-v2")
-BUILTIN_DATASETS = ("builtin-sentiment",)
+CLASSIFICATION, CAUSAL_LM = "classification", "causal-lm"
+TASKS = (CLASSIFICATION, CAUSAL_LM)
+BUILTIN_MODELS = ("tiny-bert", "all-MiniLM-L6-v2", "tiny-gpt")
+BUILTIN_DATASETS = ("builtin-sentiment", "builtin-text")
+# What each built-in model is for: a run that names no task gets its model's.
+BUILTIN_MODEL_TASKS = {"tiny-bert": CLASSIFICATION, "all-MiniLM-L6-v2": CLASSIFICATION, "tiny-gpt": CAUSAL_LM}
+# Memory levers beside accumulation (gradacc.training.backends.common applies them; the device decides what runs).
+PRECISIONS = ("fp32", "bf16", "fp16")
+OPTIMIZERS = ("adamw", "adamw-fused", "sgd", "adafactor", "adamw-8bit")
+MAX_MEMORY_BUDGET_MB = 10_000_000.0
 
 
 @dataclass(frozen=True)
@@ -31,6 +39,9 @@ class Recipe:
 RECIPES = {
     "tiny-bert": Recipe(learning_rate=5e-3, warmup_ratio=0.1, epochs=2, max_seq_length=64, dropout=0.1),
     "all-MiniLM-L6-v2": Recipe(learning_rate=5e-5, warmup_ratio=0.1, epochs=1, max_seq_length=64, dropout=0.1),
+    # A causal LM from scratch on builtin-text (measured in the issue-12 report: eval loss falls clearly in
+    # about 20 s at m=8, k=4); dropout 0, since the LM scenarios compare curves.
+    "tiny-gpt": Recipe(learning_rate=5e-3, warmup_ratio=0.1, epochs=1, max_seq_length=64, dropout=0.0),
 }
 # Any other model (a local folder or a hub id) is a pretrained checkpoint: fine-tune it gently.
 PRETRAINED_RECIPE = Recipe(learning_rate=5e-5, warmup_ratio=0.1, epochs=2, max_seq_length=128, dropout=0.1)
@@ -42,8 +53,8 @@ def recipe_for(model: str | None) -> Recipe:
 
 
 def is_pretrained(model: str | None) -> bool:
-    """Every model but tiny-bert starts from trained weights."""
-    return (model or "").strip() != "tiny-bert"
+    """Every model but the tiny ones (tiny-bert, tiny-gpt) starts from trained weights."""
+    return (model or "").strip() not in ("tiny-bert", "tiny-gpt")
 
 MAX_MICRO_BATCH = 4096
 MAX_ACCUM_STEPS = 4096
@@ -56,6 +67,7 @@ FIELD_LABELS = {
     "backend": "Backend",
     "model": "Model",
     "dataset": "Dataset",
+    "task": "Task",
     "text_column": "Text column",
     "label_column": "Label column",
     "dataset_split": "Dataset split",
@@ -75,6 +87,10 @@ FIELD_LABELS = {
     "dropout": "Dropout",
     "num_processes": "Processes",
     "instrument": "Instrumentation",
+    "memory_budget_mb": "Memory budget (MB)",
+    "gradient_checkpointing": "Gradient checkpointing",
+    "precision": "Precision",
+    "optimizer": "Optimizer",
     "trainer_library_default": "Trainer library default",
     # Where a run is logged besides gradacc's own store (engine and CLI options, not RunConfig fields).
     "report_to": "Report to",
@@ -88,6 +104,7 @@ CLI_FLAGS = {
     "backend": "--backend",
     "model": "--model",
     "dataset": "--dataset",
+    "task": "--task",
     "text_column": "--text-column",
     "label_column": "--label-column",
     "dataset_split": "--dataset-split",
@@ -107,6 +124,10 @@ CLI_FLAGS = {
     "dropout": "--dropout",
     "num_processes": None,  # set by the launch (accelerate launch / torchrun), not by a flag
     "instrument": "--no-instrument",
+    "memory_budget_mb": "--memory-budget-mb",
+    "gradient_checkpointing": "--gradient-checkpointing",
+    "precision": "--precision",
+    "optimizer": "--optimizer",
     "trainer_library_default": "--trainer-library-default",
     "report_to": "--report-to",
     "log_dir": "--log-dir",
@@ -135,6 +156,8 @@ class RunConfig:
     backend: str = "pytorch"
     model: str = "tiny-bert"
     dataset: str = "builtin-sentiment"
+    # classification or causal-lm; None: the model's (a *ForCausalLM architecture or tiny-gpt is causal-lm).
+    task: str | None = None
     # Columns of a CSV/JSONL/saved dataset; None means detect them.
     text_column: str | None = None
     label_column: str | None = None
@@ -162,6 +185,11 @@ class RunConfig:
     num_processes: int = 1
     # Measure activation bytes with saved-tensor hooks and RSS at every optimizer step.
     instrument: bool = True
+    # A device budget: the run measures what it needs before step 1 and fails like out-of-memory past it.
+    memory_budget_mb: float | None = None
+    gradient_checkpointing: bool = False
+    precision: str = "fp32"
+    optimizer: str = "adamw"
     # Trainer only: leave Trainer's own loss scaling as the library does it (k× too large on BERT in
     # transformers 5) instead of gradacc's compute_loss_func; shows the pitfall.
     trainer_library_default: bool = False
@@ -206,6 +234,8 @@ class RunConfig:
         self.resolve()
         _choice("backend", self.backend, BACKENDS)
         _choice("loss_normalization", self.loss_normalization, LOSS_NORMALIZATIONS)
+        if self.task is not None:
+            _choice("task", self.task, TASKS)
         _source("model", self.model, BUILTIN_MODELS, "a built-in model, a local folder or a hub id like org/name")
         _source("dataset", self.dataset, BUILTIN_DATASETS, "built-in data, a local file or folder, or a hub id")
         self.micro_batch_size = _integer("micro_batch_size", self.micro_batch_size, 1, MAX_MICRO_BATCH)
@@ -228,7 +258,23 @@ class RunConfig:
         if not isinstance(self.trainer_library_default, bool):
             raise GradaccError(f"{field_label('trainer_library_default')} must be true or false; "
                                f"got {self.trainer_library_default!r}.", "trainer_library_default")
+        self._validate_memory_levers()
         return self
+
+    def _validate_memory_levers(self) -> None:
+        if self.memory_budget_mb is not None:
+            value = self.memory_budget_mb
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) \
+                    or not 0 < value <= MAX_MEMORY_BUDGET_MB:
+                raise GradaccError(f"{field_label('memory_budget_mb')} must be a number greater than 0 and at most "
+                                   f"{MAX_MEMORY_BUDGET_MB:,.0f}, or empty for no budget; got {_shown(value)}.",
+                                   "memory_budget_mb")
+            self.memory_budget_mb = float(value)
+        if not isinstance(self.gradient_checkpointing, bool):
+            raise GradaccError(f"{field_label('gradient_checkpointing')} must be on or off; "
+                               f"got {_shown(self.gradient_checkpointing)}.", "gradient_checkpointing")
+        _choice("precision", self.precision, PRECISIONS)
+        _choice("optimizer", self.optimizer, OPTIMIZERS)
 
 
 def effective_batch(micro_batch_size: int, grad_accum_steps: int, num_processes: int = 1) -> int:

@@ -37,19 +37,29 @@ def step(*, step: int, epoch: int, samples_seen: int, tokens_seen: int, micro_ba
                   **memory)
 
 
-def eval_(*, epoch: int, step: int, eval_loss: float, eval_accuracy: float, eval_f1: float,
-          majority_f1: float | None = None) -> dict:
+# Every eval event has all of these; a task fills what it has (classification: accuracy and F1, and the F1 of
+# always predicting the most frequent label; causal-lm: perplexity and next-token accuracy), the others are None.
+EVAL_METRICS = ("eval_loss", "eval_accuracy", "eval_f1", "majority_f1", "eval_perplexity", "eval_next_token_accuracy")
+
+
+def eval_(*, epoch: int, step: int, eval_loss: float, eval_accuracy: float | None = None,
+          eval_f1: float | None = None, majority_f1: float | None = None, eval_perplexity: float | None = None,
+          eval_next_token_accuracy: float | None = None) -> dict:
     """``majority_f1``: F1 of always predicting the eval set's most frequent label (the floor to beat)."""
     return _event(EVAL, epoch=epoch, step=step, eval_loss=eval_loss, eval_accuracy=eval_accuracy, eval_f1=eval_f1,
-                  majority_f1=majority_f1)
+                  majority_f1=majority_f1, eval_perplexity=eval_perplexity,
+                  eval_next_token_accuracy=eval_next_token_accuracy)
 
 
 def run_ended(*, status: str, reason: str | None, steps: int, wall_s: float, field: str | None = None,
-              warnings: list[str] | None = None) -> dict:
+              warnings: list[str] | None = None, out_of_memory: dict | None = None) -> dict:
     """``field`` names the setting at fault when the run failed on bad input (None for a fault in training).
-    ``warnings``: one line per sign that a run went badly (empty when all is well; see analysis.health)."""
-    return _event(RUN_ENDED, status=status, reason=reason, steps=steps, wall_s=wall_s, field=field,
-                  warnings=list(warnings or []))
+    ``warnings``: one line per sign that a run went badly (empty when all is well; see analysis.health).
+    ``out_of_memory``: a run past its memory cap — the figures, and ``fit``: the m and k that keep its effective
+    batch within the cap (None when even m=1 does not fit)."""
+    event = _event(RUN_ENDED, status=status, reason=reason, steps=steps, wall_s=wall_s, field=field,
+                   warnings=list(warnings or []))
+    return event | {"out_of_memory": out_of_memory} if out_of_memory is not None else event
 
 
 def new_run_id() -> str:

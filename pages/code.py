@@ -40,7 +40,14 @@ module_name = MODULES[backend]
 with st.spinner("Waiting for the training libraries to finish importing…", show_time=True):
     docstring = codeview.module_docstring(module_name)
 st.markdown(docstring)
-st.code(codeview.backend_code(config), language="python")
+code = codeview.backend_code(config)
+roles = codeview.line_roles(code)
+st.markdown("What accumulation adds to a training loop, highlighted: "
+            + " · ".join(f"**{number}** {codeview.ROLE_TITLES[role]}" for number, role in codeview.ROLES.items())
+            + ". Measuring and reporting (gradacc's instrumentation) is dimmed.")
+st.html(codeview.highlighted_html(code, roles))
+with st.expander("The same code as plain text, to copy"):
+    st.code(code, language="python")
 with st.expander("Helpers this loop calls"):
     for name, source in codeview.helpers(module_name):
         st.code(source, language="python")

@@ -18,8 +18,10 @@ st.title("Is accumulation the full-batch gradient?")
 st.markdown("One accumulation window, trained one optimizer step with the chosen backend; the gradient just "
             "before `optimizer.step()` is compared with the gradient of the mean loss over the whole window in "
             "one batch: relative error = ‖g_accumulated − g_full‖ / ‖g_full‖ (tiny-bert, dropout off, "
-            "no clipping). Three windows: **equal windows** (m × k examples), a **short last window** (the end of "
-            "an epoch) and a **token-level loss** (micro-batches hold different numbers of tokens).")
+            "no clipping). Four windows: **equal windows** (m × k examples), a **short last window** (the end of "
+            "an epoch), a **token-level loss** (micro-batches hold different numbers of tokens) and a **language "
+            "model** (tiny-gpt's next-token loss on texts of very uneven lengths: the October 2024 accumulation "
+            "bug).")
 
 ui.defaults({K + "backend": "pytorch", K + "micro_batch_size": 4, K + "grad_accum_steps": 4})
 errors = ui.FieldErrors()

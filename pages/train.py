@@ -23,7 +23,10 @@ data_column, settings_column = st.columns(2, gap="large")
 with data_column:
     st.subheader("Model and data")
     model = ui.model_input("train", errors)
+    ui.follow_recipe("train", model, limits)  # untouched fields move to the new model's recipe
+    ui.recipe_note("train")
     dataset, text_column, label_column, dataset_problem = ui.dataset_input("train", errors, limits)
+    task = ui.task_input("train", errors, RunConfig(model=model, dataset=dataset))
     backend = st.radio(field_label("backend"), BACKENDS, key=K + "backend", persist_state="session",
                        format_func=ui.BACKEND_NAMES.get, captions=[DESCRIPTIONS[b] for b in BACKENDS])
     errors.slot("backend")
@@ -31,7 +34,7 @@ with settings_column:
     st.subheader("Accumulation and training")
     settings = ui.training_inputs(K, errors)
 
-config = RunConfig(backend=backend, model=model, dataset=dataset, text_column=text_column,
+config = RunConfig(backend=backend, model=model, dataset=dataset, task=task, text_column=text_column,
                    label_column=label_column, **settings)
 ui.keep_train_config(config)  # the other pages read the Train form's settings from here
 train_examples, data_problems = ui.train_examples(config)
@@ -82,9 +85,18 @@ if own_live and stop_column.button("Stop", key="stop"):
 st.divider()
 
 
-@st.fragment(run_every=ui.POLL_SECONDS if live else None)
-def run_status():
-    current = manager.get(run_id) if run_id else None
+# Status and charts are drawn from one snapshot of the run per poll, so the chart shows the step the status
+# names. One poll a second: building plotly figures holds the GIL that the training thread needs, and on a
+# 2-CPU server twice a second would slow the run it draws.
+@st.fragment(run_every=ui.CHART_POLL_SECONDS if live else None)
+def run_panel():
+    live_run = manager.get(run_id) if run_id else None
+    current = live_run.snapshot() if live_run is not None else None
+    run_status(current)
+    run_charts(current)
+
+
+def run_status(current):
     if current is None:
         st.info("Press Start to train; loss, memory and F1 appear here as the run goes.")
         return
@@ -102,10 +114,9 @@ def run_status():
             st.caption(f"ℹ️ {note}")
         if not runview.has_anything_to_show(current):
             return  # ended before it trained: the reason above is all there is; no empty scores or charts
-        latest = runview.latest_eval(current)
         f1, accuracy, memory = st.columns(3)
-        f1.metric("Eval F1", f"{latest['eval_f1']:.3f}" if latest else "—")
-        accuracy.metric("Eval accuracy", f"{latest['eval_accuracy']:.3f}" if latest else "—")
+        for column, (name, value) in zip((f1, accuracy), runview.eval_scores(current)):
+            column.metric(name, value)
         static = (current.started or {}).get("static_memory") or {}
         memory.metric("Params + grads + optimizer", ui.format_bytes(static.get("total")))
         if not current.is_live and current.started is not None:
@@ -116,11 +127,7 @@ def run_status():
                                help="The run's TensorBoard event files: unzip, then `tensorboard --logdir .`")
 
 
-# Charts poll less often than the status: building plotly figures holds the GIL that the training
-# thread needs, and on a 2-CPU server twice a second would slow the run it draws.
-@st.fragment(run_every=ui.CHART_POLL_SECONDS if live else None)
-def run_charts():
-    current = manager.get(run_id) if run_id else None
+def run_charts(current):
     if current is not None and not runview.has_anything_to_show(current):
         return
     # Before a run has started the charts are drawn empty: the page keeps its layout, and the browser
@@ -139,5 +146,4 @@ def run_charts():
         st.plotly_chart(memory_figure, key="memory_chart")  # full width: its two panels need the room
 
 
-run_status()
-run_charts()
+run_panel()

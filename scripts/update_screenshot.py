@@ -1,9 +1,9 @@
 """Refresh the README's picture (docs/screenshot.png) from the last browser test run, by hand.
 
-The browser tests never write into the source tree; test_browser_train.py leaves the Train page after a
-completed run in test-artifacts/train-completed.png, and this copies it over:
+The browser tests never write into the source tree; test_browser_demos.py leaves the Demos page after the
+same-curve demo, headline and charts, in test-artifacts/demo-same-curve.png, and this copies it over:
 
-    CI=true python3 -m pytest tests/browser/test_browser_train.py -k loss && python3 scripts/update_screenshot.py
+    CI=true python3 -m pytest tests/browser/test_browser_demos.py && python3 scripts/update_screenshot.py
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCE = ROOT / "test-artifacts" / "train-completed.png"
+SOURCE = ROOT / "test-artifacts" / "demo-same-curve.png"
 TARGET = ROOT / "docs" / "screenshot.png"
 
 
 def main() -> int:
     if not SOURCE.is_file():
-        print(f"error: {SOURCE.relative_to(ROOT)} not found: run tests/browser/test_browser_train.py first",
+        print(f"error: {SOURCE.relative_to(ROOT)} not found: run tests/browser/test_browser_demos.py first",
               file=sys.stderr)
         return 1
     shutil.copyfile(SOURCE, TARGET)

@@ -47,6 +47,12 @@ def run_until(at: AppTest, condition, timeout: float, what: str, every: float = 
     return at
 
 
+def completed(at: AppTest) -> bool:
+    """The run's status says Completed: in green, or in yellow when the run warns that it went badly (a few
+    steps on a few examples teach the model little, and the status says so)."""
+    return any(alert.startswith("Completed") for alert in alerts(at))
+
+
 def alerts(at: AppTest) -> list[str]:
     return [e.value for kind in ("info", "success", "warning", "error") for e in getattr(at, kind)]
 

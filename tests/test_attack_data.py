@@ -8,7 +8,7 @@ import io
 import json
 
 import pytest
-from app_support import alerts, error_after, open_app, run_until
+from app_support import alerts, completed, error_after, open_app, run_until
 from attack_support import TINY, TINY_ARGS, assert_one_error_line, cli
 
 from gradacc.analysis.compare import FORMULA_STARTS
@@ -207,7 +207,7 @@ def train_to_the_end(at):
         at.number_input(key=f"form.train.{field}").set_value(value)
     at.run()
     at.button(key="start").click().run()
-    return run_until(at, lambda at: bool(at.success), RUN_TIMEOUT_S, "the run to complete")
+    return run_until(at, completed, RUN_TIMEOUT_S, "the run to complete")
 
 
 def picker_key(at, label: str) -> str:

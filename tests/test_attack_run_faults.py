@@ -65,11 +65,12 @@ def test_an_exception_in_a_backend_thread_fails_that_run_only(app_home, monkeypa
     start(settle(second, {**SMALL, "epochs": 1, "train_samples": 48}, backend="trainer"))
     run_until(first, lambda at: bool(at.error), RUN_TIMEOUT_S, "A's run to fail")
     assert first.error[0].value == "Failed: RuntimeError: boom in the backend"
-    run_until(second, lambda at: bool(at.success), RUN_TIMEOUT_S, "B's run to complete")
-    assert "Completed: 3 optimizer steps" in second.success[0].value  # ceil(ceil(48/8)/2)
+    # Completed (in yellow when its 3 steps taught the model nothing: the run warns).
+    run_until(second, lambda at: bool(at.success or at.warning), RUN_TIMEOUT_S, "B's run to complete")
+    assert "Completed: 3 optimizer steps" in [*second.success, *second.warning][0].value  # ceil(ceil(48/8)/2)
     # A is not stuck: a new run of theirs (another seed, not sabotaged) completes.
     start(settle(first, {"seed": 14, "train_samples": 48}))
-    run_until(first, lambda at: bool(at.success), RUN_TIMEOUT_S, "A's second run to complete")
+    run_until(first, lambda at: bool(at.success or at.warning), RUN_TIMEOUT_S, "A's second run to complete")
 
 
 @pytest.fixture

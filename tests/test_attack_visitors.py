@@ -7,7 +7,7 @@ real ``streamlit run`` in test_attack_server.py.)
 import threading
 
 import pytest
-from app_support import APP, alerts, open_app, run_until
+from app_support import APP, alerts, completed, open_app, run_until
 from attack_support import TINY, sabotage
 from support import wait_for
 from streamlit.testing.v1 import AppTest
@@ -83,7 +83,7 @@ def test_visitors_queue_in_order_cannot_stop_each_other_and_keep_their_own_setti
 
     release.set()
     for at in sessions:
-        run_until(at, lambda at: bool(at.success), RUN_TIMEOUT_S, "every run to complete")
+        run_until(at, completed, RUN_TIMEOUT_S, "every run to complete")
     runs = [manager.get(run_id) for run_id in run_ids]
     assert [r.status for r in runs] == ["completed"] * visitors
     for earlier, later in zip(runs, runs[1:]):

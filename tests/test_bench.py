@@ -131,3 +131,16 @@ def test_latency_reads_the_browser_tests_figures(browser_figures):
         (True, f"test-artifacts/{browser_figures.name}", 1.7)
     assert found["runs"] == runs and found["unit"] == "seconds"
 
+
+
+def test_ga_bug(tmp_path, capsys):
+    result = bench("ga-bug", tmp_path, capsys, as_json=False)
+    rows = result["rows"]
+    assert [r["k"] for r in rows] == [1, 2, 8]
+    assert [r["micro_batch_size"] for r in rows] == [8, 4, 1]
+    assert rows[0]["naive_weight_l2"] == rows[0]["exact_weight_l2"] == 0.0  # k=1 is the full batch itself
+    for row in rows:
+        for key in ("naive_weight_l2", "exact_weight_l2", "naive_eval_loss_rel_diff", "exact_eval_loss_rel_diff"):
+            assert math.isfinite(row[key]) and row[key] >= 0
+    assert set(result["goals"]) == {"naive_grows_with_k", "exact_stays_at_rounding"}
+    assert "naive ‖Δw‖₂" in result["printed"]

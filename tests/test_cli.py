@@ -64,3 +64,17 @@ def test_the_apps_launcher_keeps_a_visitors_run_confined():
     from gradacc.training import launch
 
     assert launch.command("run.json", 2, 29500)[-1] == "--confine"
+
+
+def test_task_flag_and_the_language_model_defaults():
+    from gradacc.cli import build_parser, config_from_args
+
+    parse = build_parser().parse_args
+    lm = config_from_args(parse(["train", "--model", "tiny-gpt"]))
+    assert lm.dataset == "builtin-text" and lm.task is None  # the task is inferred when the run prepares
+    assert config_from_args(parse(["train"])).dataset == "builtin-sentiment"
+    assert config_from_args(parse(["train", "--model", "tiny-bert", "--task", "causal-lm"])).dataset == "builtin-text"
+    assert config_from_args(parse(["check", "--model", "tiny-gpt", "--task", "causal-lm"])).task == "causal-lm"
+    with pytest.raises(SystemExit) as bad:
+        parse(["train", "--task", "translation"])
+    assert bad.value.code == 2

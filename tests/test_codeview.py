@@ -41,3 +41,26 @@ def test_reading_the_source_imports_no_torch():
               "[codeview.backend_code(RunConfig(backend=b)) for b in ('pytorch', 'accelerate', 'trainer')]; "
               "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+
+
+@pytest.mark.parametrize("backend", ["pytorch", "accelerate", "trainer"])
+def test_the_three_things_accumulation_adds_stand_out_and_instrumentation_is_dimmed(backend):
+    code = codeview.backend_code(RunConfig(backend=backend).validate())
+    lines = code.splitlines()
+    roles = codeview.line_roles(code)
+    marked = {role: [line.strip() for line, r in zip(lines, roles) if r == role] for role in set(roles)}
+    expected = {
+        "pytorch": {"scale": "loss = loss * loss_weight(", "backward": "loss.backward()", "step": "optimizer.step()"},
+        "accelerate": {"scale": "weight = loss_weight(", "backward": "accelerator.backward(",
+                       "step": "optimizer.zero_grad()"},
+        "trainer": {"scale": "compute_loss_func=", "step": "gradient_accumulation_steps=config.grad_accum_steps"},
+    }[backend]
+    for role, start in expected.items():
+        assert any(line.startswith(start) for line in marked[role]), (role, marked.get(role))
+    assert any(line.startswith("report.step(") for line in marked["instrumentation"]) or backend == "trainer"
+    assert any("ActivationMeter(" in line for line in marked["instrumentation"])
+    # The training itself is never dimmed.
+    assert not any("model(**batch)" in line or "optimizer.step()" in line for line in marked["instrumentation"])
+    html = codeview.highlighted_html(code, roles)
+    assert html.count('class="ga-badge"') == sum(1 for r in roles if r in codeview.ROLES.values())
+    assert "white-space: pre-wrap" in html  # long lines wrap instead of being cut off at the right edge

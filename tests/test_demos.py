@@ -25,6 +25,11 @@ def test_the_stories_the_issue_asks_for_are_there():
     pitfall = [c for _, c in demos.SCENARIOS["trainer-pitfall"].configs(scale=1)]
     assert [c.trainer_library_default for c in pitfall] == [True, False]
     assert {c.backend for c in pitfall} == {"trainer"} and pitfall[0].grad_accum_steps > 1
+    lm = [c for _, c in demos.SCENARIOS["naive-vs-exact-lm"].configs(scale=1)]
+    assert {c.model for c in lm} == {"tiny-gpt"} and {c.task for c in lm} == {"causal-lm"}
+    assert [(c.micro_batch_size, c.grad_accum_steps, c.loss_normalization) for c in lm] == [
+        (32, 1, "exact"), (4, 8, "naive"), (4, 8, "exact")]  # full batch, naive, exact: one effective batch
+    assert {c.dropout for c in lm} == {0.0} and len({c.train_samples for c in lm}) == 1
 
 
 def test_shrinking_keeps_the_short_last_window(monkeypatch):

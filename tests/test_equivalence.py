@@ -54,3 +54,20 @@ def test_short_window_size_has_a_partial_last_micro_batch():
 def test_samples_beyond_one_window_are_refused():
     with pytest.raises(GradaccError, match="one accumulation window"):
         check(RunConfig(micro_batch_size=4, grad_accum_steps=2), samples=9)
+
+
+def test_language_model_case_naive_is_visibly_wrong_and_exact_is_not(report):
+    result = report["cases"]["language_model"]
+    assert len(set(result["micro_batch_items"])) > 1  # micro-batches predict different numbers of tokens
+    assert result["exact_rel_error"] <= EXACT_TOLERANCE
+    assert result["naive_rel_error"] > 1e-2
+    if report["backend"] == "trainer":  # GPT-2 forwards **kwargs to its loss: the library default is right here
+        assert result["library_default_rel_error"] <= EXACT_TOLERANCE
+
+
+def test_a_causal_lm_check_has_the_two_windows_and_naive_is_wrong_in_the_main_one():
+    report = check(RunConfig(model="tiny-gpt", dataset="builtin-text", micro_batch_size=4, grad_accum_steps=4,
+                             max_seq_length=32))
+    assert set(report["cases"]) == {"equal_windows", "short_last_window"}
+    assert report["exact_rel_error"] <= EXACT_TOLERANCE
+    assert report["naive_rel_error"] > 1e-2  # equal windows in examples, not in predicted tokens

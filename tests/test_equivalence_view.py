@@ -76,3 +76,14 @@ def test_checks_run_one_at_a_time_off_the_callers_thread_and_are_remembered():
     assert runner.submit(checks.check_config("pytorch", 3, 2)) is not second
     runner.shutdown()
     assert calls[:2] == [2, 3]
+
+
+def test_the_language_model_case_says_what_trainer_does_on_tiny_gpt():
+    right, wrong = report(library_default=3.0), report(library_default=3.0)
+    right["cases"]["language_model"] = {"naive_rel_error": 0.06, "exact_rel_error": 1e-7, "micro_batch_items": [9, 30],
+                                        "library_default_rel_error": 2e-7}
+    wrong["cases"]["language_model"] = {**right["cases"]["language_model"], "library_default_rel_error": 0.5}
+    assert "On the language model, Trainer's library default matches the full-batch gradient" in \
+        " ".join(view.explanation(right))
+    assert "On the language model, Trainer's library default is 50% off" in " ".join(view.explanation(wrong))
+    assert "6% off with a language model (tiny-gpt)" in " ".join(view.explanation(right))

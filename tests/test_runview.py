@@ -48,3 +48,20 @@ def test_a_run_that_failed_before_a_step_has_a_reason_and_no_bar_or_charts():
     assert not runview.has_anything_to_show(failed)
     assert runview.progress(state("queued")) is None
     assert runview.progress(state("running")) == (0.0, "loading the model and data")
+
+
+def test_a_run_that_completed_badly_is_yellow_and_says_why():
+    from gradacc import events as ev
+
+    warned = state("running", [ev.run_ended(status="completed", reason=None, steps=63, wall_s=3.5,
+                                            warnings=["eval F1 0.000 is no better than always predicting the most "
+                                                      "frequent label (0.000): the model learnt nothing it can use.",
+                                                      "Likely cause: learning rate 0.001 is high for a pretrained "
+                                                      "model; its recipe uses 5e-05."])])
+    kind, sentence = runview.status_message(warned)
+    assert kind == "warning"
+    assert sentence == ("Completed: 63 optimizer steps in 3.5 s, but it went badly. Eval F1 0.000 is no better than "
+                        "always predicting the most frequent label (0.000): the model learnt nothing it can use. "
+                        "Likely cause: learning rate 0.001 is high for a pretrained model; its recipe uses 5e-05.")
+    good = state("running", [ev.run_ended(status="completed", reason=None, steps=63, wall_s=3.5, warnings=[])])
+    assert runview.status_message(good) == ("success", "Completed: 63 optimizer steps in 3.5 s.")

@@ -63,8 +63,8 @@ def summary(run, name: str | None = None) -> dict:
         "learning rate": config.get("learning_rate"),
         "dropout": config.get("dropout"),
         "peak activation bytes": max(activations) if activations else None,
-        "final F1": round(evals[-1]["eval_f1"], 4) if evals else None,
-        "final accuracy": round(evals[-1]["eval_accuracy"], 4) if evals else None,
+        "final F1": _rounded(evals[-1].get("eval_f1")) if evals else None,  # None for a causal LM
+        "final accuracy": _rounded(evals[-1].get("eval_accuracy")) if evals else None,
     }
     return {column: row[column] for column in COLUMNS}
 
@@ -137,6 +137,10 @@ def loss_difference(curve_a: dict, curve_b: dict) -> tuple[float | None, int]:
         return None, 0
     worst = max(abs(curve_a[x] - curve_b[x]) / max(abs(curve_a[x]), abs(curve_b[x]), 1e-12) for x in shared)
     return worst, len(shared)
+
+
+def _rounded(value) -> float | None:
+    return round(value, 4) if value is not None else None
 
 
 def config_differences(config_a: dict, config_b: dict) -> list[str]:

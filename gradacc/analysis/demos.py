@@ -127,7 +127,29 @@ TRAINER_PITFALL = Scenario(
     expect="Loss 4× smaller with the fix, at the same samples seen.",
 )
 
-SCENARIOS: dict[str, Scenario] = {s.name: s for s in (SAME_CURVE, NAIVE_VS_EXACT, TRAINER_PITFALL)}
+NAIVE_VS_EXACT_LM = Scenario(
+    name="naive-vs-exact-lm",
+    title="The October 2024 bug: naive ÷k on a language model",
+    explanation=(
+        "tiny-gpt, a small GPT-2-style language model, learns builtin-text: reviews from two words to a dozen "
+        "sentences long. Three runs see the same 32 texts per optimizer step from the same start: the full batch "
+        "(m=32, k=1), then m=4, k=8 twice. The loss is the mean over *predicted tokens*, and micro-batches of "
+        "uneven texts predict very different numbers of them. **Naive** divides each micro-batch's mean by k, "
+        "so a micro-batch of four short texts counts as much as one of four long ones: not the full-batch "
+        "gradient, in every window. **Exact** weights each micro-batch by its share of the window's predicted "
+        "tokens (what transformers' num_items_in_batch fix does).\n\n"
+        "**Look at:** naive's curve drifts away from the full batch's; exact's lies on it."),
+    base={"backend": "pytorch", "model": "tiny-gpt", "dataset": "builtin-text", "task": "causal-lm",
+          "dropout": 0.0, "epochs": 1, "train_samples": 640, "eval_samples": 100},
+    runs=(DemoRun("full batch m=32, k=1", {"micro_batch_size": 32, "grad_accum_steps": 1}),
+          DemoRun("naive ÷k m=4, k=8", {"micro_batch_size": 4, "grad_accum_steps": 8, "loss_normalization": "naive"}),
+          DemoRun("exact m=4, k=8", {"micro_batch_size": 4, "grad_accum_steps": 8, "loss_normalization": "exact"})),
+    compares=(0, 1),
+    expect="Naive's loss curve drifts from the full batch's; exact's stays on it (float rounding).",
+)
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (SAME_CURVE, NAIVE_VS_EXACT, TRAINER_PITFALL,
+                                                      NAIVE_VS_EXACT_LM)}
 
 
 def get(name: str | None) -> Scenario | None:

@@ -23,7 +23,10 @@ import threading
 from gradacc.config import RunConfig
 from gradacc.errors import GradaccError
 
-CASES = ("equal_windows", "short_last_window", "token_level")
+CASES = ("equal_windows", "short_last_window", "token_level", "language_model")
+# The language-model case: a causal LM's next-token loss, where micro-batches of texts of uneven lengths
+# predict very different numbers of tokens (the October 2024 accumulation bug). Same backend, m and k.
+LANGUAGE_MODEL = dict(model="tiny-gpt", dataset="builtin-text", task="causal-lm")
 NORMALIZATIONS = ("naive", "exact")
 
 
@@ -50,7 +53,13 @@ def check(config: RunConfig, samples: int | None = None, cases=CASES) -> dict:
         product = "m×k" if processes == 1 else "m×k×processes"
         raise GradaccError(f"samples must be a whole number from 1 to {product} = {full} (one accumulation window); "
                            f"got {samples!r}.", "samples")
-    results = {case: _case(config, window_size(case, config.micro_batch_size, config.grad_accum_steps, processes),
+    from gradacc.training.sources.models import infer_task
+
+    if infer_task(config) == "causal-lm":
+        # Every window of a causal LM is token-level already: the two windows are the cases.
+        cases = [case for case in cases if case in ("equal_windows", "short_last_window")]
+    results = {case: _case(config.replace(**LANGUAGE_MODEL) if case == "language_model" else config,
+                           window_size(case, config.micro_batch_size, config.grad_accum_steps, processes),
                            token_level=case == "token_level") for case in cases}
     main = results["equal_windows"] if samples == full and "equal_windows" in results else _case(config, samples)
     report = {"backend": config.backend, "model": config.model, "micro_batch_size": config.micro_batch_size,
@@ -127,7 +136,9 @@ def full_batch_gradient(config: RunConfig, token_level: bool, first_windows: int
     indices = [i for batch in micro_batches for i in batch]
     job.model.train()
     batch = to_device(job.collate([job.train_examples[i] for i in indices]), job.device)
-    job.model(**batch).loss.backward()
+    with job.precision.autocast():  # the same levers as the run it is compared with (bf16: a bf16 reference)
+        loss = job.model(**batch).loss
+    loss.backward()
     batch_items = windows.batch_item_counts(job.train_examples, micro_batches)
     return {"gradient": _gradients(job.model), "items": sum(batch_items), "batch_items": batch_items,
             "repeated_examples": max(0, len(indices) - len(job.train_examples))}

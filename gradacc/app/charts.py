@@ -164,23 +164,46 @@ def loss_figure(runs, x: str = "step", title: str = "Training loss") -> go.Figur
 
 
 def eval_figure(runs, title: str = "Evaluation after each epoch") -> go.Figure:
-    """Eval F1 (solid) and accuracy (dotted) after each epoch, per run."""
-    figure = _figure(title, "Epoch", "Score (0–1)")
+    """Eval F1 (solid) and accuracy (dotted) after each epoch, per run; a causal LM's run draws its
+    next-token accuracy (dash) on the same 0–1 axis and its perplexity (dash-dot) on a log axis at the right."""
+    all_runs = _as_runs(runs)
+    language_models = any(r.get("eval_perplexity") is not None for _, rows in all_runs for r in _of(rows, ev.EVAL))
+    if language_models:
+        figure = _style(make_subplots(specs=[[{"secondary_y": True}]]), title, "Epoch", "")
+        figure.update_yaxes(title_text="Perplexity (log)", type="log", secondary_y=True)
+    else:
+        figure = _figure(title, "Epoch", "Score (0–1)")
     drawn = False
-    for index, (label, rows) in enumerate(_as_runs(runs)):
+    for index, (label, rows) in enumerate(all_runs):
         evals = _of(rows, ev.EVAL)
         if not evals:
             continue
         drawn = True
         epochs = [r.get("epoch") for r in evals]
-        for metric, name, dash in (("eval_f1", "F1", "solid"), ("eval_accuracy", "accuracy", "dot")):
-            figure.add_trace(go.Scatter(x=epochs, y=[r.get(metric) for r in evals], name=f"{label} · {name}",
-                                        mode="lines+markers", line=dict(color=_color(index), dash=dash)))
+        for metric, name, dash in EVAL_SCORES:
+            values = [r.get(metric) for r in evals]
+            if all(v is None for v in values):
+                continue  # a metric this run's task does not have
+            trace = go.Scatter(x=epochs, y=values, name=f"{label} · {name}", mode="lines+markers",
+                               line=dict(color=_color(index), dash=dash))
+            if language_models:
+                figure.add_trace(trace, secondary_y=metric == "eval_perplexity")
+            else:
+                figure.add_trace(trace)
     if not drawn:
         return _empty(figure, "No evaluation yet: it runs at the end of each epoch")
-    figure.update_yaxes(range=[0, 1.02])
+    if language_models:
+        figure.update_yaxes(title_text="Score (0–1)", range=[0, 1.02], secondary_y=False)
+    else:
+        figure.update_yaxes(range=[0, 1.02])
     figure.update_xaxes(dtick=1)
     return figure
+
+
+# (eval field, legend name, line dash): classification's scores, then a causal LM's.
+EVAL_SCORES = (("eval_f1", "F1", "solid"), ("eval_accuracy", "accuracy", "dot"),
+               ("eval_next_token_accuracy", "next-token accuracy", "dash"),
+               ("eval_perplexity", "perplexity", "dashdot"))
 
 
 # --- memory -----------------------------------------------------------------------------------

@@ -101,3 +101,123 @@ def backend_code(config: RunConfig) -> str:
     """The header with this run's settings, then the backend's ``train`` with the values filled in."""
     module_name = MODULES[config.backend]
     return settings_header(config, module_name) + "\n\n\n" + annotate(definition_source(module_name, "train"), config)
+
+
+# ---- what to look at: the three things accumulation adds, and the bookkeeping around them --------------
+
+# The backends mark each of the three with a comment, "# Accumulation, 1 of 3: ..." (Trainer: "# Accumulation:").
+ROLES = {"1": "scale", "2": "backward", "3": "step"}
+ROLE_TITLES = {"scale": "scale the loss", "backward": "backward() every micro-batch",
+               "step": "step and zero every k"}
+_MARKER = re.compile(r"^\s*# Accumulation(?:, (\d) of 3)?:")
+# Statements inside the "step" block that are the step itself (the rest there is bookkeeping).
+_STEP_ITSELF = re.compile(r"\b(optimizer\.(step|zero_grad)|lr_scheduler\.step|if last_of_window|"
+                          r"sync_gradients)\b")
+# Trainer does all three inside its own loop: what gradacc sets is the k and the loss scaling.
+_TRAINER_SETTINGS = {"gradient_accumulation_steps=": "step", "compute_loss_func=": "scale"}
+# Measuring and reporting, not training: drawn dimmed, so the loop reads as the loop.
+_INSTRUMENTATION = re.compile(
+    r"\b(meter|report|measuring|activation_bytes|window_loss|micro_batches \+= 1|check_stop|sync_probe|SyncProbe|"
+    r"StepReporter|ActivationMeter|WindowTally|window|callback|EventCallback|before_optimizer_step|"
+    r"check_finite|job=job)\b")
+
+
+def line_roles(source: str) -> list[str]:
+    """One role per line of ``source``: 'scale', 'backward' or 'step' for the three things accumulation adds
+    (their marker comments included), 'instrumentation' for measuring and reporting, '' for the rest."""
+    lines = source.splitlines()
+    roles = [""] * len(lines)
+    try:
+        tree = warmup.parse(source)
+    except SyntaxError:  # not a whole function (a fragment): the markers and the patterns still apply
+        tree = ast.Module(body=[], type_ignores=[])
+    statements = sorted((node for node in ast.walk(tree) if isinstance(node, ast.stmt)), key=lambda n: n.lineno)
+    for index, line in enumerate(lines):
+        marker = _MARKER.match(line)
+        if not marker:
+            continue
+        role = ROLES.get(marker.group(1) or "", "")
+        for comment in range(index, len(lines)):  # the marker comment, however many lines it takes
+            if not lines[comment].strip().startswith("#"):
+                break
+            roles[comment] = role or "step"
+        if role:
+            _mark_statements(lines, roles, statements, comment, role)
+        else:
+            _mark_trainer_settings(lines, roles, tree)
+    for index, line in enumerate(lines):
+        if not roles[index] and _INSTRUMENTATION.search(line.split("#")[0]):
+            roles[index] = "instrumentation"
+    return roles
+
+
+def _mark_statements(lines, roles, statements, first: int, role: str) -> None:
+    """What a marker points at: for 1 and 2 the statement right after it; for 3 the step itself, the statements
+    after it (up to a blank line or the end of their block) that step, schedule or zero, and the header of a
+    compound statement that does (``if last_of_window:``) with those inside it."""
+    start = next((s for s in statements if s.lineno - 1 >= first), None)
+    if start is None:
+        return
+    if role != "step":
+        for row in range(start.lineno - 1, start.end_lineno):
+            roles[row] = role
+        return
+    level = _indent(lines[start.lineno - 1])
+    row = start.lineno - 1
+    while row < len(lines):
+        text = lines[row]
+        if not text.strip() or _indent(text) < level:
+            return
+        statement = next((s for s in statements if s.lineno - 1 == row), None)
+        end = statement.end_lineno if statement else row + 1
+        if _STEP_ITSELF.search(text.split("#")[0]):
+            roles[row] = role
+            for inner in range(row + 1, end):
+                if _STEP_ITSELF.search(lines[inner].split("#")[0]):
+                    roles[inner] = role
+        row = end
+
+
+def _mark_trainer_settings(lines, roles, tree) -> None:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.keyword) and f"{node.arg}=" in _TRAINER_SETTINGS:
+            for inner in range(node.lineno - 1, node.end_lineno):
+                roles[inner] = _TRAINER_SETTINGS[f"{node.arg}="]
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def highlighted_html(source: str, roles: list[str]) -> str:
+    """The loop as HTML: Python colours from pygments, the three roles on a coloured band with their number,
+    instrumentation dimmed, long lines wrapped (never cut off at the right edge)."""
+    from pygments import highlight
+    from pygments.formatters import HtmlFormatter
+    from pygments.lexers import PythonLexer
+
+    lexer, formatter = PythonLexer(stripnl=False, ensurenl=False), HtmlFormatter(nowrap=True, style="friendly")
+    numbers = {role: number for number, role in ROLES.items()}
+    rows = []
+    for line, role in zip(source.splitlines(), roles + [""] * len(source.splitlines())):
+        code = highlight(line, lexer, formatter).rstrip("\n") or " "
+        badge = f'<span class="ga-badge">{numbers[role]}</span>' if role in numbers else '<span class="ga-gap"></span>'
+        rows.append(f'<div class="ga-line ga-{role or "plain"}">{badge}<span class="ga-code">{code}</span></div>')
+    return (f"<style>{formatter.get_style_defs('.ga-listing')}{_CSS}</style>"
+            f'<div class="ga-listing">{"".join(rows)}</div>')
+
+
+_CSS = """
+.ga-listing { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 0.86rem;
+  line-height: 1.45; background: #fafafa; border: 1px solid #e6e6e6; border-radius: 0.5rem; padding: 0.6rem 0; }
+.ga-line { display: flex; align-items: flex-start; padding: 0 0.8rem 0 0.3rem; }
+/* Wrapped, never clipped: a continuation keeps the line's indentation. */
+.ga-code { white-space: pre-wrap; overflow-wrap: anywhere; flex: 1; }
+.ga-badge, .ga-gap { flex: 0 0 1.5rem; text-align: center; font-weight: 700; border-radius: 0.75rem;
+  margin-right: 0.4rem; font-family: sans-serif; }
+.ga-badge { color: white; }
+.ga-scale { background: #e8f1fd; } .ga-scale .ga-badge { background: #1f6feb; }
+.ga-backward { background: #fdf0e6; } .ga-backward .ga-badge { background: #d9730d; }
+.ga-step { background: #e9f7ec; } .ga-step .ga-badge { background: #2da44e; }
+.ga-instrumentation { opacity: 0.38; }
+"""

@@ -9,7 +9,7 @@ from gradacc.analysis.equivalence import rows as report_rows  # light: torch is 
 
 EXACT_LOOKS_LIKE = 1e-5  # float32 rounding of a sum of micro-batch gradients stays well below this
 CASE_NAMES = {"equal_windows": "equal windows", "short_last_window": "short last window",
-              "token_level": "token-level loss"}
+              "token_level": "token-level loss", "language_model": "language model (tiny-gpt)"}
 
 def rows(report: dict) -> list[dict]:
     """(case, normalization, rel_error) rows for the chart, with readable case names."""
@@ -51,6 +51,12 @@ def explanation(report: dict) -> list[str]:
         parts = [f"{error:.0%} off with a {CASE_NAMES.get(case, case)}" for case, error in naive_off.items()]
         sentences.append("Naive is " + " and ".join(parts) + ": the epoch's short last window and token-level "
                          "losses give micro-batches unequal weight, which ÷ k ignores.")
+    language_model = cases.get("language_model")
+    if language_model is not None and "library_default_rel_error" in language_model:
+        error = language_model["library_default_rel_error"]
+        verdict = ("matches the full-batch gradient: GPT-2 forwards **kwargs to its loss, so num_items_in_batch "
+                   "reaches it" if error <= EXACT_LOOKS_LIKE else f"is {error:.0%} off")
+        sentences.append(f"On the language model, Trainer's library default {verdict}.")
     if equal is not None and "library_default_rel_error" in equal:
         error = equal["library_default_rel_error"]
         if error > EXACT_LOOKS_LIKE:

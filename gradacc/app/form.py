@@ -9,7 +9,8 @@ from pathlib import Path
 
 from gradacc.training.sources import data as data_module
 from gradacc import paths
-from gradacc.config import (BUILTIN_DATASETS, BUILTIN_MODELS, RunConfig, field_label, too_few_examples,
+from gradacc.config import (BUILTIN_DATASETS, BUILTIN_MODELS, RECIPES, RunConfig, field_label, recipe_for,
+                            too_few_examples,
                             total_optimizer_steps)
 from gradacc.errors import GradaccError
 from gradacc.serving.limits import Limits
@@ -44,6 +45,8 @@ def all_errors(config: RunConfig, limits: Limits | None = None, train_examples: 
         errors.setdefault(field, message)
     for field, message in local_path_errors(candidate).items():
         errors.setdefault(field, message)
+    for field, message in task_errors(candidate).items():
+        errors.setdefault(field, message)
     if train_examples is not None and "micro_batch_size" not in errors \
             and candidate.micro_batch_size > train_examples:
         errors["micro_batch_size"] = too_few_examples(candidate.micro_batch_size, train_examples)
@@ -70,6 +73,45 @@ def local_path_errors(config: RunConfig) -> dict[str, str]:
     except GradaccError as error:
         found["dataset"] = error.message
     return found
+
+
+# Recipe fields the Train page shows (warm-up is not on the page: a run takes it from the recipe).
+PAGE_RECIPE_FIELDS = ("learning_rate", "epochs", "dropout", "max_seq_length")
+
+
+def recipe_moves(old_model: str, new_model: str, values: dict, limits: Limits | None = None) -> dict:
+    """The page's fields that move to ``new_model``'s recipe: those still at ``old_model``'s recipe value
+    (the visitor has not touched them), as {field: new value}. A field the visitor changed keeps its value."""
+    old, new = recipe_for(old_model), recipe_for(new_model)
+    moves = {}
+    for name in PAGE_RECIPE_FIELDS:
+        was, becomes = getattr(old, name), getattr(new, name)
+        if name == "epochs" and limits and limits.max_epochs:
+            was, becomes = min(was, limits.max_epochs), min(becomes, limits.max_epochs)
+        if values.get(name) == was and becomes != was:
+            moves[name] = becomes
+    return moves
+
+
+def describe_moves(model: str, moves: dict) -> str:
+    """'Learning rate 5e-05, Epochs 1: all-MiniLM-L6-v2's recipe.' for the page to say what it changed."""
+    shown = ", ".join(f"{field_label(name)} {value:g}" for name, value in moves.items())
+    kind = f"{Path(model).name}'s recipe" if model in RECIPES else "the recipe for a pretrained model"
+    return f"Set to {kind}: {shown}. Fields you changed keep your values."
+
+
+def task_errors(config: RunConfig) -> dict[str, str]:
+    """A model, task and built-in dataset that cannot go together, said before Start (no torch needed)."""
+    from gradacc.config import BUILTIN_MODEL_TASKS, CAUSAL_LM
+    from gradacc.training.sources.models import infer_task
+
+    task = infer_task(config)
+    model_task = BUILTIN_MODEL_TASKS.get(config.model)
+    if model_task is not None and model_task != task:
+        return {"task": f"Task {task} does not fit {config.model}, a {model_task} model."}
+    if config.dataset == "builtin-text" and task != CAUSAL_LM:
+        return {"dataset": "Dataset builtin-text has no labels to classify: it is for the causal-lm task (tiny-gpt)."}
+    return {}
 
 
 def optimizer_steps(config: RunConfig, train_examples: int | None) -> int | None:

@@ -35,6 +35,10 @@ def status_message(run, queue: tuple[int, str] | None = None) -> tuple[str, str]
     wall = ended.get("wall_s")
     took = f" in {wall:.1f} s" if wall else ""
     if status == "completed":
+        warnings = ended.get("warnings") or []
+        if warnings:  # a run that completed badly is not a green success
+            return "warning", f"Completed: {steps} optimizer steps{took}, but it went badly. " + " ".join(
+                w[0].upper() + w[1:] for w in warnings)
         return style, f"Completed: {steps} optimizer steps{took}."
     if status == "failed":
         return style, f"Failed: {run.reason or 'no reason given'}"
@@ -95,6 +99,26 @@ def _duration(seconds: float) -> str:
 def has_anything_to_show(run) -> bool:
     """False for a run that ended without a single optimizer step: no scores, charts or "yet" to draw."""
     return run.is_live or bool(run.of(ev.STEP))
+
+
+def eval_scores(run) -> list[tuple[str, str]]:
+    """The two latest eval scores the run's task has, as (name, shown value): perplexity and next-token
+    accuracy for a causal LM, F1 and accuracy for a classifier ("—" before the first eval)."""
+    latest = latest_eval(run)
+    if is_language_model(run):
+        return [("Eval perplexity", _shown(latest, "eval_perplexity", "{:.2f}")),
+                ("Next-token accuracy", _shown(latest, "eval_next_token_accuracy", "{:.3f}"))]
+    return [("Eval F1", _shown(latest, "eval_f1", "{:.3f}")), ("Eval accuracy", _shown(latest, "eval_accuracy", "{:.3f}"))]
+
+
+def is_language_model(run) -> bool:
+    config = (run.started or {}).get("config") or run.config or {}
+    return config.get("task") == "causal-lm" or (config.get("task") is None and config.get("model") == "tiny-gpt")
+
+
+def _shown(latest: dict | None, key: str, form: str) -> str:
+    value = (latest or {}).get(key)
+    return form.format(value) if value is not None else "—"
 
 
 def latest_eval(run) -> dict | None:

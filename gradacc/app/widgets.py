@@ -18,6 +18,7 @@ from gradacc.errors import GradaccError
 from gradacc.serving.limits import Limits
 from gradacc.serving.manager import RunManager
 from gradacc.serving.store import RunStore
+from gradacc.units import format_bytes  # noqa: F401 - the pages' name for it
 
 # How often a live page polls its run; only while that run is queued or running. Charts are redrawn
 # less often: building plotly figures is pure Python and competes with training for the GIL.
@@ -185,13 +186,55 @@ def model_input(prefix: str, errors: FieldErrors) -> str:
     choice = st.selectbox("Model", [*BUILTIN_MODELS, OTHER_MODEL], key=f"{FORM}{prefix}.model_choice",
                           persist_state="session",
                           help="tiny-bert: a 190k-parameter BERT, random init (fast). all-MiniLM-L6-v2: pretrained, "
-                               "packaged (22M parameters).")
+                               "packaged (22M parameters). tiny-gpt: a 200k-parameter GPT-2-style language model, "
+                               "random init (the causal-lm task).")
     name = choice
     if choice == OTHER_MODEL:
         name = st.text_input("Hub id or local model folder", key=f"{FORM}{prefix}.model_custom",
                              persist_state="session", placeholder="prajjwal1/bert-tiny").strip()
     errors.slot("model")
     return name
+
+
+def follow_recipe(prefix: str, model: str, limits: Limits) -> None:
+    """When the model changes, move the fields the visitor left at the old model's recipe to the new one's,
+    and say so. Call it after the model input and before the fields' widgets (their values may still change)."""
+    key = f"{FORM}{prefix}.recipe_model"
+    previous = st.session_state.get(key)
+    st.session_state[key] = model
+    if previous is None or previous == model:
+        return
+    values = {name: st.session_state.get(f"{FORM}{prefix}.{name}") for name in form.PAGE_RECIPE_FIELDS}
+    moves = form.recipe_moves(previous, model, values, limits)
+    for name, value in moves.items():
+        st.session_state[f"{FORM}{prefix}.{name}"] = value
+    if moves:
+        st.session_state[f"{FORM}{prefix}.recipe_note"] = form.describe_moves(model, moves)
+
+
+def recipe_note(prefix: str) -> None:
+    """The sentence ``follow_recipe`` left, once, where the page wants it."""
+    note = st.session_state.pop(f"{FORM}{prefix}.recipe_note", None)
+    if note:
+        st.info(note, icon="🧪")
+
+
+FROM_THE_MODEL = "from the model"
+
+
+def task_input(prefix: str, errors: FieldErrors, config: RunConfig) -> str | None:
+    """Task: classification, causal-lm, or (None) whatever the model is; the inferred task is shown."""
+    from gradacc.config import TASKS
+    from gradacc.training.sources.models import infer_task  # reads a folder's config.json at most, no torch
+
+    choice = st.selectbox("Task", [FROM_THE_MODEL, *TASKS], key=f"{FORM}{prefix}.task", persist_state="session",
+                          help="classification: a label per text (F1, accuracy). causal-lm: predict each next token "
+                               "(perplexity, next-token accuracy); a *ForCausalLM model or tiny-gpt means causal-lm.")
+    task = None if choice == FROM_THE_MODEL else choice
+    if task is None:
+        st.caption(f"Task from the model: **{infer_task(config)}**.")
+    errors.slot("task")
+    return task
 
 
 def _model_widget_values(prefix: str, model: str) -> dict:
@@ -209,7 +252,8 @@ def dataset_input(prefix: str, errors: FieldErrors, limits: Limits) -> tuple[str
     defaults({f"{FORM}{prefix}.dataset_choice": BUILTIN_DATASETS[0], f"{FORM}{prefix}.dataset_custom": ""})
     choice = st.selectbox("Dataset", [*BUILTIN_DATASETS, UPLOAD_DATASET, OTHER_DATASET],
                           key=f"{FORM}{prefix}.dataset_choice", persist_state="session",
-                          help="builtin-sentiment: generated product reviews, positive or negative (offline).")
+                          help="builtin-sentiment: generated product reviews, positive or negative (offline). "
+                               "builtin-text: reviews of one to a dozen sentences, for the causal-lm task.")
     if choice == UPLOAD_DATASET:
         return _upload_input(prefix, errors, limits)
     dataset = choice
@@ -375,12 +419,3 @@ def warm_up_status() -> None:
                      "the server is restarted.")
 
     status_line()
-
-
-def format_bytes(value) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "—"
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(value) >= size:
-            return f"{value / size:,.1f} {unit}"
-    return f"{value:,.0f} B"

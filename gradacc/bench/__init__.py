@@ -4,6 +4,7 @@
     memory    activation bytes per micro-batch across m at a fixed effective batch, and across k at fixed m
     sweep     time per effective batch and final eval F1 for (m, k) pairs with the same effective batch
     latency   seconds to the first step event (cold subprocess, warm in-process) and in the browser
+    ga-bug    naive ÷k vs exact on a causal LM: distance of the final weights from the full batch, k = 1..16
 
 Each suite module has ``run(quick, threads) -> dict``, ``figure(result)`` and ``table(result)``.
 """
@@ -16,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-SUITES = ("overhead", "memory", "sweep", "latency")
+SUITES = ("overhead", "memory", "sweep", "latency", "ga-bug")
 DEFAULT_OUT = "bench-out"
 # One intra-op thread by default: on a small shared machine two OpenMP threads wait on each other
 # whenever another process takes a core (we measured 3-30x slower steps under load), which drowns
@@ -25,7 +26,7 @@ DEFAULT_THREADS = 1
 
 
 def add_parser(subcommands) -> None:
-    parser = subcommands.add_parser("bench", help="benchmark suites: overhead, memory, sweep, latency",
+    parser = subcommands.add_parser("bench", help="benchmark suites: overhead, memory, sweep, latency, ga-bug",
                                     description=__doc__.split("\n\n")[1],
                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("suite", choices=SUITES)
@@ -43,7 +44,7 @@ def run(args) -> int:
     from gradacc.bench import report
     from gradacc.errors import RunFailed
 
-    suite = importlib.import_module(f"gradacc.bench.{args.suite}")
+    suite = importlib.import_module(f"gradacc.bench.{args.suite.replace('-', '_')}")
     threads_before = torch.get_num_threads()
     threads = args.threads or threads_before
     torch.set_num_threads(threads)

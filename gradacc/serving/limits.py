@@ -6,6 +6,7 @@
     GRADACC_MAX_CONCURRENT_RUNS runs that train at once; the others wait in a queue (default 1)
     GRADACC_MAX_UPLOAD_MB       largest data file a visitor may upload (default 5)
     GRADACC_ALLOW_HUB           0/false/no: refuse hub model and dataset ids (default: allowed)
+    GRADACC_MAX_RUN_MEMORY_MB   most memory one run may need (measured before it starts; unset: no limit)
 
 The app and the CLI both call ``Limits.from_env().check(config)``; a bad value raises ``GradaccError``
 naming the field, like ``RunConfig.validate``. The run manager takes its slots and run-time limit from here,
@@ -36,6 +37,8 @@ class Limits:
     max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB
     allow_hub: bool = True
     max_concurrent_runs: int = DEFAULT_MAX_CONCURRENT_RUNS
+    # A run measured to need more is refused before it starts (gradacc.training.budget); None: no limit.
+    max_run_memory_mb: float | None = None
 
     @classmethod
     def from_env(cls, environ: dict | None = None) -> "Limits":
@@ -47,7 +50,8 @@ class Limits:
                    max_upload_mb=env.number(variables, "GRADACC_MAX_UPLOAD_MB", DEFAULT_MAX_UPLOAD_MB),
                    allow_hub=hub_allowed(variables),
                    max_concurrent_runs=env.whole_number(variables, "GRADACC_MAX_CONCURRENT_RUNS")
-                   or DEFAULT_MAX_CONCURRENT_RUNS)
+                   or DEFAULT_MAX_CONCURRENT_RUNS,
+                   max_run_memory_mb=env.number(variables, "GRADACC_MAX_RUN_MEMORY_MB", 0.0) or None)
 
     @property
     def max_upload_bytes(self) -> int:
@@ -88,6 +92,8 @@ class Limits:
             f"runs stop after {self.max_run_seconds:g} s" if self.max_run_seconds else "no time limit",
             f"uploads up to {self.max_upload_mb:g} MB",
             "hub ids allowed" if self.allow_hub else "hub ids disabled",
+            f"runs up to {self.max_run_memory_mb:,.0f} MB of memory" if self.max_run_memory_mb
+            else "no memory limit per run",
         ]
 
 

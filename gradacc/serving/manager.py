@@ -49,22 +49,25 @@ class _Worker:
 
 class RunManager:
     def __init__(self, store: RunStore, max_concurrent: int | None = None, train_fn: TrainFn | None = None,
-                 max_run_seconds: float | None = None, recover: bool = True):
+                 max_run_seconds: float | None = None, recover: bool = True, max_run_memory_mb: float | None = None):
         """``max_concurrent`` and ``max_run_seconds`` (0: no limit): by default the deployment's ``Limits``
-        (GRADACC_MAX_CONCURRENT_RUNS, GRADACC_MAX_RUN_SECONDS). ``train_fn``: by default
+        (GRADACC_MAX_CONCURRENT_RUNS, GRADACC_MAX_RUN_SECONDS, GRADACC_MAX_RUN_MEMORY_MB). ``train_fn``: by default
         ``training.launch.train_for(config)`` (the engine, or a launch on several processes).
         ``recover``: mark runs a previous server left queued or running as interrupted (first manager of
-        this process on this store file only)."""
+        this process on this store file only). ``max_run_memory_mb``: the deployment's memory limit per run
+        (``Limits.max_run_memory_mb``), handed to the engine, which refuses a run that needs more before it starts."""
         self.store = store
-        if max_concurrent is None or max_run_seconds is None:
+        if max_concurrent is None or max_run_seconds is None or max_run_memory_mb is None:
             limits = Limits.from_env()
             max_concurrent = limits.max_concurrent_runs if max_concurrent is None else max_concurrent
             max_run_seconds = (limits.max_run_seconds or 0) if max_run_seconds is None else max_run_seconds
+            max_run_memory_mb = limits.max_run_memory_mb if max_run_memory_mb is None else max_run_memory_mb
         self.max_concurrent = max_concurrent
         if self.max_concurrent < 1:
             raise GradaccError(f"max concurrent runs must be at least 1; got {self.max_concurrent}.")
         self.max_run_seconds = max_run_seconds
         self._train_fn = train_fn
+        self.max_run_memory_mb = max_run_memory_mb
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)  # notified whenever a run starts or ends
         self._live: dict[str, RunState] = {}  # queued and running
@@ -256,7 +259,8 @@ class RunManager:
             while not warmup.wait_until_warm(timeout=0.2) and not worker.stop.is_set():
                 pass
             train = self._train_fn or train_for(config)
-            result = train(config, lambda event: self._record(state, event), worker.stop)
+            limit = {"memory_limit_mb": self.max_run_memory_mb} if self.max_run_memory_mb else {}
+            result = train(config, lambda event: self._record(state, event), worker.stop, **limit)
             if state.ended is None:
                 ended = result if isinstance(result, dict) and result.get("event") == ev.RUN_ENDED else None
                 self._record(state, ended or self._ended_event(state, worker, ev.FAILED, NO_RUN_ENDED))

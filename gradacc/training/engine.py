@@ -15,6 +15,7 @@ from gradacc import events, paths
 from gradacc.config import RunConfig
 from gradacc.errors import GradaccError, RunFailed, RunStopped, one_line
 from gradacc.events import EventSink
+from gradacc.training import budget
 
 
 def quiet_libraries() -> None:
@@ -30,7 +31,7 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
           trainer_library_default: bool = False, sync_each_micro_batch: bool = False,
           collate: Callable | None = None, report_to: str | Iterable[str] | None = None,
           log_dir: str | os.PathLike | None = None, run_id: str | None = None,
-          confinement: paths.Confinement | None = None) -> dict:
+          confinement: paths.Confinement | None = None, memory_limit_mb: float | None = None) -> dict:
     """Train ``config``; emit events to ``on_event``; return the ``run_ended`` event.
 
     The keyword options are what the equivalence check, the benchmarks and the CLI ask of a run beyond its
@@ -41,12 +42,16 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
     A tracker that cannot start fails the run before training, with ``field`` ``report_to`` or ``log_dir``.
     ``confinement``: where a local model or data path may lie; the command line passes ``paths.TRUST_USER``,
     None means the app's visitors' folders (GRADACC_DATA_DIRS, GRADACC_MODEL_DIRS).
+    ``memory_limit_mb``: the deployment's cap on a run's memory (``Limits.max_run_memory_mb``); a run that needs
+    more, like one past its own ``memory_budget_mb``, fails as out of memory before step 1.
     """
     on_event = on_event or (lambda event: None)
     stop = stop or threading.Event()
     started = time.perf_counter()
     steps_done = 0
     bad_field = None
+    guard = None
+    out_of_memory = None
     emitted: list[dict] = []  # what the warnings at the end are computed from
     trackers = None
 
@@ -64,10 +69,13 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
         job = _prepare(config, emit, stop, token_level=token_level, whole_micro_batch=whole_micro_batch,
                        before_optimizer_step=before_optimizer_step, trainer_library_default=trainer_library_default,
                        sync_each_micro_batch=sync_each_micro_batch, collate=collate, confinement=confinement)
+        job.memory_guard = guard = _memory_guard(job, memory_limit_mb)
         emit(announce(job))
         job.check_stop()
         _run_backend(job)
         status, reason = events.COMPLETED, None
+    except budget.OutOfMemory as error:
+        status, reason, out_of_memory = events.FAILED, str(error), error.details
     except RunStopped:
         status, reason = events.STOPPED, "stopped on request"
     except GradaccError as error:
@@ -76,12 +84,19 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
         status, reason = events.FAILED, str(error)
     except Exception as error:  # noqa: BLE001 - a demo shows a reason, never a traceback
         status, reason = events.FAILED, describe_failure(error, config)
+        if guard is not None and is_out_of_memory(error):  # a real allocator failure under a budget (CUDA)
+            failure = guard.real_out_of_memory()
+            reason, out_of_memory = str(failure), failure.details
     except BaseException:  # Ctrl-C and the like: what the trackers got so far is still written out
         if trackers is not None:
             trackers.close()
         raise
+    finally:
+        if guard is not None:
+            guard.release_device()
     ended = events.run_ended(status=status, reason=reason, steps=steps_done, wall_s=time.perf_counter() - started,
-                             field=bad_field, warnings=_warnings(emitted, config) if status == events.COMPLETED else [])
+                             field=bad_field, warnings=_warnings(emitted, config) if status == events.COMPLETED else [],
+                             out_of_memory=out_of_memory)
     on_event(ended)
     if trackers is not None:
         trackers.close()
@@ -116,6 +131,17 @@ def _prepare(config, emit, stop, **options):
     return prepare(config, emit, stop, **options)
 
 
+def _memory_guard(job, memory_limit_mb: float | None):
+    """Measure what the run needs and refuse it when that exceeds its cap; None when nothing caps it."""
+    cap = budget.cap_for(job.config.memory_budget_mb, memory_limit_mb)
+    if cap is None:
+        return None
+    guard = budget.Guard(budget.measure_need(job, job.precision), cap, job.config, job.device)
+    guard.check_start()
+    guard.cap_device()
+    return guard
+
+
 def _run_backend(job) -> None:
     from gradacc.training.backends import ACCELERATE_STATE_LOCK, train_function
 
@@ -128,15 +154,16 @@ def _run_backend(job) -> None:
 
 
 def announce(job) -> dict:
-    from gradacc.training import memory
-    from gradacc.training.backends.common import make_optimizer
-
     config = job.config
-    return events.run_started(config=config.to_dict(), effective_batch=config.effective_batch,
-                              total_steps=job.total_steps, steps_per_epoch=job.steps_per_epoch,
-                              train_examples=len(job.train_examples), eval_examples=len(job.eval_examples),
-                              static_memory=memory.static_bytes(job.model, make_optimizer(job.model, config)),
-                              device=str(job.device)) | {"notes": job.notes}
+    guard = job.memory_guard
+    static = guard.need.static if guard else budget.static_need(job.model, config, job.device)
+    started = events.run_started(config=config.to_dict(), effective_batch=config.effective_batch,
+                                 total_steps=job.total_steps, steps_per_epoch=job.steps_per_epoch,
+                                 train_examples=len(job.train_examples), eval_examples=len(job.eval_examples),
+                                 static_memory=static, device=str(job.device)) | {"notes": job.notes}
+    if guard is not None:  # what the run was measured to need, and what caps it
+        started["memory_need"] = guard.need.to_dict() | {"cap_bytes": guard.cap.bytes, "cap_source": guard.cap.source}
+    return started
 
 
 def describe_failure(error: Exception, config: RunConfig) -> str:

@@ -13,9 +13,10 @@ from typing import Callable
 
 from gradacc.training.sources import data as data_module
 from gradacc.training import distributed, windows
+from gradacc.training.backends.common import Precision, enable_gradient_checkpointing
 from gradacc.training.sources import models
 from gradacc import paths
-from gradacc.config import RunConfig, optimizer_steps_per_epoch, too_few_examples, total_optimizer_steps
+from gradacc.config import CAUSAL_LM, RunConfig, optimizer_steps_per_epoch, too_few_examples, total_optimizer_steps
 from gradacc.errors import GradaccError, RunStopped
 from gradacc.events import EventSink
 
@@ -49,6 +50,14 @@ class Job:
     # Several processes: all-reduce gradients after every micro-batch instead of once per window (no no_sync),
     # to measure what no_sync saves.
     sync_each_micro_batch: bool = False
+    # The memory levers: autocast (and fp16's grad scaler) for the forward pass, set by ``prepare``.
+    precision: object = None
+    # Set when the run has a memory budget or the deployment a limit (``gradacc.training.budget.Guard``).
+    memory_guard: object = None
+
+    @property
+    def causal_lm(self) -> bool:
+        return self.config.task == CAUSAL_LM
 
     def check_stop(self) -> None:
         if self.stop.is_set():
@@ -84,6 +93,14 @@ def _stop_requested(stop: threading.Event) -> None:
         raise RunStopped()
 
 
+def _with_predicted_tokens(train_examples, eval_examples):
+    keep_train = [e for e in train_examples if data_module.item_count(e)]
+    keep_eval = [e for e in eval_examples if data_module.item_count(e)]
+    if not keep_train or not keep_eval:
+        raise GradaccError("Dataset: no text is longer than one token, so a causal LM has nothing to predict.", "dataset")
+    return keep_train, keep_eval, len(train_examples) + len(eval_examples) - len(keep_train) - len(keep_eval)
+
+
 def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, token_level: bool = False,
             whole_micro_batch: bool = True, *, before_optimizer_step: Callable | None = None,
             trainer_library_default: bool = False, sync_each_micro_batch: bool = False,
@@ -97,6 +114,8 @@ def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, token_lev
     options are ``Job``'s.
     """
     config.validate()
+    # The task the run will have, shown in run_started's config: named, or inferred from the model.
+    config = config.replace(task=models.infer_task(config))
     if config.num_processes != distributed.world_size():
         raise GradaccError(f"Processes is {config.num_processes}, but this is a {distributed.world_size()}-process "
                            f"launch; start a {config.num_processes}-process run with accelerate launch or torchrun "
@@ -108,10 +127,21 @@ def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, token_lev
     _stop_requested(stop)
     loaded = models.load(config, text_data.num_labels, text_data.label_names, token_level, confinement)
     _stop_requested(stop)
-    train_examples, train_cut = data_module.tokenize(loaded.tokenizer, text_data.train_texts, text_data.train_labels,
-                                                     config.max_seq_length, token_level)
-    eval_examples, eval_cut = data_module.tokenize(loaded.tokenizer, text_data.eval_texts, text_data.eval_labels,
-                                                   config.max_seq_length, token_level)
+    if config.task == CAUSAL_LM:
+        token_level = True  # a label per token; the collator pads labels with -100
+        train_examples, train_cut = data_module.tokenize_causal_lm(loaded.tokenizer, text_data.train_texts,
+                                                                   config.max_seq_length)
+        eval_examples, eval_cut = data_module.tokenize_causal_lm(loaded.tokenizer, text_data.eval_texts,
+                                                                 config.max_seq_length)
+        train_examples, eval_examples, empty = _with_predicted_tokens(train_examples, eval_examples)
+        if empty:
+            text_data.notes.append(f"{empty} text(s) of a single token were dropped: a causal LM predicts nothing "
+                                   "from them.")
+    else:
+        train_examples, train_cut = data_module.tokenize(loaded.tokenizer, text_data.train_texts,
+                                                         text_data.train_labels, config.max_seq_length, token_level)
+        eval_examples, eval_cut = data_module.tokenize(loaded.tokenizer, text_data.eval_texts, text_data.eval_labels,
+                                                       config.max_seq_length, token_level)
     _stop_requested(stop)
     notes = list(text_data.notes)
     if train_cut or eval_cut:
@@ -126,7 +156,10 @@ def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, token_lev
         notes.append(f"{repeated} example(s) from the start of the data are repeated at the end of each epoch so "
                      f"that all {config.num_processes} processes get full micro-batches (as Accelerate does).")
     device = pick_device()
-    return Job(config=config, model=loaded.model.to(device), tokenizer=loaded.tokenizer,
+    precision = Precision(config, device)  # refuses fp16 off CUDA before anything is moved to the device
+    if config.gradient_checkpointing:
+        enable_gradient_checkpointing(loaded.model, config.model)
+    return Job(config=config, model=loaded.model.to(device), precision=precision, tokenizer=loaded.tokenizer,
                train_examples=train_examples, eval_examples=eval_examples, label_names=text_data.label_names,
                collate=collate or data_module.collator(loaded.tokenizer, token_level), emit=emit, stop=stop,
                device=device,

@@ -39,8 +39,11 @@ STDERR_LINES_KEPT = 200
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds gradacc/
 
 
-def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.Event | None = None) -> dict:
-    """Run ``config`` on ``config.num_processes`` processes; emit rank 0's events; return ``run_ended``."""
+def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.Event | None = None,
+          memory_limit_mb: float | None = None) -> dict:
+    """Run ``config`` on ``config.num_processes`` processes; emit rank 0's events; return ``run_ended``.
+
+    ``memory_limit_mb``: the deployment's cap on each process's memory (the ranks' CLI reads it back)."""
     on_event = on_event or (lambda event: None)
     stop = stop or threading.Event()
     started = time.perf_counter()
@@ -50,7 +53,7 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
         try:
             process = subprocess.Popen(command(str(config_file), config.num_processes, free_port()),
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
-                                       env=_environment(),
+                                       env=_environment(memory_limit_mb),
                                        start_new_session=True)  # its own process group: Stop reaches every rank
         except OSError as error:
             ended = events.run_ended(status=events.FAILED, reason=f"could not start the launcher: {error}", steps=0,
@@ -114,8 +117,10 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _environment() -> dict:
+def _environment(memory_limit_mb: float | None = None) -> dict:
     env = dict(os.environ)
+    if memory_limit_mb:
+        env["GRADACC_MAX_RUN_MEMORY_MB"] = f"{memory_limit_mb:g}"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"  # events arrive as they happen
     return env

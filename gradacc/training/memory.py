@@ -48,12 +48,23 @@ def static_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
 
 
 class ActivationMeter:
-    """Counts the bytes autograd saves for backward while the context is open (one forward pass)."""
+    """Counts the bytes autograd saves for backward while the context is open (one forward pass).
 
-    def __init__(self, model: torch.nn.Module):
+    Each storage counts at its own element size (a bf16 tensor saved under autocast: 2 bytes an element;
+    autocast's bf16 copies of the weights are saved too, and counted: they are real memory). Under gradient
+    checkpointing (use_reentrant=False) the checkpoint's own hooks take the tensors saved inside a checkpointed
+    layer, so these hooks count only what is kept across the forward pass (layer inputs and what lies outside
+    the layers); the one layer recomputed at a time during backward is not in the figure.
+
+    ``on_measured``: called with the bytes after each measured pass (the memory budget checks them).
+    """
+
+    def __init__(self, model: torch.nn.Module, on_measured=None):
         self._parameter_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
         self._seen: set = set()
         self.bytes = 0
+        self.bytes_by_dtype: dict[str, int] = {}
+        self.on_measured = on_measured
 
     def _pack(self, tensor: torch.Tensor):
         storage = tensor.untyped_storage()
@@ -61,6 +72,8 @@ class ActivationMeter:
         if pointer not in self._parameter_storages and pointer not in self._seen:
             self._seen.add(pointer)
             self.bytes += storage.nbytes()
+            dtype = str(tensor.dtype).removeprefix("torch.")
+            self.bytes_by_dtype[dtype] = self.bytes_by_dtype.get(dtype, 0) + storage.nbytes()
         return tensor
 
     @staticmethod
@@ -71,8 +84,11 @@ class ActivationMeter:
     def measure(self):
         self._seen.clear()
         self.bytes = 0
+        self.bytes_by_dtype = {}
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
             yield self
+        if self.on_measured is not None:
+            self.on_measured(self.bytes)
 
 
 def rss_bytes() -> int:

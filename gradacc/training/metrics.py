@@ -1,6 +1,9 @@
-"""Eval metrics from scikit-learn: accuracy and F1 (binary for two classes, macro otherwise)."""
+"""Eval metrics: accuracy and F1 (binary for two classes, macro otherwise) for classification; eval loss,
+perplexity and next-token accuracy for a causal LM. Scores come from scikit-learn."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from sklearn.metrics import accuracy_score, f1_score
@@ -24,3 +27,16 @@ def _f1(labels, predictions, num_labels: int) -> float:
     if num_labels == 2:
         return float(f1_score(labels, predictions, average="binary", pos_label=1, zero_division=0))
     return float(f1_score(labels, predictions, average="macro", zero_division=0))
+
+
+def language_model_metrics(token_losses, predictions, targets) -> dict:
+    """Token-weighted eval loss (mean negative log-likelihood over every predicted token, whatever the
+    batching), its perplexity, and next-token accuracy. ``targets`` are the tokens predicted at each
+    position (-100 where nothing is)."""
+    token_losses, predictions, targets = np.asarray(token_losses), np.asarray(predictions), np.asarray(targets)
+    predicted = targets != -100
+    if not predicted.any():
+        return {"eval_loss": float("nan"), "eval_perplexity": float("nan"), "eval_next_token_accuracy": float("nan")}
+    loss = float(token_losses[predicted].astype(np.float64).mean())
+    return {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 700.0)),
+            "eval_next_token_accuracy": float(accuracy_score(targets[predicted], predictions[predicted]))}

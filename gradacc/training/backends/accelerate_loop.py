@@ -15,11 +15,12 @@ import contextlib
 
 from torch.utils.data import DataLoader
 
-from gradacc.training.backends.common import (StepReporter, check_finite, clip_gradients, evaluate, make_optimizer,
-                                              make_scheduler)
+from gradacc.training.backends.common import (StepReporter, activation_meter, check_finite, clip_gradients, evaluate,
+                                              make_optimizer, make_scheduler)
 from gradacc.training.distributed import SyncProbe
-from gradacc.training.memory import ActivationMeter
 from gradacc.training.windows import loss_weight
+
+MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 
 
 def new_accelerator(job):
@@ -30,10 +31,12 @@ def new_accelerator(job):
     # A fresh accumulation state per run (these are process-wide singletons); the process group stays.
     AcceleratorState._reset_state(reset_partial_state=False)
     GradientState._reset_state()
+    # Accelerate's own autocast (and grad scaler for fp16) around the prepared model's forward.
+    options = dict(cpu=job.device.type == "cpu", mixed_precision=MIXED_PRECISION[job.config.precision])
     if job.sync_each_micro_batch:  # all-reduce after every micro-batch: what no_sync saves, measured
         plugin = GradientAccumulationPlugin(num_steps=job.config.grad_accum_steps, sync_each_batch=True)
-        return Accelerator(gradient_accumulation_plugin=plugin, cpu=job.device.type == "cpu")
-    return Accelerator(gradient_accumulation_steps=job.config.grad_accum_steps, cpu=job.device.type == "cpu")
+        return Accelerator(gradient_accumulation_plugin=plugin, **options)
+    return Accelerator(gradient_accumulation_steps=job.config.grad_accum_steps, **options)
 
 
 def train(job) -> None:
@@ -43,11 +46,11 @@ def train(job) -> None:
     num_processes = accelerator.num_processes
     dataloader = DataLoader(job.train_examples, batch_size=config.micro_batch_size, shuffle=False,
                             collate_fn=job.collate)
-    optimizer = make_optimizer(job.model, config)
+    optimizer = make_optimizer(job.model, config, job.device)
     # AcceleratedScheduler steps once per process per optimizer step: size it (warmup too) to match.
     lr_scheduler = make_scheduler(optimizer, config, job.total_steps, calls_per_step=num_processes)
     model, optimizer, dataloader, lr_scheduler = accelerator.prepare(job.model, optimizer, dataloader, lr_scheduler)
-    meter = ActivationMeter(model)
+    meter = activation_meter(job, model)
     report = StepReporter(job, num_processes)
     report.sync_probe = SyncProbe.attach(model)  # None unless prepare wrapped the model in DDP
 

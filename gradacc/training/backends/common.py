@@ -6,6 +6,8 @@ LayerNorm weights, linear decay after warmup), so the three backends run the sam
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import math
 import time
 
@@ -13,17 +15,101 @@ import torch
 
 from gradacc import events
 from gradacc.training import distributed, memory
-from gradacc.errors import RunFailed
-from gradacc.training.metrics import classification_metrics
+from gradacc.errors import GradaccError, RunFailed, one_line
+from gradacc.training.metrics import classification_metrics, language_model_metrics
 
 EVAL_BATCH_SIZE = 64
+# SGD with momentum: one state tensor per parameter (AdamW keeps two, Adafactor factored rows and columns).
+SGD_MOMENTUM = 0.9
 
 
-def make_optimizer(model: torch.nn.Module, config) -> torch.optim.AdamW:
-    no_decay = [p for n, p in model.named_parameters() if p.requires_grad and _skips_decay(n)]
-    decay = [p for n, p in model.named_parameters() if p.requires_grad and not _skips_decay(n)]
+def make_optimizer(model: torch.nn.Module, config, device=None) -> torch.optim.Optimizer:
+    """The optimizer ``config.optimizer`` names, over ``model``'s trainable parameters."""
+    return optimizer_for(list(model.named_parameters()), config, device)
+
+
+def optimizer_for(named_parameters, config, device=None) -> torch.optim.Optimizer:
+    """Two groups like Trainer's (no weight decay on biases and norms); ``device`` decides what is supported.
+
+    adamw-fused on a device where torch has no fused kernel and adamw-8bit without bitsandbytes and CUDA are
+    refused with a sentence (GradaccError naming the field), not a traceback.
+    """
+    no_decay = [p for n, p in named_parameters if p.requires_grad and _skips_decay(n)]
+    decay = [p for n, p in named_parameters if p.requires_grad and not _skips_decay(n)]
     groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=config.learning_rate)
+    name, lr = config.optimizer, config.learning_rate
+    if name == "sgd":
+        return torch.optim.SGD(groups, lr=lr, momentum=SGD_MOMENTUM)
+    if name == "adafactor":
+        from transformers.optimization import Adafactor
+
+        # A fixed learning rate (the schedule is gradacc's), as Trainer's optim="adafactor" sets it up.
+        return Adafactor(groups, lr=lr, scale_parameter=False, relative_step=False, warmup_init=False)
+    if name == "adamw-8bit":
+        device_type = torch.device(device).type if device is not None else "cpu"
+        if importlib.util.find_spec("bitsandbytes") is None or device_type != "cuda":
+            raise GradaccError("Optimizer adamw-8bit needs bitsandbytes and a CUDA GPU; this run has "
+                               f"{'no bitsandbytes' if importlib.util.find_spec('bitsandbytes') is None else 'no GPU'}.",
+                               "optimizer")
+        import bitsandbytes
+
+        return bitsandbytes.optim.AdamW8bit(groups, lr=lr)
+    if name == "adamw-fused":
+        try:
+            return torch.optim.AdamW(groups, lr=lr, fused=True)
+        except RuntimeError as error:  # torch checks the parameters' device against its fused kernels
+            raise GradaccError(f"Optimizer adamw-fused is not supported here: {one_line(error, with_type=False)}",
+                               "optimizer") from None
+    return torch.optim.AdamW(groups, lr=lr)
+
+
+def enable_gradient_checkpointing(model, name: str) -> None:
+    """Recompute each layer's activations in backward instead of keeping them; non-reentrant, as torch advises
+    (works with inputs that need no grad, and with the saved-tensor hooks that measure memory)."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise GradaccError(f"Gradient checkpointing is not supported by {name}.", "gradient_checkpointing")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def activation_meter(job, model) -> memory.ActivationMeter:
+    """The saved-tensor meter; with a memory budget every measured micro-batch is checked against it."""
+    guard = job.memory_guard
+    return memory.ActivationMeter(model, on_measured=guard.check_activations if guard else None)
+
+
+class Precision:
+    """Autocast for the forward pass and, for fp16 on CUDA, a grad scaler around backward and step.
+
+    bf16 needs no scaler (it has fp32's range). The plain loop calls ``backward``, ``unscale`` (before clipping)
+    and ``step``; Accelerate and Trainer get the same choice as their own ``mixed_precision`` / ``bf16``/``fp16``.
+    """
+
+    def __init__(self, config, device):
+        self.device = torch.device(device)
+        self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.precision)
+        if config.precision == "fp16" and self.device.type != "cuda":
+            raise GradaccError("Precision fp16 needs a CUDA GPU (with a grad scaler); on the CPU use bf16.",
+                               "precision")
+        self.scaler = torch.amp.GradScaler("cuda") if config.precision == "fp16" else None
+
+    def autocast(self):
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
+
+    def unscale(self, optimizer) -> None:
+        if self.scaler:
+            self.scaler.unscale_(optimizer)
+
+    def step(self, optimizer) -> None:
+        if self.scaler:
+            self.scaler.step(optimizer)  # skips the step when the scaled gradients overflowed
+            self.scaler.update()
+        else:
+            optimizer.step()
 
 
 def _skips_decay(name: str) -> bool:
@@ -68,7 +154,8 @@ def to_device(batch: dict, device) -> dict:
 
 
 def evaluate(model: torch.nn.Module, job) -> dict:
-    """Example-weighted eval loss, accuracy and F1 over the eval set (as Trainer computes them).
+    """Example-weighted eval loss, accuracy and F1 over the eval set (as Trainer computes them); for a causal
+    LM, token-weighted eval loss, perplexity and next-token accuracy.
 
     On several processes rank 0 evaluates the whole eval set on the unwrapped model and sends the numbers to
     the others: every example counts once (sharding would pad the last batch with repeats, which
@@ -83,6 +170,8 @@ def evaluate(model: torch.nn.Module, job) -> dict:
 def _evaluate(model: torch.nn.Module, job) -> dict:
     was_training = model.training
     model.eval()
+    if job.causal_lm:
+        return _evaluate_causal_lm(model, job, was_training)
     total_loss, predictions, labels = 0.0, [], []
     for start in range(0, len(job.eval_examples), EVAL_BATCH_SIZE):
         chunk = job.eval_examples[start:start + EVAL_BATCH_SIZE]
@@ -96,6 +185,29 @@ def _evaluate(model: torch.nn.Module, job) -> dict:
     scores = classification_metrics(predictions, labels, job.num_labels)
     return {"eval_loss": total_loss / len(job.eval_examples), "eval_accuracy": scores["accuracy"],
             "eval_f1": scores["f1"], "eval_majority_f1": scores["majority_f1"]}
+
+
+def _evaluate_causal_lm(model: torch.nn.Module, job, was_training: bool) -> dict:
+    losses, predictions, targets = [], [], []
+    for start in range(0, len(job.eval_examples), EVAL_BATCH_SIZE):
+        batch = to_device(job.collate(job.eval_examples[start:start + EVAL_BATCH_SIZE]), job.device)
+        logits = model(**{key: value for key, value in batch.items() if key != "labels"}).logits
+        token_losses, predicted, target = next_token_predictions(logits, batch["labels"])
+        kept = target != -100
+        losses.extend(token_losses[kept].tolist())
+        predictions.extend(predicted[kept].tolist())
+        targets.extend(target[kept].tolist())
+    model.train(was_training)
+    return language_model_metrics(losses, predictions, targets)
+
+
+def next_token_predictions(logits: torch.Tensor, labels: torch.Tensor):
+    """Per position of a causal LM's output: the loss of the next token, the predicted next token, and the
+    next token itself (-100 where there is none). The same shift ``*ForCausalLM`` applies to its labels."""
+    target = torch.nn.functional.pad(labels[..., 1:], (0, 1), value=-100)
+    token_losses = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), target, ignore_index=-100,
+                                                     reduction="none")
+    return token_losses, logits.argmax(-1), target
 
 
 class StepReporter:
@@ -115,6 +227,8 @@ class StepReporter:
         self.started = time.perf_counter()
 
     def micro_batch(self, batch: dict) -> None:
+        if self.job.memory_guard is not None:
+            self.job.memory_guard.note_batch(batch)
         self.samples_seen += int(batch["input_ids"].shape[0])
         self.tokens_seen += int(batch["attention_mask"].sum())
 
@@ -130,6 +244,5 @@ class StepReporter:
         memory.reset_cuda_peak(self.job.device)
 
     def evaluation(self, *, epoch: int, step: int, metrics: dict) -> None:
-        self.job.emit(events.eval_(epoch=epoch, step=step, eval_loss=metrics["eval_loss"],
-                                   eval_accuracy=metrics["eval_accuracy"], eval_f1=metrics["eval_f1"],
-                                   majority_f1=metrics.get("eval_majority_f1")))
+        named = {**metrics, "majority_f1": metrics.get("eval_majority_f1", metrics.get("majority_f1"))}
+        self.job.emit(events.eval_(epoch=epoch, step=step, **{name: named.get(name) for name in events.EVAL_METRICS}))

@@ -17,10 +17,9 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from gradacc.training import distributed
-from gradacc.training.backends.common import (StepReporter, check_finite, clip_gradients, evaluate, make_optimizer,
-                                              make_scheduler, to_device)
+from gradacc.training.backends.common import (StepReporter, activation_meter, check_finite, clip_gradients, evaluate,
+                                              make_optimizer, make_scheduler, to_device)
 from gradacc.training.distributed import SyncProbe
-from gradacc.training.memory import ActivationMeter
 from gradacc.training.windows import loss_weight
 
 
@@ -31,9 +30,10 @@ def train(job) -> None:
     model = job.model
     # This rank's own micro-batches (on one process: consecutive micro-batches of m, in the seeded order).
     dataloader = DataLoader(job.train_examples, batch_sampler=job.micro_batches, collate_fn=job.collate)
-    optimizer = make_optimizer(model, config)
+    optimizer = make_optimizer(model, config, job.device)
     lr_scheduler = make_scheduler(optimizer, config, job.total_steps)
-    meter = ActivationMeter(model)
+    precision = job.precision  # autocast for the forward pass; fp16 also scales the loss
+    meter = activation_meter(job, model)
     report = StepReporter(job, num_processes)
     if num_processes > 1:
         distributed.init_process_group(job.device)
@@ -54,7 +54,7 @@ def train(job) -> None:
             with model.no_sync() if skip_sync else contextlib.nullcontext():
                 # Activations are measured on the first micro-batch of each window (the hooks cost time).
                 measuring = config.instrument and micro_batches == 0
-                with meter.measure() if measuring else contextlib.nullcontext():
+                with meter.measure() if measuring else contextlib.nullcontext(), precision.autocast():
                     outputs = model(**batch)
                 loss = outputs.loss
                 check_finite(loss, step + 1)
@@ -62,7 +62,7 @@ def train(job) -> None:
                 loss = loss * loss_weight(config.loss_normalization, job.batch_items[index], job.window_items[index],
                                           gradient_accumulation_steps, num_processes)
                 # Accumulation, 2 of 3: backward() every micro-batch; the gradients add up in each .grad.
-                loss.backward()
+                precision.backward(loss)
             window_loss += loss.item()
             micro_batches += 1
             activation_bytes = meter.bytes if measuring else activation_bytes
@@ -71,9 +71,10 @@ def train(job) -> None:
             if last_of_window:
                 if job.before_optimizer_step:
                     job.before_optimizer_step(model)
+                precision.unscale(optimizer)  # fp16: clip the true gradients, not the scaled ones
                 norm = clip_gradients(model, config.max_grad_norm)
                 lr = lr_scheduler.get_last_lr()[0]
-                optimizer.step()
+                precision.step(optimizer)
                 lr_scheduler.step()
                 optimizer.zero_grad()
                 step += 1

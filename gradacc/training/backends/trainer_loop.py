@@ -19,28 +19,35 @@ import contextlib
 import tempfile
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
 
 from gradacc.errors import RunStopped
-from gradacc.training.backends.common import EVAL_BATCH_SIZE, StepReporter, check_finite, warmup_steps
+from gradacc.training.backends.common import (EVAL_BATCH_SIZE, StepReporter, activation_meter, check_finite,
+                                              make_optimizer, next_token_predictions, warmup_steps)
 from gradacc.training.distributed import SyncProbe
 from gradacc.training.memory import ActivationMeter
-from gradacc.training.metrics import classification_metrics
+from gradacc.training.metrics import classification_metrics, language_model_metrics
 
 
-def make_loss_function(normalization: str, gradient_accumulation_steps: int, num_processes: int = 1):
+def make_loss_function(normalization: str, gradient_accumulation_steps: int, num_processes: int = 1,
+                       causal_lm: bool = False):
     """Trainer's ``compute_loss_func``: summed cross-entropy over the window's items, or each mean ÷ k.
 
     ``num_items_in_batch`` counts the window on all ranks, and Trainer multiplies the returned loss by the
     number of processes (DDP then averages over them): right for ``exact``, undone for ``naive``.
+    A causal LM predicts token t+1 at position t: logits and labels are shifted as ``*ForCausalLM`` does
+    (and Trainer then counts ``num_items_in_batch`` over ``labels[..., 1:]``).
     """
 
     def compute_loss(outputs, labels, num_items_in_batch=None):
         # Accumulation, 1 of 3: scale the loss (Trainer does the backward every micro-batch and the step every k).
         logits = outputs["logits"]
-        summed = F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1), ignore_index=-100,
+        if causal_lm:
+            logits, labels = logits[..., :-1, :], labels[..., 1:]
+        summed = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=-100,
                                  reduction="sum")
         if normalization == "exact":
             return summed / num_items_in_batch
@@ -139,7 +146,16 @@ class EventCallback(TrainerCallback):
             control.should_evaluate = False
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        if self.job.causal_lm:
+            # Trainer's own eval_loss averages batch means; every backend reports the token-weighted mean.
+            metrics = {**metrics, "eval_loss": metrics["eval_token_loss"]}
         self.report.evaluation(epoch=round(state.epoch), step=state.global_step, metrics=metrics)
+
+
+def _per_token(logits, labels):
+    logits = logits[0] if isinstance(logits, tuple) else logits
+    token_losses, predicted, _ = next_token_predictions(logits, labels)
+    return torch.stack([token_losses, predicted.float()], dim=-1)  # token ids < 2**24 are exact in float32
 
 
 class _Samples(torch.utils.data.Dataset):
@@ -158,7 +174,7 @@ class _Samples(torch.utils.data.Dataset):
 def train(job) -> None:
     config = job.config
     report = StepReporter(job, config.num_processes)
-    meter = ActivationMeter(job.model)
+    meter = activation_meter(job, job.model)
     window = WindowTally()
     with tempfile.TemporaryDirectory(prefix="gradacc-trainer-") as output_dir:
         args = TrainingArguments(
@@ -187,6 +203,10 @@ def train(job) -> None:
             use_cpu=job.device.type == "cpu",
             disable_tqdm=True,
             dataloader_num_workers=0,
+            bf16=config.precision == "bf16",
+            fp16=config.precision == "fp16",
+            gradient_checkpointing=config.gradient_checkpointing,
+            activation_checkpointing_kwargs={"use_reentrant": False} if config.gradient_checkpointing else None,
             # Several processes: all-reduce after every micro-batch when asked to (what no_sync saves, measured).
             accelerator_config={"gradient_accumulation_kwargs": {"sync_each_batch": True}}
             if job.sync_each_micro_batch else None,
@@ -198,6 +218,14 @@ def train(job) -> None:
                                             job.num_labels)
             return {"accuracy": scores["accuracy"], "f1": scores["f1"], "majority_f1": scores["majority_f1"]}
 
+        def compute_lm_metrics(eval_prediction):
+            # Batches are concatenated padded with -100 on the right, which keeps position t beside token t+1.
+            per_token, labels = eval_prediction.predictions, eval_prediction.label_ids
+            targets = np.pad(labels[:, 1:], ((0, 0), (0, 1)), constant_values=-100)
+            scores = language_model_metrics(per_token[..., 0], per_token[..., 1].astype(np.int64), targets)
+            return {"token_loss": scores["eval_loss"], "perplexity": scores["eval_perplexity"],
+                    "next_token_accuracy": scores["eval_next_token_accuracy"]}
+
         trainer = GradaccTrainer(
             model=job.model,
             args=args,
@@ -205,9 +233,13 @@ def train(job) -> None:
             eval_dataset=_Samples(job.eval_examples),
             data_collator=job.collate,
             processing_class=job.tokenizer,
-            compute_metrics=compute_metrics,
+            compute_metrics=compute_lm_metrics if job.causal_lm else compute_metrics,
+            # A causal LM's eval keeps each token's loss and prediction, not (examples × tokens × vocabulary) logits.
+            preprocess_logits_for_metrics=_per_token if job.causal_lm else None,
+            # The run's optimizer (the same groups and class the other backends build); Trainer adds its schedule.
+            optimizers=(make_optimizer(job.model, config, job.device), None),
             compute_loss_func=None if job.trainer_library_default else make_loss_function(
-                config.loss_normalization, config.grad_accum_steps, config.num_processes),
+                config.loss_normalization, config.grad_accum_steps, config.num_processes, job.causal_lm),
             callbacks=[callback],
             job=job,
             meter=meter,

@@ -76,3 +76,49 @@ def tokenizer_corpus(num_sentences: int = 6000) -> list[str]:
     """A fixed corpus (independent of the run's seed) so one trained tokenizer serves every run."""
     texts, _ = make_sentiment(num_sentences, seed=20240601)
     return texts
+
+
+# ---- builtin-text: the causal-LM dataset ------------------------------------------------------------
+# Reviews of one to a dozen sentences, all of one mood: a few tokens ("five stars.") up to past any
+# sensible sequence length. Lengths this uneven are what makes "each micro-batch's mean ÷ k" wrong for a
+# token-level loss. Generated from the lists above, so it is offline and the same for the same seed, and
+# regular enough that a tiny GPT's eval loss falls clearly within seconds.
+
+FOLLOW_UPS = {
+    1: ["the staff were {pos} and the {subject} was {pos}", "we liked the {subject} a lot",
+        "even the {subject} was {pos}", "my {relative} loved the {subject} too", "the {subject} is worth it",
+        "next time we will try the {subject}", "it was {intensity} {pos} from start to finish"],
+    0: ["the staff were {neg} and the {subject} was {neg}", "nobody liked the {subject}",
+        "even the {subject} was {neg}", "my {relative} hated the {subject} too", "the {subject} is not worth it",
+        "next time we will skip the {subject}", "it was {intensity} {neg} from start to finish"],
+}
+RELATIVES = ["sister", "brother", "friend", "mother", "father", "partner", "colleague", "neighbour"]
+
+
+def document(label: int, rng: random.Random) -> str:
+    """One review: sentence count skewed short, a long tail of many sentences."""
+    sentences = min(12, 1 + int(rng.expovariate(1 / 2.2)))
+    if rng.random() < 0.15:
+        return rng.choice(CLOSERS[label]) + "."
+    parts = [review(label, rng)]
+    for _ in range(sentences - 1):
+        if rng.random() < 0.5:
+            parts.append(review(label, rng))
+        else:
+            parts.append(rng.choice(FOLLOW_UPS[label]).format(
+                pos=rng.choice(POSITIVE), neg=rng.choice(NEGATIVE), subject=rng.choice(SUBJECTS),
+                relative=rng.choice(RELATIVES), intensity=rng.choice(INTENSIFIERS[2:])))
+    return " ".join(sentence[0].upper() + sentence[1:] + "." for sentence in parts)
+
+
+def make_text(num_documents: int, seed: int) -> list[str]:
+    """``num_documents`` reviews for a seed (half of each mood)."""
+    rng = random.Random(seed)
+    labels = [i % 2 for i in range(num_documents)]
+    rng.shuffle(labels)
+    return [document(label, rng) for label in labels]
+
+
+def text_tokenizer_corpus(num_documents: int = 4000) -> list[str]:
+    """A fixed corpus (independent of the run's seed) for tiny-gpt's byte-level BPE."""
+    return make_text(num_documents, seed=20240602)

@@ -1,8 +1,9 @@
 """Datasets: where texts and labels come from, and how they become padded micro-batches.
 
-Sources: the built-in generated task, a CSV/JSONL file, a folder written by ``datasets``'
+Sources: the built-in generated sets, a CSV/JSONL file, a folder written by ``datasets``'
 ``save_to_disk``, or a hub dataset id (online only). Whatever the source, the result is a ``TextData``:
-train and eval texts with integer labels and their names.
+train and eval texts with integer labels and their names (classification), or texts alone (causal-lm:
+every token but the first is a label).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from gradacc import paths
 from gradacc.training.sources import builtin_data, hub
-from gradacc.config import RunConfig, field_label
+from gradacc.config import CAUSAL_LM, RunConfig, field_label
 from gradacc.errors import GradaccError, one_line
 
 TEXT_COLUMNS = ("text", "sentence", "review", "content", "document", "comment", "utterance")
@@ -53,7 +54,12 @@ def load_text_data(config: RunConfig, confinement: paths.Confinement | None = No
     """
     source = config.dataset.strip()
     where = paths.visitors_unless(confinement)
-    if source == "builtin-sentiment":
+    if source == "builtin-text":
+        if config.task != CAUSAL_LM:
+            raise GradaccError("Dataset builtin-text has no labels to classify: it is for the causal-lm task (tiny-gpt).",
+                               "dataset")
+        data = _builtin_text(config)
+    elif source == "builtin-sentiment":
         data = _builtin(config)
     elif Path(source).suffix.lower() in FILE_SUFFIXES or Path(source).expanduser().is_file():
         data = _from_table(read_table(source, where), config)
@@ -70,6 +76,13 @@ def _builtin(config: RunConfig) -> TextData:
     texts, labels = builtin_data.make_sentiment(n_train + n_eval, config.seed)
     return TextData(texts[:n_train], labels[:n_train], texts[n_train:], labels[n_train:],
                     list(builtin_data.LABEL_NAMES))
+
+
+def _builtin_text(config: RunConfig) -> TextData:
+    n_train = config.train_samples or 2000
+    n_eval = config.eval_samples or 400
+    texts = builtin_data.make_text(n_train + n_eval, config.seed)
+    return TextData(texts[:n_train], [], texts[n_train:], [], [])
 
 
 def read_table(source: str, confinement: paths.Confinement | None = None):
@@ -149,9 +162,11 @@ def detect_label_column(frame, text_column: str | None = None) -> str | None:
     return (usable or named or [None])[0]
 
 
-def _pick_columns(frame, config: RunConfig) -> tuple[str, str]:
+def _pick_columns(frame, config: RunConfig) -> tuple[str, str | None]:
     columns = list(frame.columns)
     text_col = _pick_column(columns, config.text_column, TEXT_COLUMNS, "text", "text_column")
+    if config.task == CAUSAL_LM:
+        return text_col, None  # a language model learns the text itself: no label column
     label_col = config.label_column or detect_label_column(frame, text_col)
     if label_col is None:
         works = usable_label_columns(frame, text_col)
@@ -181,7 +196,10 @@ def _from_table(frame, config: RunConfig) -> TextData:
     if len(frame) == 0:
         raise GradaccError("The data has no rows.", "dataset")
     text_col, label_col = _pick_columns(frame, config)
-    texts, labels, label_names, notes, _ = _clean(list(frame[text_col]), list(frame[label_col]))
+    if label_col is None:
+        texts, labels, label_names, notes, _ = _clean_texts(list(frame[text_col]))
+    else:
+        texts, labels, label_names, notes, _ = _clean(list(frame[text_col]), list(frame[label_col]))
     order = list(range(len(texts)))
     random.Random(config.seed).shuffle(order)
     n_eval = max(1, round(len(order) * EVAL_FRACTION))
@@ -189,8 +207,18 @@ def _from_table(frame, config: RunConfig) -> TextData:
         raise GradaccError("The data needs at least 2 usable rows (one to train on, one to evaluate).", "dataset")
     eval_idx, train_idx = order[:n_eval], order[n_eval:]
     notes.append(f"No eval split given: {n_eval} of {len(order)} rows held out for evaluation.")
-    return TextData([texts[i] for i in train_idx], [labels[i] for i in train_idx],
-                    [texts[i] for i in eval_idx], [labels[i] for i in eval_idx], label_names, notes)
+    return TextData([texts[i] for i in train_idx], [labels[i] for i in train_idx] if labels else [],
+                    [texts[i] for i in eval_idx], [labels[i] for i in eval_idx] if labels else [], label_names, notes)
+
+
+def _clean_texts(raw_texts: list):
+    """Causal-lm: keep the rows with a non-empty text (``_clean``'s shape, without labels)."""
+    kept = [i for i, t in enumerate(raw_texts) if isinstance(t, str) and t.strip()]
+    if not kept:
+        raise GradaccError("No row has a non-empty text.", "dataset")
+    dropped = len(raw_texts) - len(kept)
+    notes = [f"Dropped {dropped} row(s) with an empty text."] if dropped else []
+    return [raw_texts[i] for i in kept], [], [], notes, kept
 
 
 def _clean(raw_texts: list, raw_labels: list):
@@ -265,6 +293,8 @@ def _from_hf(loaded, config: RunConfig) -> TextData:
             return _from_table(loaded["train"].to_pandas(), config)
         train, evaluation = loaded["train"].to_pandas(), loaded[eval_name].to_pandas()
         text_col, label_col = _pick_columns(train, config)
+        if label_col is None:
+            return _two_text_splits(train, evaluation, text_col, eval_name)
         names = loaded["train"].features[label_col].names if hasattr(loaded["train"].features[label_col], "names") \
             else None
         return _two_splits(train, evaluation, text_col, label_col, names, eval_name)
@@ -281,6 +311,12 @@ def _two_splits(train, evaluation, text_col, label_col, class_names, eval_name) 
     notes.append(f"Evaluating on the {eval_name!r} split.")
     return TextData(texts[:n_train_kept], labels[:n_train_kept], texts[n_train_kept:], labels[n_train_kept:],
                     label_names, notes)
+
+
+def _two_text_splits(train, evaluation, text_col, eval_name) -> TextData:
+    train_texts, _, _, notes, _ = _clean_texts(list(train[text_col]))
+    eval_texts, _, _, eval_notes, _ = _clean_texts(list(evaluation[text_col]))
+    return TextData(train_texts, [], eval_texts, [], [], notes + [f"Evaluating on the {eval_name!r} split."])
 
 
 def _limit(data: TextData, config: RunConfig) -> TextData:
@@ -318,8 +354,27 @@ def tokenize(tokenizer, texts: list[str], labels: list[int], max_length: int, to
     return examples, truncated
 
 
+def tokenize_causal_lm(tokenizer, texts: list[str], max_length: int):
+    """Examples whose labels are their own tokens, for a model that shifts labels by one (``*ForCausalLM``).
+
+    Position 0 predicts nothing (no token comes before it), so its label is -100 here already: counting
+    labels ≠ -100 then counts exactly the tokens the loss predicts, which is what exact weighting needs
+    (and what Trainer counts as ``num_items_in_batch``, over ``labels[..., 1:]``). The loss is unchanged.
+    """
+    full = tokenizer(texts, truncation=False)["input_ids"]
+    truncated = sum(len(ids) > max_length for ids in full)
+    encoded = tokenizer(texts, truncation=True, max_length=max_length)
+    examples = []
+    for i in range(len(texts)):
+        ids = encoded["input_ids"][i]
+        examples.append({"input_ids": ids, "attention_mask": encoded["attention_mask"][i],
+                         "labels": [-100] + list(ids[1:])})
+    return examples, truncated
+
+
 def item_count(example: dict) -> int:
-    """Items an example adds to the loss: 1 for a sequence label, its labelled tokens for token labels."""
+    """Items an example adds to the loss: 1 for a sequence label, its labelled tokens for token labels
+    (for a causal LM: the tokens it predicts)."""
     labels = example["labels"]
     return sum(1 for l in labels if l != -100) if isinstance(labels, list) else 1
 

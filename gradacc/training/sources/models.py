@@ -1,4 +1,4 @@
-"""Models: the built-in tiny BERT, a packaged pretrained MiniLM, a local folder or a hub id.
+"""Models: the built-in tiny BERT and tiny GPT, a packaged pretrained MiniLM, a local folder or a hub id.
 
 Never runs remote code (``trust_remote_code`` is always False) and loads weights as safetensors only.
 """
@@ -14,15 +14,20 @@ from pathlib import Path
 
 from gradacc import paths
 from gradacc.training.sources import builtin_data, hub
-from gradacc.config import RunConfig
+from gradacc.config import BUILTIN_MODEL_TASKS, CAUSAL_LM, CLASSIFICATION, MAX_SEQ_LEN, RunConfig
 from gradacc.errors import GradaccError, one_line
 
 TINY_BERT = "tiny-bert"
+TINY_GPT = "tiny-gpt"
 MINILM = "all-MiniLM-L6-v2"
 # Bump when the corpus or tokenizer recipe changes, so cached tokenizers are rebuilt.
 TOKENIZER_VERSION = "wordpiece-v1"
+GPT_TOKENIZER_VERSION = "bytebpe-v1"
 TINY_BERT_SHAPE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256,
                        max_position_embeddings=512)
+TINY_GPT_SHAPE = dict(n_embd=64, n_layer=2, n_head=2, n_inner=256, n_positions=MAX_SEQ_LEN)
+# One token opens and closes every text (GPT-2's convention); padding has its own, so a real end is learned.
+END_OF_TEXT, GPT_PAD = "<|endoftext|>", "<pad>"
 
 
 @dataclass
@@ -44,6 +49,10 @@ def load(config: RunConfig, num_labels: int, label_names: list[str], token_level
     torch.manual_seed(config.seed)  # a new classifier head is random: the same seed, the same head
     name = config.model.strip()
     id2label = {i: n for i, n in enumerate(label_names)}
+    if config.task == CAUSAL_LM:
+        return _load_causal_lm(name, config, confinement)
+    if name == TINY_GPT:
+        raise GradaccError(f"Task classification does not fit {TINY_GPT}, a language model: use the causal-lm task.", "task")
     if name == TINY_BERT:
         return LoadedModel(tiny_bert(num_labels, id2label, config.seed, config.dropout, token_level),
                            tiny_bert_tokenizer(), name)
@@ -54,6 +63,28 @@ def load(config: RunConfig, num_labels: int, label_names: list[str], token_level
         return _from_folder(folder, config, num_labels, id2label, token_level)
     hub.require_online(name, "model")
     return _load_pretrained(name, name, config, num_labels, id2label, token_level)
+
+
+def infer_task(config: RunConfig) -> str:
+    """The run's task: the one it names, else its model's (a ``*ForCausalLM`` architecture means causal-lm).
+
+    A hub id is not looked up here (that needs the network): it is taken as classification unless named.
+    """
+    if config.task:
+        return config.task
+    name = config.model.strip()
+    if name in BUILTIN_MODEL_TASKS:
+        return BUILTIN_MODEL_TASKS[name]
+    config_file = Path(name).expanduser() / "config.json"
+    try:
+        architectures = json.loads(config_file.read_text(encoding="utf-8")).get("architectures") or []
+    except (OSError, ValueError, UnicodeDecodeError, AttributeError):
+        return CLASSIFICATION  # loading says what is wrong with the folder, in the model field's words
+    return CAUSAL_LM if any(is_causal_lm_architecture(a) for a in architectures) else CLASSIFICATION
+
+
+def is_causal_lm_architecture(name: str) -> bool:
+    return name.endswith("ForCausalLM") or name.endswith("LMHeadModel")
 
 
 # ---- the built-in tiny BERT ---------------------------------------------------------------------
@@ -78,12 +109,16 @@ _tokenizer_cache: dict[Path, object] = {}
 
 def tiny_bert_tokenizer():
     """A WordPiece tokenizer trained on the built-in corpus, built once and cached under GRADACC_HOME."""
+    return _cached_tokenizer(f"tiny-bert-tokenizer-{TOKENIZER_VERSION}", _build_tokenizer)
+
+
+def _cached_tokenizer(folder_name: str, build) -> object:
     from transformers import PreTrainedTokenizerFast
 
-    folder = paths.models_home() / f"tiny-bert-tokenizer-{TOKENIZER_VERSION}"
+    folder = paths.models_home() / folder_name
     if folder not in _tokenizer_cache:
         if not (folder / "tokenizer.json").exists():
-            _build_tokenizer(folder)
+            build(folder)
         _tokenizer_cache[folder] = PreTrainedTokenizerFast.from_pretrained(str(folder))
     return _tokenizer_cache[folder]
 
@@ -106,6 +141,10 @@ def _build_tokenizer(folder: Path) -> None:
     tokenizer.decoder = decoders.WordPiece()
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]",
                                    cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]", model_max_length=512)
+    _save_atomically(fast, folder)
+
+
+def _save_atomically(fast, folder: Path) -> None:
     # Build beside the target and rename: two runs building at once never see half a folder.
     staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".building-"))
     fast.save_pretrained(str(staging))
@@ -113,6 +152,84 @@ def _build_tokenizer(folder: Path) -> None:
         os.replace(staging, folder)
     except OSError:  # another run finished first; its folder is as good as ours
         shutil.rmtree(staging, ignore_errors=True)
+
+
+# ---- the built-in tiny GPT -------------------------------------------------------------------------
+
+def tiny_gpt(seed: int, dropout: float):
+    """A GPT-2-style causal LM of ~0.2M parameters, randomly initialised from the seed (milliseconds)."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    tokenizer = tiny_gpt_tokenizer()
+    gpt_config = GPT2Config(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
+                            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                            resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout, use_cache=False,
+                            **TINY_GPT_SHAPE)
+    torch.manual_seed(seed)
+    return GPT2LMHeadModel(gpt_config)
+
+
+def tiny_gpt_tokenizer():
+    """A byte-level BPE (GPT-2's kind) trained on builtin-text, built once and cached under GRADACC_HOME."""
+    return _cached_tokenizer(f"tiny-gpt-tokenizer-{GPT_TOKENIZER_VERSION}", _build_gpt_tokenizer)
+
+
+def _build_gpt_tokenizer(folder: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(builtin_data.text_tokenizer_corpus(), trainers.BpeTrainer(
+        vocab_size=1000, special_tokens=[END_OF_TEXT, GPT_PAD], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    end = tokenizer.token_to_id(END_OF_TEXT)
+    # <|endoftext|> text <|endoftext|>: the first word is predicted too, and so is where a text ends.
+    tokenizer.post_processor = processors.TemplateProcessing(single=f"{END_OF_TEXT} $A {END_OF_TEXT}",
+                                                             special_tokens=[(END_OF_TEXT, end)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=END_OF_TEXT, eos_token=END_OF_TEXT,
+                                   unk_token=END_OF_TEXT, pad_token=GPT_PAD, model_max_length=MAX_SEQ_LEN)
+    _save_atomically(fast, folder)
+
+
+def _load_causal_lm(name: str, config: RunConfig, confinement) -> LoadedModel:
+    if name == TINY_GPT:
+        return LoadedModel(tiny_gpt(config.seed, config.dropout), tiny_gpt_tokenizer(), name)
+    if name in BUILTIN_MODEL_TASKS:
+        raise GradaccError(f"Model {name} is a classifier; for the causal-lm task pick {TINY_GPT} or a *ForCausalLM model.",
+                           "model")
+    if paths.model_is_local(name):
+        folder = paths.visitors_unless(confinement).model_path(name)
+        check_model_folder(folder)
+        return _load_pretrained_lm(str(folder), name, config)
+    hub.require_online(name, "model")
+    return _load_pretrained_lm(name, name, config)
+
+
+def _load_pretrained_lm(source: str, shown_name: str, config: RunConfig) -> LoadedModel:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        model_config = AutoConfig.from_pretrained(source, trust_remote_code=False)
+        for attribute in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout", "attention_dropout",
+                          "hidden_dropout_prob", "attention_probs_dropout_prob", "dropout"):
+            if isinstance(getattr(model_config, attribute, None), float):
+                setattr(model_config, attribute, config.dropout)
+        model_config.use_cache = False  # training: no key/value cache to keep
+        model = AutoModelForCausalLM.from_pretrained(source, config=model_config, trust_remote_code=False,
+                                                     use_safetensors=True)
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
+    except Exception as error:  # transformers raises many types; the person needs one sentence
+        raise GradaccError(f"Could not load model {shown_name!r} as a causal LM: {one_line(error, with_type=False)}",
+                           "model") from None
+    if tokenizer.pad_token is None:
+        # GPT-2-style tokenizers have none; padding is masked out of the loss (labels -100) and attention.
+        tokenizer.pad_token = tokenizer.eos_token
+    if tokenizer.pad_token is None:
+        raise GradaccError(f"The tokenizer of {shown_name!r} has neither a padding nor an end-of-text token.", "model")
+    return LoadedModel(model, tokenizer, shown_name)
 
 
 # ---- pretrained models: packaged, local folder, hub ------------------------------------------------

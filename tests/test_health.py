@@ -33,7 +33,7 @@ def test_a_collapsed_pretrained_run_warns_and_names_the_learning_rate():
     assert warnings[0].startswith("eval F1 0.000 is no better than always predicting the most frequent label")
     assert warnings[1] == "the loss ended higher than it started (0.71 against 0.6)."
     assert warnings[2] == "the loss spiked at step 8: 2.5, 6.2× the median of the steps before (0.4)."
-    assert warnings[3] == ("Likely cause: learning rate 0.001 is high for a pretrained model; its recipe uses 5e-05.")
+    assert warnings[3] == ("Likely cause: learning rate 0.001 is high for a pretrained model; its recipe uses 0.0002.")
 
 
 def test_a_warning_without_a_high_learning_rate_names_no_cause():

@@ -68,7 +68,8 @@ def enable_gradient_checkpointing(model, name: str) -> None:
     (works with inputs that need no grad, and with the saved-tensor hooks that measure memory)."""
     if not getattr(model, "supports_gradient_checkpointing", False):
         raise GradaccError(f"Gradient checkpointing is not supported by {name}.", "gradient_checkpointing")
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    # transformers 5's name for gradient_checkpointing_enable (the old one warns that it goes in v6).
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
 
 
 def activation_meter(job, model) -> memory.ActivationMeter:

@@ -205,7 +205,7 @@ def train(job) -> None:
             dataloader_num_workers=0,
             bf16=config.precision == "bf16",
             fp16=config.precision == "fp16",
-            gradient_checkpointing=config.gradient_checkpointing,
+            activation_checkpointing=config.gradient_checkpointing,  # transformers 5's gradient_checkpointing
             activation_checkpointing_kwargs={"use_reentrant": False} if config.gradient_checkpointing else None,
             # Several processes: all-reduce after every micro-batch when asked to (what no_sync saves, measured).
             accelerator_config={"gradient_accumulation_kwargs": {"sync_each_batch": True}}

@@ -1,0 +1,166 @@
+"""A room full of watchers: a run's training throughput while 0, 1, 5 and 20 browser pages watch it.
+
+Starts `streamlit run app.py` pinned to CPU 0 (taskset) and drives Debian's chromium from this process,
+pinned to CPU 1 with everything it starts. For each watcher count, one visitor starts a run (m=8, k=4,
+tiny-bert, built-in data) and goes to another page (so it does not watch); N new browser sessions open
+the run's link and wait until its loss chart draws; then training throughput (samples/s, from the run's
+own step events) is measured over a fixed window, and the visitor stops the run. /_stcore/health is
+polled twice a second throughout. Prints one JSON object: per count, samples/s, the ratio to the run with
+no page open (all in this one process, one after the other), and health latency (median, max).
+
+    python scripts/watchers.py [--counts 0 1 5 20] [--window 30]
+
+Not a test: figures depend on the machine and on what else runs on it (the load average is recorded).
+Uses the browser tests' helpers (tests/browser) so it drives the page exactly as they do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "tests" / "browser"), str(ROOT / "tests")]  # the browser tests' conftest first
+
+from conftest import CHROMIUM, CHROMIUM_ARGS, VIEWPORT  # noqa: E402
+from playwright.sync_api import expect, sync_playwright  # noqa: E402
+
+import st_ui  # noqa: E402
+import train_page  # noqa: E402
+from support import StreamlitServer, wait_for  # noqa: E402
+
+SERVER_CPU, BROWSER_CPU = 0, 1
+TIMEOUT_MS = 180_000  # per browser action: a busy machine makes a one-core server slow to answer
+SETTLE_S = 5.0  # after the pages are up: let their first draws pass before measuring
+
+
+class HealthProbe(threading.Thread):
+    """GET /_stcore/health every ``every`` seconds; keeps (time, seconds) of each answer (None: no answer)."""
+
+    def __init__(self, server: StreamlitServer, every: float = 0.5):
+        super().__init__(daemon=True, name="health-probe")
+        self.server, self.every = server, every
+        self.samples: list[tuple[float, float | None]] = []
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            try:
+                status, seconds = self.server.health(timeout=10.0)
+                self.samples.append((time.time(), seconds if status == 200 else None))
+            except OSError:
+                self.samples.append((time.time(), None))
+            self.done.wait(self.every)
+
+    def between(self, start: float, end: float) -> dict:
+        answers = [s for t, s in self.samples if start <= t <= end]
+        times = [s for s in answers if s is not None]
+        return {"health_checks": len(answers), "health_failed": len(answers) - len(times),
+                "health_median_s": round(statistics.median(times), 4) if times else None,
+                "health_max_s": round(max(times), 4) if times else None}
+
+
+def _events(home: Path, run_id: str) -> list[dict]:
+    from gradacc.serving.store import STORE_FILENAME, RunStore
+
+    return RunStore(home / STORE_FILENAME).events(run_id)
+
+
+def throughput(home: Path, run_id: str, start: float, end: float) -> dict:
+    """Samples/s of the run between two wall-clock times, from its own stored step events."""
+    steps = [e for e in _events(home, run_id) if e.get("event") == "step" and start <= e["time"] <= end]
+    if len(steps) < 2:
+        return {"steps_in_window": len(steps), "samples_per_s": None}
+    first, last = steps[0], steps[-1]
+    return {"steps_in_window": len(steps),
+            "samples_per_s": round((last["samples_seen"] - first["samples_seen"]) / (last["time"] - first["time"]), 2)}
+
+
+def open_watchers(browser, base_url: str, run_id: str, count: int) -> list:
+    """``count`` new visitors open the run's link at once; returns once every loss chart has drawn a line."""
+    contexts, pages = [], []
+    for _ in range(count):
+        context = browser.new_context(viewport=VIEWPORT, base_url=base_url)
+        context.set_default_timeout(TIMEOUT_MS)
+        page = context.new_page()
+        page.goto(f"/?run={run_id}", wait_until="commit")  # all load together, as a room opening a link does
+        contexts.append(context)
+        pages.append(page)
+    for page in pages:
+        expect(st_ui.traces(st_ui.plot(page, "Training loss")).first).to_be_attached(timeout=TIMEOUT_MS)
+    return contexts
+
+
+def one_count(browser, server: StreamlitServer, home: Path, probe: HealthProbe, watchers: int,
+              window: float) -> dict:
+    starter_context = browser.new_context(viewport=VIEWPORT, base_url=server.url)
+    starter_context.set_default_timeout(TIMEOUT_MS)
+    starter = starter_context.new_page()
+    st_ui.open_app(starter)
+    train_page.wait_for_libraries(starter)
+    train_page.configure(starter, micro_batch=8, accum_steps=4, epochs=500, train_samples=2000, eval_samples=50)
+    run_id = train_page.start(starter)
+    expect(train_page.loss_traces(starter).first).to_be_attached(timeout=120_000)  # training, not loading
+    st_ui.go_to(starter, "Code")  # the starter keeps its session (to Stop later) but watches nothing
+    opened = time.time()
+    contexts = open_watchers(browser, server.url, run_id, watchers)
+    ready = time.time()
+    time.sleep(SETTLE_S)
+    start = time.time()
+    time.sleep(window)
+    end = time.time()
+    result = {"watchers": watchers, "run_id": run_id, "pages_open_s": round(ready - opened, 1),
+              **throughput(home, run_id, start, end), **probe.between(opened, end),
+              "load_average_1min": round(os.getloadavg()[0], 2)}
+    for context in contexts:
+        context.close()
+    st_ui.go_to(starter, "Train")
+    st_ui.click(starter, "Stop")
+    wait_for(lambda: any(e.get("event") == "run_ended" for e in _events(home, run_id)), 120, "the run to stop")
+    starter.context.close()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--counts", type=int, nargs="+", default=[0, 1, 5, 20], help="watching pages per run")
+    parser.add_argument("--window", type=float, default=30.0, help="seconds of training measured per count")
+    args = parser.parse_args()
+    os.sched_setaffinity(0, {BROWSER_CPU})  # this process, Playwright's driver and chromium: CPU 1
+    with tempfile.TemporaryDirectory() as folder:
+        home = Path(folder)
+        command = ["taskset", "-c", str(SERVER_CPU), sys.executable, "-m", "streamlit", "run", "app.py",
+                   "--server.headless", "true", "--browser.gatherUsageStats", "false",
+                   "--server.fileWatcherType", "none"]
+        server = StreamlitServer(home, home / "streamlit.log", command=command,
+                                 extra_env={"GRADACC_MAX_RUN_SECONDS": "0"})
+        probe = HealthProbe(server)
+        probe.start()
+        results = []
+        try:
+            with sync_playwright() as playwright:
+                browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+                for count in args.counts:
+                    results.append(one_count(browser, server, home, probe, count, args.window))
+                    print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+                browser.close()
+        finally:
+            probe.done.set()
+            server.stop()
+    base = next((r["samples_per_s"] for r in results if r["watchers"] == 0), None)
+    for result in results:
+        result["ratio_to_no_page"] = round(result["samples_per_s"] / base, 3) \
+            if base and result["samples_per_s"] else None
+    print(json.dumps({"cpus": {"server": SERVER_CPU, "browsers": BROWSER_CPU}, "window_s": args.window,
+                      "runs": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -15,7 +15,7 @@ import torch
 
 from gradacc import events
 from gradacc.training import distributed, memory
-from gradacc.errors import GradaccError, RunFailed
+from gradacc.errors import GradaccError, RunFailed, one_line
 from gradacc.training.metrics import classification_metrics, language_model_metrics
 
 EVAL_BATCH_SIZE = 64
@@ -58,7 +58,7 @@ def optimizer_for(named_parameters, config, device=None) -> torch.optim.Optimize
         try:
             return torch.optim.AdamW(groups, lr=lr, fused=True)
         except RuntimeError as error:  # torch checks the parameters' device against its fused kernels
-            raise GradaccError(f"Optimizer adamw-fused is not supported here: {str(error).splitlines()[0]}",
+            raise GradaccError(f"Optimizer adamw-fused is not supported here: {one_line(error, with_type=False)}",
                                "optimizer") from None
     return torch.optim.AdamW(groups, lr=lr)
 

@@ -32,7 +32,8 @@ from gradacc.training.memory import ActivationMeter
 from gradacc.training.metrics import classification_metrics, language_model_metrics
 
 
-def make_loss_function(normalization: str, k: int, num_processes: int = 1, causal_lm: bool = False):
+def make_loss_function(normalization: str, gradient_accumulation_steps: int, num_processes: int = 1,
+                       causal_lm: bool = False):
     """Trainer's ``compute_loss_func``: summed cross-entropy over the window's items, or each mean ÷ k.
 
     ``num_items_in_batch`` counts the window on all ranks, and Trainer multiplies the returned loss by the
@@ -50,7 +51,7 @@ def make_loss_function(normalization: str, k: int, num_processes: int = 1, causa
                                  reduction="sum")
         if normalization == "exact":
             return summed / num_items_in_batch
-        return summed / (labels != -100).sum() / k / num_processes
+        return summed / (labels != -100).sum() / gradient_accumulation_steps / num_processes
 
     return compute_loss
 

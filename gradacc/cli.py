@@ -89,6 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="several processes: all-reduce gradients after every micro-batch (no no_sync), "
                             "to measure what no_sync saves")
 
+    plan = commands.add_parser("plan", help="measure every memory lever on a model and plan m and k for a budget")
+    plan.add_argument("--model", default=RunConfig.model)
+    plan.add_argument("--max-seq-length", type=_value, default=128)
+    plan.add_argument("--memory-budget-mb", type=_value, required=True)
+    plan.add_argument("--target-effective-batch", type=_value, required=True)
+    plan.add_argument("--json", action="store_true")
+
     check = commands.add_parser("check", help="gradient equivalence: naive vs exact normalisation")
     _add_run_options(check)
     check.add_argument("--samples", type=int, default=None, help="examples in the window (default m×k×processes)")
@@ -175,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "train":
             return _train(args)
+        if args.command == "plan":
+            return _plan(args)
         if args.command == "check":
             return _check(args)
         if args.command == "compare":
@@ -326,6 +335,37 @@ def _compare(args) -> int:
     else:
         print(figures["headline"])
     return EXIT_OK
+
+
+def _plan(args) -> int:
+    from gradacc.analysis import planner
+    from gradacc.units import format_bytes
+
+    RunConfig(model=args.model, max_seq_length=args.max_seq_length).validate()
+    if isinstance(args.memory_budget_mb, str):
+        raise GradaccError(f"--memory-budget-mb must be a number; got {args.memory_budget_mb!r}.")
+    result = planner.plan_levers(planner.measure_levers(args.model, args.max_seq_length), float(args.memory_budget_mb),
+                                 args.target_effective_batch)
+    if args.json:
+        print(json.dumps(result, default=str))
+        return EXIT_OK
+    print(f"{args.model} at {args.max_seq_length} tokens, budget {result['budget_mb']:g} MB, effective batch "
+          f"{result['target_effective_batch']}; fastest first (seconds per example from a short timed run)")
+    print(f"{'checkpointing':<14}{'precision':<10}{'optimizer':<11}{'m':>6}{'k':>6}{'peak':>11}{'static':>11}"
+          f"{'ms/example':>12}")
+    for row in result["rows"]:
+        print(f"{'on' if row['gradient_checkpointing'] else 'off':<14}{row['precision']:<10}{row['optimizer']:<11}"
+              f"{row['micro_batch_size'] or '—':>6}{row['grad_accum_steps'] or '—':>6}"
+              f"{format_bytes(row['predicted_peak_bytes']):>11}{format_bytes(row['static_bytes']):>11}"
+              f"{row['seconds_per_example'] * 1000:>12.2f}")
+    for name in ("fastest", "cheapest_memory"):
+        row = result[name]
+        print(f"{name.replace('_', ' ')}: " + ("nothing fits this budget" if row is None else
+              f"checkpointing {'on' if row['gradient_checkpointing'] else 'off'}, {row['precision']}, "
+              f"{row['optimizer']}, m={row['micro_batch_size']}, k={row['grad_accum_steps']}"))
+    print(f"activation line checked on a micro-batch of {planner.HELD_OUT_SIZE} it was not fitted on: largest error "
+          f"{result['largest_held_out_error']:+.2%}")
+    return EXIT_OK if result["fastest"] else EXIT_FAILED
 
 
 def _check(args) -> int:

@@ -81,6 +81,10 @@ def demo_view():
                 st.progress(bar[0], text=bar[1])
     if any(run.is_live for run in snapshots):
         st.caption("The result is written here when both runs are done.")
+    if len(snapshots) == len(scenario.runs):  # the headline describes the two runs the scenario compares
+        first, second = scenario.compares
+        snapshots = [snapshots[first], snapshots[second],
+                     *(run for index, run in enumerate(snapshots) if index not in scenario.compares)]
     comparison.draw(snapshots, key="demo")
 
 

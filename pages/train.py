@@ -67,17 +67,25 @@ run = manager.get(run_id) if run_id else None
 live = run is not None and run.is_live
 own_live = live and run.owner == owner  # one live run per visitor; another's run (from a link) is only watched
 
+
+
+def start(run_config: RunConfig) -> None:
+    try:
+        new_run = manager.submit(run_config, owner, label=form.run_label(run_config))
+    except GradaccError as error:
+        general.error(error.message)
+        return
+    st.session_state["run_id"] = new_run
+    st.query_params["run"] = new_run
+    ui.suggest_train_settings(micro_batch_size=run_config.micro_batch_size,
+                              grad_accum_steps=run_config.grad_accum_steps)  # the form shows what now runs
+    st.rerun()  # redraw with the live panel polling
+
+
 start_column, stop_column, _ = st.columns([1, 1, 5])
 if start_column.button("Start", type="primary", key="start", disabled=bool(problems) or own_live,
                        help="Fix the settings marked in red first." if problems else None):
-    try:
-        run_id = manager.submit(config, owner, label=form.run_label(config))
-    except GradaccError as error:
-        general.error(error.message)
-    else:
-        st.session_state["run_id"] = run_id
-        st.query_params["run"] = run_id
-        st.rerun()  # redraw with the live panel polling
+    start(config)
 if own_live and stop_column.button("Stop", key="stop"):
     manager.stop(run_id, owner)
     st.toast("Stopping after the current micro-batch…")
@@ -112,6 +120,13 @@ def run_status(current):
             st.progress(bar[0], text=bar[1])
         for note in runview.notes(current):
             st.caption(f"ℹ️ {note}")
+        fit = runview.fit_with_accumulation(current)
+        if fit is not None and st.button("Fit with accumulation", type="primary", key="fit_with_accumulation",
+                                         disabled=manager.any_live(owner),
+                                         help=f"Start it again with m={fit.micro_batch_size}, k={fit.grad_accum_steps}: "
+                                              "the largest power-of-two micro-batch that fits, and the same effective "
+                                              "batch."):
+            start(fit)
         if not runview.has_anything_to_show(current):
             return  # ended before it trained: the reason above is all there is; no empty scores or charts
         f1, accuracy, memory = st.columns(3)

@@ -31,7 +31,8 @@ def test_settings_are_shown_in_a_header_and_where_the_loop_reads_them():
 
 def test_helpers_are_the_module_functions_the_loop_calls():
     names = [name for name, _ in codeview.helpers(MODULES["accelerate"])]
-    assert names == ["new_accelerator", "loss_weight"]
+    assert names == ["new_accelerator", "loss_weight", "clip_gradients"]
+    assert [name for name, _ in codeview.helpers(MODULES["pytorch"])] == ["loss_weight", "clip_gradients"]
     assert "make_loss_function" in [name for name, _ in codeview.helpers(MODULES["trainer"])]
 
 

@@ -68,3 +68,22 @@ def test_measuring_tiny_bert_gives_static_bytes_and_a_linear_activation_cost():
     for size, measured in measurement.activations.items():
         assert fit.predict(size) == pytest.approx(measured, rel=0.05)
     assert measurement.activations[4] > 3 * measurement.activations[1]
+
+
+def test_the_lever_planner_hits_the_target_exactly_and_checks_its_line_on_a_held_out_micro_batch():
+    grid = (planner.LEVER_GRID[0], {"gradient_checkpointing": True, "precision": "bf16", "optimizer": "adafactor"})
+    measured = planner.measure_levers("tiny-bert", 64, grid=grid)
+    plain, light = measured
+    assert light["static"]["total"] < plain["static"]["total"]
+    assert light["fit"]["bytes_per_example"] < plain["fit"]["bytes_per_example"]
+    for row in measured:  # fitted on 1, 2, 4; checked on 8
+        assert set(row["activations"]) == {1, 2, 4, 8} and abs(row["held_out_error"]) < 0.05
+    budget_mb = (plain["static"]["total"] + plain["fit"]["fixed_bytes"] + plain["fit"]["bytes_per_example"] * 6) / 1e6
+    plan = planner.plan_levers(measured, budget_mb, 48)
+    for row in plan["rows"]:
+        assert row["micro_batch_size"] * row["grad_accum_steps"] == 48  # m a power of two dividing the target
+        assert row["predicted_peak_bytes"] <= budget_mb * 1e6
+    by_levers = {row["precision"]: row for row in plan["rows"]}
+    assert by_levers["fp32"]["micro_batch_size"] == 4 and by_levers["bf16"]["micro_batch_size"] == 16
+    assert plan["cheapest_memory"]["precision"] == "bf16"
+    assert plan["fastest"] in plan["rows"]

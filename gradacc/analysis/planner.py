@@ -147,3 +147,101 @@ def measure(model: str, max_seq_length: int, sizes=MEASURED_SIZES, seed: int = 4
         activations[size] = meter.bytes
         del outputs  # frees the graph before the next, larger pass
     return Measurement(model=model, max_seq_length=max_seq_length, static=static, activations=activations)
+
+
+# ---- a planner over every lever (python -m gradacc plan) -------------------------------------------
+
+FIT_SIZES = (1, 2, 4)
+HELD_OUT_SIZE = 8  # the line is checked on a micro-batch it was not fitted on
+TIMED_MICRO_BATCH = 4
+TIMED_MICRO_BATCHES = 3
+LEVER_GRID = tuple({"gradient_checkpointing": checkpointing, "precision": precision, "optimizer": optimizer}
+                   for checkpointing in (False, True) for precision in ("fp32", "bf16")
+                   for optimizer in ("adamw", "sgd", "adafactor"))
+
+
+def measure_levers(model: str, max_seq_length: int, grid=LEVER_GRID, seed: int = 42) -> list[dict]:
+    """Per lever setting: static bytes (a dry step of its optimizer), activations of 1, 2 and 4 examples at
+    ``max_seq_length`` tokens fitted as a line and checked on 8, and seconds per example of a short timed
+    run (3 micro-batches of 4: forward and backward under the setting, then one optimizer step)."""
+    warmup.wait_until_warm()
+    import time
+
+    import torch
+
+    from gradacc.training import budget, memory
+    from gradacc.training.backends.common import Precision, enable_gradient_checkpointing, make_optimizer
+    from gradacc.training.engine import quiet_libraries
+    from gradacc.training.sources import builtin_data, models
+
+    quiet_libraries()
+    texts, labels = builtin_data.make_sentiment(max(HELD_OUT_SIZE, TIMED_MICRO_BATCH), seed)
+    rows = []
+    for levers in grid:
+        config = RunConfig(model=model, max_seq_length=max_seq_length, seed=seed, dropout=0.0, **levers).validate()
+        loaded = models.load(config, len(builtin_data.LABEL_NAMES), list(builtin_data.LABEL_NAMES))
+        network = loaded.model
+        if config.gradient_checkpointing:
+            enable_gradient_checkpointing(network, model)
+        network.train()
+        precision = Precision(config, "cpu")
+
+        def batch(size):
+            encoded = loaded.tokenizer(texts[:size], padding="max_length", truncation=True, max_length=max_seq_length,
+                                       return_tensors="pt")
+            encoded["labels"] = torch.tensor(labels[:size])
+            return encoded
+
+        meter = memory.ActivationMeter(network)
+        activations = {}
+        for size in (*FIT_SIZES, HELD_OUT_SIZE):
+            with precision.autocast(), meter.measure():
+                outputs = network(**batch(size))
+            activations[size] = meter.bytes
+            del outputs
+        fit = fit_activations({size: activations[size] for size in FIT_SIZES})
+        held_out_error = (fit.predict(HELD_OUT_SIZE) - activations[HELD_OUT_SIZE]) / activations[HELD_OUT_SIZE]
+        optimizer = make_optimizer(network, config, "cpu")
+        timed = batch(TIMED_MICRO_BATCH)
+        began = time.perf_counter()
+        for _ in range(TIMED_MICRO_BATCHES):
+            with precision.autocast():
+                loss = network(**timed).loss
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        seconds = (time.perf_counter() - began) / (TIMED_MICRO_BATCH * TIMED_MICRO_BATCHES)
+        rows.append({"levers": levers, "static": budget.static_need(network, config, "cpu"),
+                     "fit": {"fixed_bytes": fit.fixed_bytes, "bytes_per_example": fit.bytes_per_example},
+                     "activations": activations, "held_out_error": held_out_error, "seconds_per_example": seconds})
+    return rows
+
+
+def plan_levers(measured: list[dict], budget_mb: float, target_effective_batch: int) -> dict:
+    """For each setting: m (a power of two dividing the target, so m × k = target exactly) that fits the budget, k,
+    the predicted peak; the recommendation is the fastest setting that fits, the cheapest-memory one beside it."""
+    from gradacc.training.budget import largest_fitting_micro_batch
+
+    if isinstance(target_effective_batch, bool) or not isinstance(target_effective_batch, int) \
+            or target_effective_batch < 1:
+        raise GradaccError(f"Target effective batch must be a whole number of at least 1; got "
+                           f"{target_effective_batch!r}.", "target_effective_batch")
+    if not budget_mb or budget_mb <= 0 or math.isnan(budget_mb):
+        raise GradaccError(f"Memory budget (MB) must be more than 0; got {budget_mb!r}.", "budget_mb")
+    rows = []
+    for setting in measured:
+        static, fit = setting["static"]["total"], setting["fit"]
+        m = largest_fitting_micro_batch(static, fit["fixed_bytes"], fit["bytes_per_example"], budget_mb * MB,
+                                        target_effective_batch)
+        peak = None if m is None else static + fit["fixed_bytes"] + fit["bytes_per_example"] * m
+        rows.append({**setting["levers"], "fits": m is not None, "micro_batch_size": m,
+                     "grad_accum_steps": None if m is None else target_effective_batch // m,
+                     "predicted_peak_bytes": peak, "static_bytes": static,
+                     "seconds_per_example": setting["seconds_per_example"],
+                     "held_out_error": setting["held_out_error"]})
+    fitting = sorted((row for row in rows if row["fits"]), key=lambda row: row["seconds_per_example"])
+    return {"budget_mb": budget_mb, "target_effective_batch": target_effective_batch,
+            "rows": fitting + [row for row in rows if not row["fits"]],
+            "fastest": fitting[0] if fitting else None,
+            "cheapest_memory": min(fitting, key=lambda row: row["predicted_peak_bytes"]) if fitting else None,
+            "largest_held_out_error": max(abs(row["held_out_error"]) for row in rows)}

@@ -26,8 +26,9 @@ HEADER = (("micro_batch_size", "micro_batch_size", "m"),
           ("seed", "seed", None))
 _FIELDS = set(RunConfig().to_dict())
 _CONFIG_REFERENCE = re.compile(r"\bconfig\.([A-Za-z_]\w*)")
-# Helpers in other modules worth showing beside a loop: the weight every backend puts on a micro-batch.
-SHARED_HELPERS = {"loss_weight": "gradacc.training.windows"}
+# Helpers in other modules worth showing beside a loop: the weight every backend puts on a micro-batch, and
+# the clipping both hand-written loops do before the optimizer step.
+SHARED_HELPERS = {"loss_weight": "gradacc.training.windows", "clip_gradients": "gradacc.training.backends.common"}
 
 
 @lru_cache(maxsize=None)

@@ -6,6 +6,7 @@ import heapq
 import statistics
 
 from gradacc import events as ev
+from gradacc.config import RunConfig
 
 RECENT_RUNS = 10  # finished runs whose durations estimate a queued run's wait
 
@@ -43,6 +44,14 @@ def status_message(run, queue: tuple[int, str] | None = None) -> tuple[str, str]
     if status == "failed":
         return style, f"Failed: {run.reason or 'no reason given'}"
     return style, f"{status.capitalize()} after {steps} optimizer steps{took}: {run.reason or 'no reason given'}."
+
+
+def fit_with_accumulation(run):
+    """The failed out-of-memory run's config with the m and k that fit its budget (same effective batch), or None."""
+    fit = ((run.ended or {}).get("out_of_memory") or {}).get("fit") if run.status == ev.FAILED else None
+    if not fit:
+        return None
+    return RunConfig.from_dict(run.config).replace(**fit)
 
 
 def progress(run) -> tuple[float, str] | None:

@@ -12,7 +12,8 @@ import streamlit as st
 
 from gradacc.app import form
 from gradacc.serving import uploads, warmup
-from gradacc.config import BACKENDS, BUILTIN_DATASETS, BUILTIN_MODELS, LOSS_NORMALIZATIONS, RunConfig, field_label
+from gradacc.config import (BACKENDS, BUILTIN_DATASETS, BUILTIN_MODELS, LOSS_NORMALIZATIONS, OPTIMIZERS, PRECISIONS,
+                            RunConfig, field_label)
 from gradacc.training.sources.data import FILE_SUFFIXES, TEXT_COLUMNS
 from gradacc.errors import GradaccError
 from gradacc.serving.limits import Limits
@@ -178,7 +179,45 @@ def training_inputs(prefix: str, errors: FieldErrors) -> dict:
         values |= {"train_samples": number_field(prefix, "train_samples", errors, step=100),
                    "eval_samples": number_field(prefix, "eval_samples", errors, step=50),
                    "max_seq_length": number_field(prefix, "max_seq_length", errors, step=16)}
+    with st.expander("Memory: a budget, and the levers beside accumulation"):
+        values |= memory_inputs(prefix, errors)
     return values
+
+
+def memory_inputs(prefix: str, errors: FieldErrors) -> dict:
+    """The memory budget (empty: none) and the levers: gradient checkpointing, precision, optimizer."""
+    budget = st.number_input(field_label("memory_budget_mb"), key=prefix + "memory_budget_mb", persist_state="session",
+                             step=50.0, format="%.0f", placeholder="no budget",
+                             help="The run measures what it needs before step 1 (parameters, gradients, optimizer "
+                                  "state, and the saved activations of its largest micro-batch at its longest "
+                                  "sequence) and fails like out-of-memory past it. On the CPU the budget is "
+                                  "enforced from these measured bytes; on a GPU the allocator is capped too.")
+    errors.slot("memory_budget_mb")
+    left, right = st.columns(2)
+    with left:
+        checkpointing = st.toggle(field_label("gradient_checkpointing"), key=prefix + "gradient_checkpointing",
+                                  persist_state="session",
+                                  help="Keep only each layer's input and recompute the rest in backward: far fewer "
+                                       "activations, paid for with a second forward pass.")
+        errors.slot("gradient_checkpointing")
+        precision = st.radio(field_label("precision"), PRECISIONS, key=prefix + "precision", persist_state="session",
+                             horizontal=True, help="Autocast: bf16 works on the CPU; fp16 needs a CUDA GPU.")
+        errors.slot("precision")
+    with right:
+        optimizer = st.selectbox(field_label("optimizer"), offered_optimizers(), key=prefix + "optimizer",
+                                 persist_state="session",
+                                 help="AdamW keeps two moments per parameter, SGD (momentum) one, Adafactor only "
+                                      "factored rows and columns.")
+        errors.slot("optimizer")
+    return {"memory_budget_mb": budget, "gradient_checkpointing": checkpointing, "precision": precision,
+            "optimizer": optimizer}
+
+
+def offered_optimizers() -> list[str]:
+    """adamw-8bit only where bitsandbytes is installed (the run refuses it again without a GPU)."""
+    import importlib.util
+
+    return [name for name in OPTIMIZERS if name != "adamw-8bit" or importlib.util.find_spec("bitsandbytes")]
 
 
 def model_input(prefix: str, errors: FieldErrors) -> str:
@@ -355,7 +394,7 @@ _TRAIN_CONFIG_SHOWN = "train_config.shown"  # the config the Train form's widget
 # The Train form's widgets, by RunConfig field (the model and the data have pickers of their own).
 TRAIN_FORM_FIELDS = ("backend", "micro_batch_size", "grad_accum_steps", "epochs", "learning_rate", "seed",
                      "loss_normalization", "dropout", "train_samples", "eval_samples", "max_seq_length",
-                     "num_processes")
+                     "num_processes", "memory_budget_mb", "gradient_checkpointing", "precision", "optimizer")
 
 
 def train_config() -> RunConfig:

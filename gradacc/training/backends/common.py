@@ -15,7 +15,7 @@ import torch
 
 from gradacc import events
 from gradacc.training import distributed, memory
-from gradacc.errors import GradaccError, RunFailed
+from gradacc.errors import GradaccError, RunFailed, one_line
 from gradacc.training.metrics import classification_metrics, language_model_metrics
 
 EVAL_BATCH_SIZE = 64
@@ -58,7 +58,7 @@ def optimizer_for(named_parameters, config, device=None) -> torch.optim.Optimize
         try:
             return torch.optim.AdamW(groups, lr=lr, fused=True)
         except RuntimeError as error:  # torch checks the parameters' device against its fused kernels
-            raise GradaccError(f"Optimizer adamw-fused is not supported here: {str(error).splitlines()[0]}",
+            raise GradaccError(f"Optimizer adamw-fused is not supported here: {one_line(error, with_type=False)}",
                                "optimizer") from None
     return torch.optim.AdamW(groups, lr=lr)
 
@@ -68,7 +68,8 @@ def enable_gradient_checkpointing(model, name: str) -> None:
     (works with inputs that need no grad, and with the saved-tensor hooks that measure memory)."""
     if not getattr(model, "supports_gradient_checkpointing", False):
         raise GradaccError(f"Gradient checkpointing is not supported by {name}.", "gradient_checkpointing")
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    # transformers 5's name for gradient_checkpointing_enable (the old one warns that it goes in v6).
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
 
 
 def activation_meter(job, model) -> memory.ActivationMeter:

@@ -32,7 +32,8 @@ from gradacc.training.memory import ActivationMeter
 from gradacc.training.metrics import classification_metrics, language_model_metrics
 
 
-def make_loss_function(normalization: str, k: int, num_processes: int = 1, causal_lm: bool = False):
+def make_loss_function(normalization: str, gradient_accumulation_steps: int, num_processes: int = 1,
+                       causal_lm: bool = False):
     """Trainer's ``compute_loss_func``: summed cross-entropy over the window's items, or each mean ÷ k.
 
     ``num_items_in_batch`` counts the window on all ranks, and Trainer multiplies the returned loss by the
@@ -50,7 +51,7 @@ def make_loss_function(normalization: str, k: int, num_processes: int = 1, causa
                                  reduction="sum")
         if normalization == "exact":
             return summed / num_items_in_batch
-        return summed / (labels != -100).sum() / k / num_processes
+        return summed / (labels != -100).sum() / gradient_accumulation_steps / num_processes
 
     return compute_loss
 
@@ -204,7 +205,7 @@ def train(job) -> None:
             dataloader_num_workers=0,
             bf16=config.precision == "bf16",
             fp16=config.precision == "fp16",
-            gradient_checkpointing=config.gradient_checkpointing,
+            activation_checkpointing=config.gradient_checkpointing,  # transformers 5's gradient_checkpointing
             activation_checkpointing_kwargs={"use_reentrant": False} if config.gradient_checkpointing else None,
             # Several processes: all-reduce after every micro-batch when asked to (what no_sync saves, measured).
             accelerator_config={"gradient_accumulation_kwargs": {"sync_each_batch": True}}

@@ -36,7 +36,7 @@ class Recipe:
 # One row per built-in model; add a model here and the Train page, the CLI and RunConfig all use its row.
 # Measured on the built-in data, m=8, k=4, one epoch, seed 42: tiny-bert (2000 examples, 63 steps) learns from
 # scratch only with a high rate (eval F1 0.000 at 1e-3, 0.884 at 5e-3; other seeds can still sit on the plateau
-# after one epoch). MiniLM (512 examples, 16 steps) reached F1 0.698 at 5e-5 and 0.910 at 2e-4; at 1e-3 a
+# after one epoch). Its two-epoch default run ends at 0.883 with 5e-3 (0.945 with 1e-3, which fails one epoch). MiniLM (512 examples, 16 steps) reached F1 0.698 at 5e-5 and 0.910 at 2e-4; at 1e-3 a
 # pretrained model collapses (the issue: F1 0.000 after a spike at step ~55 of 63).
 RECIPES = {
     "tiny-bert": Recipe(learning_rate=5e-3, warmup_ratio=0.1, epochs=2, max_seq_length=64, dropout=0.1),

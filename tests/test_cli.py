@@ -55,7 +55,7 @@ def test_check_json_has_the_main_pair_and_every_case():
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["exact_rel_error"] < 1e-5
-    assert set(report["cases"]) == {"equal_windows", "short_last_window", "token_level"}
+    assert set(report["cases"]) == {"equal_windows", "short_last_window", "token_level", "language_model"}
     assert all({"naive_rel_error", "exact_rel_error"} <= set(c) for c in report["cases"].values())
 
 

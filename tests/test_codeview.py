@@ -50,7 +50,8 @@ def test_the_three_things_accumulation_adds_stand_out_and_instrumentation_is_dim
     roles = codeview.line_roles(code)
     marked = {role: [line.strip() for line, r in zip(lines, roles) if r == role] for role in set(roles)}
     expected = {
-        "pytorch": {"scale": "loss = loss * loss_weight(", "backward": "loss.backward()", "step": "optimizer.step()"},
+        "pytorch": {"scale": "loss = loss * loss_weight(", "backward": "precision.scale(loss).backward()",
+                    "step": "precision.step(optimizer)"},
         "accelerate": {"scale": "weight = loss_weight(", "backward": "accelerator.backward(",
                        "step": "optimizer.zero_grad()"},
         "trainer": {"scale": "compute_loss_func=", "step": "gradient_accumulation_steps=config.grad_accum_steps"},
@@ -58,7 +59,7 @@ def test_the_three_things_accumulation_adds_stand_out_and_instrumentation_is_dim
     for role, start in expected.items():
         assert any(line.startswith(start) for line in marked[role]), (role, marked.get(role))
     assert any(line.startswith("report.step(") for line in marked["instrumentation"]) or backend == "trainer"
-    assert any("ActivationMeter(" in line for line in marked["instrumentation"])
+    assert any("activation_meter(" in line for line in marked["instrumentation"])
     # The training itself is never dimmed.
     assert not any("model(**batch)" in line or "optimizer.step()" in line for line in marked["instrumentation"])
     html = codeview.highlighted_html(code, roles)

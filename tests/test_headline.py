@@ -107,3 +107,10 @@ def test_runs_are_named_by_what_differs():
     assert compare.differing_labels(configs) == {"a": "m=8, k=4, lr 0.005, dropout 0",
                                                  "b": "m=8, k=4, lr 0.0001, dropout 0.1 #1",
                                                  "c": "m=8, k=4, lr 0.0001, dropout 0.1 #2"}
+
+
+def test_a_run_without_a_memory_budget_is_named_so():
+    configs = {"wall": RunConfig(micro_batch_size=64, grad_accum_steps=1, memory_budget_mb=450).validate().to_dict(),
+               "free": RunConfig(micro_batch_size=64, grad_accum_steps=1).validate().to_dict()}
+    assert compare.differing_labels(configs) == {"wall": "m=64, k=1, budget 450 MB",
+                                                 "free": "m=64, k=1, no memory budget"}

@@ -4,7 +4,7 @@ import pytest
 from app_support import error_after, open_app, set_numbers
 
 EXPECTED = {
-    "pytorch": ["loss.backward()", "optimizer.step()"],
+    "pytorch": ["precision.scale(loss).backward()", "precision.step(optimizer)", "optimizer.zero_grad()"],
     "accelerate": ["with accelerator.accumulate(model):", "accelerator.backward("],
     "trainer": ["TrainingArguments(",
                 "gradient_accumulation_steps=config.grad_accum_steps,  # ← grad_accum_steps = 2"],

@@ -282,6 +282,8 @@ def differing_labels(configs: dict[str, dict]) -> dict[str, str]:
                 parts.append("Trainer library default" if value else "gradacc's loss fix")
             elif name in ("backend", "loss_normalization"):
                 parts.append(str(value))
+            elif name == "memory_budget_mb":
+                parts.append(f"budget {value:g} MB" if value else "no memory budget")
             else:
                 parts.append(f"{field_name(name)} {_value(value)}")
         labels[key] = ", ".join(parts)

@@ -111,14 +111,14 @@ ROLE_TITLES = {"scale": "scale the loss", "backward": "backward() every micro-ba
                "step": "step and zero every k"}
 _MARKER = re.compile(r"^\s*# Accumulation(?:, (\d) of 3)?:")
 # Statements inside the "step" block that are the step itself (the rest there is bookkeeping).
-_STEP_ITSELF = re.compile(r"\b(optimizer\.(step|zero_grad)|lr_scheduler\.step|if last_of_window|"
+_STEP_ITSELF = re.compile(r"\b(optimizer\.(step|zero_grad)|precision\.step|lr_scheduler\.step|if last_of_window|"
                           r"sync_gradients)\b")
 # Trainer does all three inside its own loop: what gradacc sets is the k and the loss scaling.
 _TRAINER_SETTINGS = {"gradient_accumulation_steps=": "step", "compute_loss_func=": "scale"}
 # Measuring and reporting, not training: drawn dimmed, so the loop reads as the loop.
 _INSTRUMENTATION = re.compile(
     r"\b(meter|report|measuring|activation_bytes|window_loss|micro_batches \+= 1|check_stop|sync_probe|SyncProbe|"
-    r"StepReporter|ActivationMeter|WindowTally|window|callback|EventCallback|before_optimizer_step|"
+    r"StepReporter|ActivationMeter|activation_meter|WindowTally|window|callback|EventCallback|before_optimizer_step|"
     r"check_finite|job=job)\b")
 
 

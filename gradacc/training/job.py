@@ -13,7 +13,6 @@ from typing import Callable
 
 from gradacc.training.sources import data as data_module
 from gradacc.training import distributed, windows
-from gradacc.training.backends.common import Precision, enable_gradient_checkpointing
 from gradacc.training.sources import models
 from gradacc import paths
 from gradacc.config import CAUSAL_LM, RunConfig, optimizer_steps_per_epoch, too_few_examples, total_optimizer_steps
@@ -156,6 +155,10 @@ def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, token_lev
         notes.append(f"{repeated} example(s) from the start of the data are repeated at the end of each epoch so "
                      f"that all {config.num_processes} processes get full micro-batches (as Accelerate does).")
     device = pick_device()
+    # torch loads with the backends' helpers, here and not when this module is imported: a cold server's run
+    # thread does that import (see tests/test_attack_resources.py).
+    from gradacc.training.backends.common import Precision, enable_gradient_checkpointing
+
     precision = Precision(config, device)  # refuses fp16 off CUDA before anything is moved to the device
     if config.gradient_checkpointing:
         enable_gradient_checkpointing(loaded.model, config.model)

@@ -81,7 +81,7 @@ def activation_meter(job, model) -> memory.ActivationMeter:
 class Precision:
     """Autocast for the forward pass and, for fp16 on CUDA, a grad scaler around backward and step.
 
-    bf16 needs no scaler (it has fp32's range). The plain loop calls ``backward``, ``unscale`` (before clipping)
+    bf16 needs no scaler (it has fp32's range). The plain loop calls ``scale(loss).backward()``, ``unscale`` (before clipping)
     and ``step``; Accelerate and Trainer get the same choice as their own ``mixed_precision`` / ``bf16``/``fp16``.
     """
 
@@ -98,8 +98,9 @@ class Precision:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.dtype)
 
-    def backward(self, loss: torch.Tensor) -> None:
-        (self.scaler.scale(loss) if self.scaler else loss).backward()
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss to call ``backward()`` on: scaled up for fp16 (small gradients survive), else unchanged."""
+        return self.scaler.scale(loss) if self.scaler else loss
 
     def unscale(self, optimizer) -> None:
         if self.scaler:

@@ -62,7 +62,7 @@ def train(job) -> None:
                 loss = loss * loss_weight(config.loss_normalization, job.batch_items[index], job.window_items[index],
                                           gradient_accumulation_steps, num_processes)
                 # Accumulation, 2 of 3: backward() every micro-batch; the gradients add up in each .grad.
-                precision.backward(loss)
+                precision.scale(loss).backward()
             window_loss += loss.item()
             micro_batches += 1
             activation_bytes = meter.bytes if measuring else activation_bytes
@@ -74,7 +74,7 @@ def train(job) -> None:
                 precision.unscale(optimizer)  # fp16: clip the true gradients, not the scaled ones
                 norm = clip_gradients(model, config.max_grad_norm)
                 lr = lr_scheduler.get_last_lr()[0]
-                precision.step(optimizer)
+                precision.step(optimizer)  # optimizer.step(), through the fp16 scaler if any
                 lr_scheduler.step()
                 optimizer.zero_grad()
                 step += 1

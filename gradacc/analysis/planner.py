@@ -62,16 +62,21 @@ class Plan:
         return self.static_bytes + self.activation_bytes
 
 
-def recommend(static_bytes: int, fit: ActivationFit, budget_bytes: float, target_effective_batch: int,
-              num_processes: int = 1) -> Plan:
-    """The fewest accumulation steps k that reach ``target_effective_batch`` with micro-batches that fit
-    ``budget_bytes``, and the micro-batch m for that k; GradaccError when even m = 1 does not fit."""
+def check_plan_inputs(budget_mb: float, target_effective_batch: int) -> None:
+    """The planner's two inputs, refused in the page's words (one home for the plain and the levers planner)."""
     if isinstance(target_effective_batch, bool) or not isinstance(target_effective_batch, int) \
             or target_effective_batch < 1:
         raise GradaccError(f"{field_label('target_effective_batch')} must be a whole number of at least 1; "
                            f"got {target_effective_batch!r}.", "target_effective_batch")
-    if not budget_bytes or budget_bytes <= 0 or math.isnan(budget_bytes):
-        raise GradaccError(f"{field_label('budget_mb')} must be more than 0.", "budget_mb")
+    if not budget_mb or budget_mb <= 0 or math.isnan(budget_mb):
+        raise GradaccError(f"{field_label('budget_mb')} must be more than 0; got {budget_mb!r}.", "budget_mb")
+
+
+def recommend(static_bytes: int, fit: ActivationFit, budget_bytes: float, target_effective_batch: int,
+              num_processes: int = 1) -> Plan:
+    """The fewest accumulation steps k that reach ``target_effective_batch`` with micro-batches that fit
+    ``budget_bytes``, and the micro-batch m for that k; GradaccError when even m = 1 does not fit."""
+    check_plan_inputs(budget_bytes / MB if budget_bytes else budget_bytes, target_effective_batch)
     room = budget_bytes - static_bytes - fit.fixed_bytes
     if room < fit.bytes_per_example or room <= 0:
         need = static_bytes + fit.predict(1)
@@ -222,12 +227,7 @@ def plan_levers(measured: list[dict], budget_mb: float, target_effective_batch: 
     the predicted peak; the recommendation is the fastest setting that fits, the cheapest-memory one beside it."""
     from gradacc.training.budget import largest_fitting_micro_batch
 
-    if isinstance(target_effective_batch, bool) or not isinstance(target_effective_batch, int) \
-            or target_effective_batch < 1:
-        raise GradaccError(f"Target effective batch must be a whole number of at least 1; got "
-                           f"{target_effective_batch!r}.", "target_effective_batch")
-    if not budget_mb or budget_mb <= 0 or math.isnan(budget_mb):
-        raise GradaccError(f"Memory budget (MB) must be more than 0; got {budget_mb!r}.", "budget_mb")
+    check_plan_inputs(budget_mb, target_effective_batch)
     rows = []
     for setting in measured:
         static, fit = setting["static"]["total"], setting["fit"]

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tests" / "browser"), str(ROOT / "tests")]  # the browser tests' conftest first
+sys.path[:0] = [str(ROOT / "tests" / "browser"), str(ROOT / "tests"), str(ROOT)]  # the browser tests' conftest first
 
 from conftest import CHROMIUM, CHROMIUM_ARGS, VIEWPORT  # noqa: E402
 from playwright.sync_api import expect, sync_playwright  # noqa: E402

@@ -30,7 +30,7 @@ any_live = any(runs[run_id].is_live for run_id in chosen_ids)
 @st.fragment(run_every=ui.CHART_POLL_SECONDS if any_live else None)
 def comparison_view():
     # Fresh states each time: a live run's events grow between polls.
-    chosen = [run.snapshot() for run in (manager.get(run_id) for run_id in chosen_ids) if run is not None]
+    chosen = [run.snapshot(reuse_for=ui.SNAPSHOT_REUSE_SECONDS) for run in (manager.get(run_id) for run_id in chosen_ids) if run is not None]
     if any_live and not any(run.is_live for run in chosen):
         st.rerun()  # all ended: stop polling
     if len(chosen) == 1:

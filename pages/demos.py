@@ -68,7 +68,7 @@ def demo_view():
         return
     if live and not any(run.is_live for run in current):
         st.rerun()  # all ended: one full rerun turns polling off and enables the button again
-    snapshots = [run.snapshot() for run in current]
+    snapshots = [run.snapshot(reuse_for=ui.SNAPSHOT_REUSE_SECONDS) for run in current]
     columns = st.columns(len(snapshots))
     labels = comparison.names(snapshots)
     for column, run in zip(columns, snapshots):

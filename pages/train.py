@@ -99,7 +99,7 @@ st.divider()
 @st.fragment(run_every=ui.CHART_POLL_SECONDS if live else None)
 def run_panel():
     live_run = manager.get(run_id) if run_id else None
-    current = live_run.snapshot() if live_run is not None else None
+    current = live_run.snapshot(reuse_for=ui.SNAPSHOT_REUSE_SECONDS) if live_run is not None else None
     run_status(current)
     run_charts(current)
 

@@ -3,12 +3,12 @@
 Starts `streamlit run app.py` pinned to CPU 0 (taskset) and drives Debian's chromium from this process,
 pinned to CPU 1 with everything it starts. For each watcher count, one visitor starts a run (m=8, k=4,
 tiny-bert, built-in data) and goes to another page (so it does not watch); N new browser sessions open
-the run's link and wait until its loss chart draws; then training throughput (samples/s, from the run's
+the run's link and wait until each shows the run's live status; then training throughput (samples/s, from the run's
 own step events) is measured over a fixed window, and the visitor stops the run. /_stcore/health is
 polled twice a second throughout. Prints one JSON object: per count, samples/s, the ratio to the run with
 no page open (all in this one process, one after the other), and health latency (median, max).
 
-    python scripts/watchers.py [--counts 0 1 5 20] [--window 30]
+    python scripts/watchers.py [--counts 0 20 5 1 0] [--window 30]
 
 Not a test: figures depend on the machine and on what else runs on it (the load average is recorded).
 Uses the browser tests' helpers (tests/browser) so it drives the page exactly as they do.
@@ -19,7 +19,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -84,7 +86,10 @@ def throughput(home: Path, run_id: str, start: float, end: float) -> dict:
 
 
 def open_watchers(browser, base_url: str, run_id: str, count: int) -> list:
-    """``count`` new visitors open the run's link at once; returns once every loss chart has drawn a line."""
+    """``count`` new visitors open the run's link at once; returns once every page shows the run's live status
+    (its session is polling the run). Whether each page's browser also keeps up drawing the charts is counted
+    apart (``charts_drawn``): twenty pages of plotly on one browser core may not, and that is the browsers'
+    core, not the server's."""
     contexts, pages = [], []
     for _ in range(count):
         context = browser.new_context(viewport=VIEWPORT, base_url=base_url)
@@ -94,12 +99,18 @@ def open_watchers(browser, base_url: str, run_id: str, count: int) -> list:
         contexts.append(context)
         pages.append(page)
     for page in pages:
-        expect(st_ui.traces(st_ui.plot(page, "Training loss")).first).to_be_attached(timeout=TIMEOUT_MS)
+        expect(page.locator(f".st-key-run-{run_id}-status")).to_contain_text("Running", timeout=TIMEOUT_MS)
     return contexts
 
 
+def charts_drawn(contexts: list) -> int:
+    """How many of the watching pages show at least one line on their loss chart now."""
+    return sum(1 for context in contexts
+               if st_ui.traces(st_ui.plot(context.pages[0], "Training loss")).count() > 0)
+
+
 def one_count(browser, server: StreamlitServer, home: Path, probe: HealthProbe, watchers: int,
-              window: float) -> dict:
+              window: float, profile_dir: Path | None = None) -> dict:
     starter_context = browser.new_context(viewport=VIEWPORT, base_url=server.url)
     starter_context.set_default_timeout(TIMEOUT_MS)
     starter = starter_context.new_page()
@@ -114,9 +125,15 @@ def one_count(browser, server: StreamlitServer, home: Path, probe: HealthProbe, 
     ready = time.time()
     time.sleep(SETTLE_S)
     start = time.time()
-    time.sleep(window)
+    if profile_dir is None:
+        time.sleep(window)
+    else:  # where the server's GIL goes while it is watched (py-spy, on the browsers' CPU)
+        subprocess.run([shutil.which("py-spy", path=f"{Path(sys.executable).parent}:{os.environ['PATH']}"), "record", "--pid", str(server.process.pid), "--gil",
+                        "--rate", "100", "--duration", str(int(window)), "--format", "raw", "--nonblocking",
+                        "-o", str(profile_dir / f"gil-{watchers}-pages.txt")], check=True, capture_output=True)
     end = time.time()
     result = {"watchers": watchers, "run_id": run_id, "pages_open_s": round(ready - opened, 1),
+              "charts_drawn": charts_drawn(contexts),
               **throughput(home, run_id, start, end), **probe.between(opened, end),
               "load_average_1min": round(os.getloadavg()[0], 2)}
     for context in contexts:
@@ -130,9 +147,15 @@ def one_count(browser, server: StreamlitServer, home: Path, probe: HealthProbe, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--counts", type=int, nargs="+", default=[0, 1, 5, 20], help="watching pages per run")
+    parser.add_argument("--counts", type=int, nargs="+", default=[0, 20, 5, 1, 0],
+                        help="watching pages per run, in this order; each 0 is a baseline (their mean is the base)")
     parser.add_argument("--window", type=float, default=30.0, help="seconds of training measured per count")
+    parser.add_argument("--profile", type=Path, metavar="DIR",
+                        help="record the server's GIL holders with py-spy during each window into DIR "
+                             "(gil-N-pages.txt, py-spy's raw format); py-spy must be installed")
     args = parser.parse_args()
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
     os.sched_setaffinity(0, {BROWSER_CPU})  # this process, Playwright's driver and chromium: CPU 1
     with tempfile.TemporaryDirectory() as folder:
         home = Path(folder)
@@ -148,17 +171,21 @@ def main() -> None:
             with sync_playwright() as playwright:
                 browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
                 for count in args.counts:
-                    results.append(one_count(browser, server, home, probe, count, args.window))
+                    results.append(one_count(browser, server, home, probe, count, args.window, args.profile))
                     print(json.dumps(results[-1]), file=sys.stderr, flush=True)
                 browser.close()
         finally:
             probe.done.set()
             server.stop()
-    base = next((r["samples_per_s"] for r in results if r["watchers"] == 0), None)
+    # Every count of 0 is a baseline (e.g. --counts 0 20 5 1 0 brackets the others): their mean is the base,
+    # and their spread says how much the machine drifted during the run.
+    bases = [r["samples_per_s"] for r in results if r["watchers"] == 0 and r["samples_per_s"]]
+    base = statistics.mean(bases) if bases else None
     for result in results:
         result["ratio_to_no_page"] = round(result["samples_per_s"] / base, 3) \
             if base and result["samples_per_s"] else None
     print(json.dumps({"cpus": {"server": SERVER_CPU, "browsers": BROWSER_CPU}, "window_s": args.window,
+                      "no_page_samples_per_s": bases,
                       "runs": results}, indent=2))
 
 

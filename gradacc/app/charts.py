@@ -22,6 +22,9 @@ X_TITLES = {"step": "Optimizer step", "samples_seen": "Samples seen", "tokens_se
             "elapsed_s": "Elapsed time (s)"}
 # Relative errors of 0 cannot sit on a log axis; they are drawn at this floor and hover shows 0.
 LOG_FLOOR = 1e-12
+# Most points one line draws (TensorBoard draws 1,000 a scalar too). A long run's 20,000 steps cannot show on a
+# chart a thousand pixels wide, and every point costs a build, the wire and the browser on each poll.
+MAX_POINTS = 1000
 
 
 # --- one build for every watcher --------------------------------------------------------------
@@ -94,6 +97,30 @@ def _mb(value) -> float | None:
     return value / MB
 
 
+def thin(xs: list, ys: list, limit: int = MAX_POINTS) -> tuple[list, list]:
+    """At most about ``limit`` points of a line: beyond it, each run of consecutive points is drawn by its lowest
+    and its highest (in order), so a spike still shows; the first and last points are always kept."""
+    if len(xs) <= limit:
+        return xs, ys
+    size = math.ceil(len(xs) / (limit // 2))
+    keep = {0, len(xs) - 1}
+    for start in range(0, len(xs), size):
+        valued = [i for i in range(start, min(start + size, len(xs))) if ys[i] is not None]
+        if valued:
+            keep.update((min(valued, key=ys.__getitem__), max(valued, key=ys.__getitem__)))
+        else:
+            keep.add(start)  # a gap stays a gap
+    kept = sorted(keep)
+    return [xs[i] for i in kept], [ys[i] for i in kept]
+
+
+def _thinned_title(x_title: str, count: int) -> str:
+    """The x-axis title says when a line shows fewer points than there are steps."""
+    if count <= MAX_POINTS:
+        return x_title
+    return f"{x_title} · {count:,} steps, each stretch drawn by its lowest and highest point"
+
+
 # --- layout -----------------------------------------------------------------------------------
 
 def _figure(title: str, x_title: str, y_title: str) -> go.Figure:
@@ -152,15 +179,18 @@ def loss_figure(runs, x: str = "step", title: str = "Training loss") -> go.Figur
     the curves show ("Loss curves identical ...")."""
     figure = _figure(title, X_TITLES.get(x, x), "Loss")
     runs = _as_runs(runs)
-    drawn = False
+    most = 0
     for index, (label, rows) in enumerate(runs):
         steps = [r for r in _of(rows, ev.STEP) if r.get("loss") is not None]
         if steps:
-            drawn = True
+            most = max(most, len(steps))
             mode = "lines+markers" if len(runs) > 1 and index else _line_mode(steps)
-            figure.add_trace(go.Scatter(x=[r.get(x) for r in steps], y=[r["loss"] for r in steps], name=label,
-                                        mode=mode, **_run_line(index, len(runs) > 1)))
-    return figure if drawn else _empty(figure, "No training steps yet")
+            xs, ys = thin([r.get(x) for r in steps], [r["loss"] for r in steps])
+            figure.add_trace(go.Scatter(x=xs, y=ys, name=label, mode=mode, **_run_line(index, len(runs) > 1)))
+    if not most:
+        return _empty(figure, "No training steps yet")
+    figure.update_xaxes(title_text=_thinned_title(X_TITLES.get(x, x), most))
+    return figure
 
 
 def eval_figure(runs, title: str = "Evaluation after each epoch") -> go.Figure:
@@ -227,15 +257,17 @@ def memory_figure(runs, x: str = "step", title: str = "Memory") -> go.Figure:
     figure.update_xaxes(title_text=X_TITLES.get(x, x), row=2, col=1)
     for row in (1, 2):
         figure.update_yaxes(title_text="MB", rangemode="tozero", row=row, col=1)  # from 0: honest sizes
-    drawn = False
+    drawn, most = False, 0
     for index, (label, rows) in enumerate(_as_runs(runs)):
         steps = _of(rows, ev.STEP)
         xs = [r.get(x) for r in steps]
+        most = max(most, len(steps))
         for field, name, dash, row in MEMORY_SERIES:
             ys = [_mb(r.get(field)) for r in steps]
             if any(y is not None for y in ys):  # CUDA peak is None on CPU: no empty line in the legend
                 drawn = True
-                figure.add_trace(go.Scatter(x=xs, y=ys, name=f"{label} · {name}", mode=_line_mode(steps),
+                shown_x, shown_y = thin(xs, ys)
+                figure.add_trace(go.Scatter(x=shown_x, y=shown_y, name=f"{label} · {name}", mode=_line_mode(steps),
                                             line=dict(color=_color(index), dash=dash)), row=row, col=1)
         static = _static_total(rows)
         if static is not None and xs:
@@ -245,6 +277,7 @@ def memory_figure(runs, x: str = "step", title: str = "Memory") -> go.Figure:
                                         line=dict(color=_color(index), dash="dashdot")), row=2, col=1)
     if not drawn:
         return _empty(_figure("Memory", X_TITLES.get(x, x), "Memory (MB)"), "No memory measurements yet")
+    figure.update_xaxes(title_text=_thinned_title(X_TITLES.get(x, x), most), row=2, col=1)
     return figure
 
 

@@ -6,6 +6,7 @@ Importing this must stay cheap (no torch, no transformers): every page imports i
 from __future__ import annotations
 
 import math
+import sys
 import uuid
 
 import streamlit as st
@@ -26,6 +27,11 @@ from gradacc.units import format_bytes  # noqa: F401 - the pages' name for it
 POLL_SECONDS = 0.5
 CHART_POLL_SECONDS = 1.0
 WARM_UP_POLL_SECONDS = 1.0
+# Every page watching a run draws the same snapshot of it for this long (``RunState.snapshot``), so a room of
+# watchers costs one figure build per chart poll, not one per watcher. A little under the poll period: a page
+# whose poll comes a moment early still sees new steps.
+SNAPSHOT_REUSE_SECONDS = 0.9 * CHART_POLL_SECONDS
+SWITCH_INTERVAL_S = 0.001
 # Keys of the form widgets; they are created with persist_state="session", so a visitor's settings
 # survive a trip to another page.
 FORM = "form."
@@ -42,6 +48,10 @@ OTHER_DATASET = "other: hub id or local path"
 @st.cache_resource(show_spinner=False)
 def _create_manager() -> RunManager:
     warmup.torch_threads()  # a bad GRADACC_TORCH_THREADS stops the page with one sentence, like the limits
+    # The training thread gives the GIL up inside every torch op and must win it back after: while pages are
+    # drawn in other threads, each op can wait out a whole switch interval (5 ms by default). 1 ms keeps a
+    # room of watchers from stalling the run they watch.
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     # plotly looks numpy and pandas up in sys.modules without importing them; while the warm-up thread is
     # half-way through importing pandas, a chart drawn here would find a partial module and fail. Import both
     # fully first (well under a second), then warm up the rest.

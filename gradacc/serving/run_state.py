@@ -41,6 +41,8 @@ class RunState:
         # A run read from the store loads its events on first use: the run list needs none of them.
         self._load_events = load_events
         self._stop_reason: str | None = None
+        self._shared_snapshot: tuple[float, RunState] | None = None  # (monotonic time taken, snapshot)
+        self._by_kind: dict[str, tuple[int, list[dict]]] = {}  # kind -> (events scanned, those of the kind)
 
     def __repr__(self) -> str:
         return f"RunState({self.run_id!r}, status={self.status!r}, events={len(self.events)})"
@@ -57,20 +59,43 @@ class RunState:
     def events(self) -> list[dict]:
         """A copy, so a caller can iterate while the worker appends."""
         with self._lock:
-            if self._load_events is not None:
-                self._events, self._load_events = self._load_events(), None
+            self._load()
             return list(self._events)
 
-    def of(self, kind: str) -> list[dict]:
-        return [e for e in self.events if e.get("event") == kind]
+    def _load(self) -> None:
+        if self._load_events is not None:
+            self._events, self._load_events = self._load_events(), None
+            self._by_kind = {}
 
-    def snapshot(self) -> "RunState":
-        """This run frozen now: a page that draws its status and its charts from one snapshot shows the same
-        step in both (the worker keeps appending to the live state meanwhile)."""
+    def of(self, kind: str) -> list[dict]:
+        """The events of one kind, in order (a copy). Kept per kind and extended with what came since: every
+        watching page asks for the steps each poll, and a long run has tens of thousands of events."""
         with self._lock:
+            self._load()
+            seen, found = self._by_kind.get(kind, (0, []))
+            found.extend(e for e in self._events[seen:] if e.get("event") == kind)
+            self._by_kind[kind] = (len(self._events), found)
+            return list(found)
+
+    def snapshot(self, reuse_for: float = 0.0) -> "RunState":
+        """This run frozen now: a page that draws its status and its charts from one snapshot shows the same
+        step in both (the worker keeps appending to the live state meanwhile).
+
+        ``reuse_for`` seconds: hand out the same snapshot again while it is younger than that and the status has
+        not changed. Every page watching a live run then draws the same events in that time, so their figures
+        are built once for all of them (the figure cache is keyed by the event count), however fast steps come.
+        """
+        now = time.monotonic()
+        with self._lock:
+            shared = self._shared_snapshot
+            if shared is not None and now - shared[0] < reuse_for and shared[1].status == self.status:
+                return shared[1]
             status, reason = self.status, self.reason
-        return RunState(self.run_id, self.owner, self.label, self.config, status, reason, self.created,
-                        events=self.events)
+        fresh = RunState(self.run_id, self.owner, self.label, self.config, status, reason, self.created,
+                         events=self.events)
+        with self._lock:
+            self._shared_snapshot = (now, fresh)
+        return fresh
 
     @property
     def started(self) -> dict | None:
@@ -84,11 +109,9 @@ class RunState:
 
     def progress(self) -> tuple[int, int | None]:
         """(optimizer steps done, total steps or None before run_started)."""
-        events = self.events
-        steps = [e for e in events if e.get("event") == ev.STEP]
-        started = next((e for e in events if e.get("event") == ev.RUN_STARTED), None)
+        steps = self.of(ev.STEP)
         done = steps[-1]["step"] if steps else 0
-        return done, (started or {}).get("total_steps")
+        return done, (self.started or {}).get("total_steps")
 
     def eta_seconds(self) -> float | None:
         """Seconds left at the pace so far; None until a step is done or once the run is over."""

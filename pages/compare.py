@@ -27,12 +27,19 @@ if not chosen_ids:
 any_live = any(runs[run_id].is_live for run_id in chosen_ids)
 
 
-@st.fragment(run_every=ui.CHART_POLL_SECONDS if any_live else None)
+poll_seconds = ui.chart_poll_seconds(*(runs[run_id] for run_id in chosen_ids)) if any_live else None
+
+
+@st.fragment(run_every=poll_seconds)
 def comparison_view():
     # Fresh states each time: a live run's events grow between polls.
-    chosen = [run.snapshot(reuse_for=ui.SNAPSHOT_REUSE_SECONDS) for run in (manager.get(run_id) for run_id in chosen_ids) if run is not None]
+    live_runs = [run for run in (manager.get(run_id) for run_id in chosen_ids) if run is not None]
+    if any_live and ui.chart_poll_seconds(*live_runs) != poll_seconds:
+        st.rerun()  # the room of watchers grew or shrank: poll at its pace
+    chosen = [ui.watch(run, poll_seconds or ui.CHART_POLL_SECONDS) for run in live_runs]
     if any_live and not any(run.is_live for run in chosen):
         st.rerun()  # all ended: stop polling
+    ui.refresh_note(poll_seconds or 0)
     if len(chosen) == 1:
         st.caption("Pick a second run for a headline that says how they differ.")
     comparison.draw(chosen, key="compare")

@@ -94,12 +94,18 @@ st.divider()
 
 
 # Status and charts are drawn from one snapshot of the run per poll, so the chart shows the step the status
-# names. One poll a second: building plotly figures holds the GIL that the training thread needs, and on a
-# 2-CPU server twice a second would slow the run it draws.
-@st.fragment(run_every=ui.CHART_POLL_SECONDS if live else None)
+# names. One poll a second, slower when many pages watch (ui.chart_poll_seconds): building and sending plotly
+# figures holds the GIL that the training thread needs, and on a 2-CPU server would slow the run it draws.
+poll_seconds = ui.chart_poll_seconds(run) if live else None
+
+
+@st.fragment(run_every=poll_seconds)
 def run_panel():
     live_run = manager.get(run_id) if run_id else None
-    current = live_run.snapshot(reuse_for=ui.SNAPSHOT_REUSE_SECONDS) if live_run is not None else None
+    if live and ui.chart_poll_seconds(live_run) != poll_seconds:
+        st.rerun()  # the room of watchers grew or shrank: poll at its pace
+    current = ui.watch(live_run, poll_seconds or ui.CHART_POLL_SECONDS) if live_run is not None else None
+    ui.refresh_note(poll_seconds or 0)
     run_status(current)
     run_charts(current)
 

@@ -40,7 +40,7 @@ def draw(runs, key: str, x: str = "samples_seen") -> dict | None:
 
     ``key`` keeps this view's widgets and cached figures apart from another view's. Returns the headline.
     """
-    snapshots = [run.snapshot(reuse_for=ui.SNAPSHOT_REUSE_SECONDS) for run in runs]  # one set of events per draw: text and charts agree
+    snapshots = [run.snapshot() for run in runs]  # one set of events per draw: text and charts agree
     labels = names(snapshots)
     figures = headline(snapshots)
     show_headline(figures, snapshots, labels)

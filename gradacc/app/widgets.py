@@ -27,10 +27,12 @@ from gradacc.units import format_bytes  # noqa: F401 - the pages' name for it
 POLL_SECONDS = 0.5
 CHART_POLL_SECONDS = 1.0
 WARM_UP_POLL_SECONDS = 1.0
-# Every page watching a run draws the same snapshot of it for this long (``RunState.snapshot``), so a room of
-# watchers costs one figure build per chart poll, not one per watcher. A little under the poll period: a page
-# whose poll comes a moment early still sees new steps.
-SNAPSHOT_REUSE_SECONDS = 0.9 * CHART_POLL_SECONDS
+# A room of watchers (a link shared in a talk): every page redraws its run each poll, and on a small server that
+# work competes with the training it shows. Up to this many pages poll once a CHART_POLL_SECONDS; beyond it the
+# poll slows in proportion (10 pages: every 2 s, 20: every 4 s), up to MAX_CHART_POLL_SECONDS, so the room costs
+# about what this many pages cost. The page says when it refreshes more slowly.
+WATCHERS_AT_FULL_RATE = 5
+MAX_CHART_POLL_SECONDS = 5.0
 SWITCH_INTERVAL_S = 0.001
 # Keys of the form widgets; they are created with persist_state="session", so a visitor's settings
 # survive a trip to another page.
@@ -91,6 +93,24 @@ def limits() -> Limits:
     except GradaccError as error:
         st.error(f"This server is misconfigured: {error.message}")
         st.stop()
+
+
+def chart_poll_seconds(*runs) -> float:
+    """Seconds between redraws of these live runs: CHART_POLL_SECONDS, slower when many pages watch them."""
+    watchers = max((run.watchers() for run in runs if run is not None), default=0)
+    return float(min(MAX_CHART_POLL_SECONDS, math.ceil(CHART_POLL_SECONDS * max(1, watchers / WATCHERS_AT_FULL_RATE))))
+
+
+def watch(run, poll_seconds: float):
+    """A snapshot of ``run`` for this session's poll: every page watching draws the same one (taken at most once
+    per poll period, a little under it so an early poll still sees new steps), so a room of watchers costs one
+    figure build per period, not one per page. Counts this session as a watcher."""
+    return run.snapshot(reuse_for=0.9 * poll_seconds, viewer=owner_id())
+
+
+def refresh_note(poll_seconds: float) -> None:
+    if poll_seconds > CHART_POLL_SECONDS:
+        st.caption(f"👥 Many pages are watching: this one refreshes every {poll_seconds:.0f} s.")
 
 
 def owner_id() -> str:

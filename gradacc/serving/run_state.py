@@ -19,6 +19,10 @@ SHUTDOWN_WHILE_RUNNING = "the server shut down while this run was running"
 NO_RUN_ENDED = "the training function returned without ending the run"
 
 
+# A session that took no snapshot for this long no longer counts as watching (longer than the slowest poll).
+WATCHERS_WINDOW_S = 12.0
+
+
 def limit_reason(seconds: float) -> str:
     return f"reached the deployment's limit of {seconds:g} s"
 
@@ -43,6 +47,7 @@ class RunState:
         self._stop_reason: str | None = None
         self._shared_snapshot: tuple[float, RunState] | None = None  # (monotonic time taken, snapshot)
         self._by_kind: dict[str, tuple[int, list[dict]]] = {}  # kind -> (events scanned, those of the kind)
+        self._viewers: dict[str, float] = {}  # session id -> monotonic time of its latest snapshot
 
     def __repr__(self) -> str:
         return f"RunState({self.run_id!r}, status={self.status!r}, events={len(self.events)})"
@@ -77,7 +82,13 @@ class RunState:
             self._by_kind[kind] = (len(self._events), found)
             return list(found)
 
-    def snapshot(self, reuse_for: float = 0.0) -> "RunState":
+    def watchers(self, within: float = WATCHERS_WINDOW_S) -> int:
+        """How many sessions took a snapshot of this run in the last ``within`` seconds."""
+        since = time.monotonic() - within
+        with self._lock:
+            return sum(1 for seen in self._viewers.values() if seen >= since)
+
+    def snapshot(self, reuse_for: float = 0.0, viewer: str | None = None) -> "RunState":
         """This run frozen now: a page that draws its status and its charts from one snapshot shows the same
         step in both (the worker keeps appending to the live state meanwhile).
 
@@ -87,6 +98,8 @@ class RunState:
         """
         now = time.monotonic()
         with self._lock:
+            if viewer is not None:  # a watching page: counted by ``watchers``
+                self._viewers[viewer] = now
             shared = self._shared_snapshot
             if shared is not None and now - shared[0] < reuse_for and shared[1].status == self.status:
                 return shared[1]

@@ -140,7 +140,8 @@ parameters.metric("Parameters", ui.format_bytes(static["parameters"]))
 gradients.metric("Gradients", ui.format_bytes(static["gradients"]))
 optimizer_state.metric("Optimizer state", ui.format_bytes(static["optimizer_state"]))
 per_example.metric("Activations per example", ui.format_bytes(fit.bytes_per_example),
-                   help=f"Fitted line: {ui.format_bytes(fit.fixed_bytes)} + m × {ui.format_bytes(fit.bytes_per_example)}")
+                   help=f"Fitted line: {ui.format_bytes(fit.fixed_bytes)} + m × "
+                        f"{ui.format_bytes(fit.bytes_per_example)}")
 
 check = planner.held_out_check(setting)
 activations = {int(m): b for m, b in setting["activations"].items()}
@@ -152,8 +153,8 @@ st.plotly_chart(charts.memory_plan_figure(
 st.markdown(f"**Checked on a micro-batch it was not fitted on:** the line through micro-batches of "
             f"{', '.join(map(str, check['fitted_on']))} predicts {ui.format_bytes(check['predicted'])} of activations "
             f"for {check['size']} examples; measured {ui.format_bytes(check['measured'])}, an error of "
-            f"**{check['error']:+.2%}** (largest over all settings {plan['largest_held_out_error']:.2%}). Every example "
-            "is padded to the same length, so activations grow in proportion to m; a recommended m far above "
+            f"**{check['error']:+.2%}** (largest over all settings {plan['largest_held_out_error']:.2%}). Every "
+            "example is padded to the same length, so activations grow in proportion to m; a recommended m far above "
             f"{check['size']} is an extrapolation of that line.")
 st.dataframe([{"micro-batch size": m, "measured": ui.format_bytes(b), "predicted": ui.format_bytes(fit.predict(m)),
                "error": f"{(fit.predict(m) - b) / b:+.2%}" if b else "—",

@@ -104,7 +104,9 @@ chosen = None
 if fitting:
     fastest_column, lightest_column = st.columns(2)
     fastest_column.success("Fastest that fits: " + advice(plan["fastest"]))
-    lightest_column.info("Least memory that fits: " + advice(plan["cheapest_memory"]))
+    lightest = plan["cheapest_memory"]
+    lightest_column.info("Least memory that fits: " + advice(lightest)
+                         + f"; needs only {ui.format_bytes(lightest['least_bytes'])} at m = 1")
     labels = {planner.setting_label(row): row for row in fitting}
     chosen = labels[st.selectbox("Setting to use", list(labels), key=K + "setting",
                                  help="The settings that fit, fastest first (time per example from a short timed "

@@ -43,6 +43,12 @@ def test_each_setting_gets_the_largest_power_of_two_that_fits_and_divides_the_ta
     assert heavy["predicted_peak_bytes"] == pytest.approx(42 * MB)
     assert (light["micro_batch_size"], light["grad_accum_steps"]) == (32, 3)
     assert plan["fastest"] == heavy and plan["cheapest_memory"] == light and plan["reason"] is None
+    assert light["least_bytes"] == pytest.approx(4.25 * MB)  # what it needs at m = 1
+    # Least memory is what a setting needs, not its peak at the largest m it fits (that fills any budget alike):
+    # heavy, m=8: 20 + 2 × 8 = 36 MB; light, m=128: 4 + 0.3 × 128 = 42.4 MB; at m = 1, 22 MB against 4.3 MB.
+    plan = planner.plan_levers([setting(HEAVY, 20, 2, 0.001), setting(LIGHT, 4, 0.3, 0.002)], 50, 256)
+    assert [r["micro_batch_size"] for r in plan["rows"]] == [8, 128]
+    assert plan["cheapest_memory"]["optimizer"] == "adafactor"
     assert planner.measurement_of(measured, light)["levers"] == LIGHT
     check = planner.held_out_check(measured[0])
     assert (check["size"], check["fitted_on"], check["error"]) == (8, [1, 2, 4], 0.0)

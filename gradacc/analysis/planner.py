@@ -143,8 +143,9 @@ def measure_levers(model: str, max_seq_length: int, grid=LEVER_GRID, seed: int =
 
 def plan_levers(measured: list[dict], budget_mb: float, target_effective_batch: int) -> dict:
     """For each setting: m (a power of two dividing the target, so m × k = target exactly) that fits the budget, k,
-    the predicted peak; the recommendation is the fastest setting that fits, the cheapest-memory one beside it.
-    When nothing fits, ``reason`` says so in one line (the lightest setting's need at m = 1)."""
+    the predicted peak; the recommendation is the fastest setting that fits, the cheapest-memory one beside it:
+    the one that needs least at m = 1 (``least_bytes``; comparing peaks would compare each setting at the largest m
+    it fits, which fills any budget alike). When nothing fits, ``reason`` says so in one line."""
     from gradacc.training.budget import largest_fitting_micro_batch
 
     check_plan_inputs(budget_mb, target_effective_batch)
@@ -157,22 +158,21 @@ def plan_levers(measured: list[dict], budget_mb: float, target_effective_batch: 
         rows.append({**setting["levers"], "fits": m is not None, "micro_batch_size": m,
                      "grad_accum_steps": None if m is None else target_effective_batch // m,
                      "predicted_peak_bytes": peak, "static_bytes": static,
+                     "least_bytes": static + fit["fixed_bytes"] + fit["bytes_per_example"],
                      "seconds_per_example": setting["seconds_per_example"],
                      "held_out_error": setting["held_out_error"]})
     fitting = sorted((row for row in rows if row["fits"]), key=lambda row: row["seconds_per_example"])
     reason = None
     if not fitting:
-        lightest = min(measured, key=lambda s: s["static"]["total"] + s["fit"]["fixed_bytes"]
-                       + s["fit"]["bytes_per_example"])
-        need = lightest["static"]["total"] + lightest["fit"]["fixed_bytes"] + lightest["fit"]["bytes_per_example"]
+        lightest = min(rows, key=lambda row: row["least_bytes"])
         reason = (f"{field_label('budget_mb')} {budget_mb:g} is too small for every setting: even a "
-                  f"micro-batch of 1 with the lightest ({setting_label(lightest['levers'])}) needs about "
-                  f"{need / MB:,.1f} MB (its parameters, gradients and optimizer state alone are "
-                  f"{lightest['static']['total'] / MB:,.1f} MB).")
+                  f"micro-batch of 1 with the lightest ({setting_label(lightest)}) needs about "
+                  f"{lightest['least_bytes'] / MB:,.1f} MB (its parameters, gradients and optimizer state alone are "
+                  f"{lightest['static_bytes'] / MB:,.1f} MB).")
     return {"budget_mb": budget_mb, "target_effective_batch": target_effective_batch,
             "rows": fitting + [row for row in rows if not row["fits"]],
             "fastest": fitting[0] if fitting else None,
-            "cheapest_memory": min(fitting, key=lambda row: row["predicted_peak_bytes"]) if fitting else None,
+            "cheapest_memory": min(fitting, key=lambda row: row["least_bytes"]) if fitting else None,
             "reason": reason, "largest_held_out_error": max(abs(row["held_out_error"]) for row in rows)}
 
 

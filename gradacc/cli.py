@@ -344,6 +344,7 @@ def _plan(args) -> int:
     RunConfig(model=args.model, max_seq_length=args.max_seq_length).validate()
     if isinstance(args.memory_budget_mb, str):
         raise GradaccError(f"--memory-budget-mb must be a number; got {args.memory_budget_mb!r}.")
+    planner.check_plan_inputs(float(args.memory_budget_mb), args.target_effective_batch)  # before measuring
     result = planner.plan_levers(planner.measure_levers(args.model, args.max_seq_length), float(args.memory_budget_mb),
                                  args.target_effective_batch)
     if args.json:
@@ -360,9 +361,11 @@ def _plan(args) -> int:
               f"{row['seconds_per_example'] * 1000:>12.2f}")
     for name in ("fastest", "cheapest_memory"):
         row = result[name]
-        print(f"{name.replace('_', ' ')}: " + ("nothing fits this budget" if row is None else
-              f"checkpointing {'on' if row['gradient_checkpointing'] else 'off'}, {row['precision']}, "
-              f"{row['optimizer']}, m={row['micro_batch_size']}, k={row['grad_accum_steps']}"))
+        if row is not None:
+            print(f"{name.replace('_', ' ')}: {planner.setting_label(row)}, m={row['micro_batch_size']}, "
+                  f"k={row['grad_accum_steps']}")
+    if result["reason"]:
+        print(in_cli_words(result["reason"], "budget_mb"))  # the page's label, the flag here
     print(f"activation line checked on a micro-batch of {planner.HELD_OUT_SIZE} it was not fitted on: largest error "
           f"{result['largest_held_out_error']:+.2%}")
     return EXIT_OK if result["fastest"] else EXIT_FAILED

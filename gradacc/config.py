@@ -134,6 +134,9 @@ CLI_FLAGS = {
     "report_to": "--report-to",
     "log_dir": "--log-dir",
     "run_id": None,  # the CLI makes its own
+    # Inputs of `gradacc plan` (the Memory planner page's), not of a run.
+    "budget_mb": "--memory-budget-mb",
+    "target_effective_batch": "--target-effective-batch",
 }
 
 

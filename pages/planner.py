@@ -1,5 +1,6 @@
-"""Memory planner: measure a model once, then pick the micro-batch that fits a budget and the k for a target."""
+"""Memory planner: measure a model once per lever setting, then rank the settings that fit a budget, with m and k."""
 
+import pandas as pd
 import streamlit as st
 
 from gradacc.analysis import planner
@@ -8,20 +9,24 @@ from gradacc.config import RunConfig
 from gradacc.errors import GradaccError, one_line
 
 K = f"{ui.FORM}planner."
+MEASUREMENT = "planner.measurement"
 
 ui.run_manager()
 limits = ui.limits()
 
 st.title("Memory planner")
-st.markdown("Training memory = **static** (parameters + gradients + AdamW state) + **activations** of one "
-            "micro-batch (what autograd keeps for backward). Accumulation steps k do not add memory; only the "
-            "micro-batch m does. The planner measures the model once, fits activations(m) as a line, and picks "
-            "m and k for your budget and target effective batch.")
+st.markdown("Training memory = **static** (parameters + gradients + optimizer state) + **activations** of one "
+            "micro-batch (what autograd keeps for backward). Accumulation steps k add no memory; the micro-batch m "
+            "does, and so do the other levers: **gradient checkpointing** keeps far fewer activations (and "
+            "recomputes them), **bf16** autocast keeps smaller ones, a **lighter optimizer** keeps less state. The "
+            f"planner measures the model under each of the {len(planner.LEVER_GRID)} settings of these levers, then "
+            "ranks those that fit your budget, with m (a power of two) × k = your target effective batch exactly.")
 
 
-@st.cache_data(show_spinner=False, max_entries=16)
-def measured(model: str, max_seq_length: int) -> planner.Measurement:
-    return planner.measure(model, max_seq_length)
+@st.cache_data(show_spinner=False, max_entries=64)
+def measured_group(model: str, max_seq_length: int, checkpointing: bool, precision: str) -> list[dict]:
+    """One model load: its forward/backward measured once, then each optimizer (see planner.measure_levers)."""
+    return planner.measure_levers(model, max_seq_length, grid=planner.lever_group(checkpointing, precision))
 
 
 ui.defaults({K + "max_seq_length": 64, K + "budget_mb": 100.0, K + "target_effective_batch": 256})
@@ -43,32 +48,34 @@ except GradaccError as error:
 
 wanted = (model, max_seq_length)
 if st.button("Measure", type="primary", key="measure", disabled=not measurable,
-             help="Loads the model and runs forward passes with micro-batches of 1, 2, 4 and 8."):
-    with st.spinner(f"Measuring {model} at {max_seq_length} tokens…"):
+             help="Loads the model once per checkpointing and precision setting: activations of micro-batches of 1, "
+                  "2, 4 and 8, a short timed run, and one step of each optimizer."):
+    settings, groups = [], planner.LEVER_GROUPS
+    with st.status(f"Measuring {model} at {max_seq_length} tokens under {len(planner.LEVER_GRID)} lever settings…",
+                   expanded=True) as status:
+        bar = st.progress(0.0)
         try:
-            st.session_state["planner.measurement"] = measured(model, max_seq_length)
-        except GradaccError as error:
-            general.error(error.message)
+            for done, (checkpointing, precision) in enumerate(groups):
+                bar.progress(done / len(groups), text=f"Checkpointing {'on' if checkpointing else 'off'}, "
+                                                      f"{precision} ({done + 1} of {len(groups)})")
+                settings += measured_group(model, max_seq_length, checkpointing, precision)
+            bar.progress(1.0, text="Done")
+            status.update(label=f"Measured {len(settings)} lever settings of {model} at {max_seq_length} tokens",
+                          state="complete", expanded=False)
+            st.session_state[MEASUREMENT] = {"model": model, "max_seq_length": max_seq_length, "settings": settings}
         except Exception as error:  # noqa: BLE001 - a demo shows one line, never a traceback
-            general.error(f"Could not measure {model}: {one_line(error)}")
+            status.update(label=f"Could not measure {model}", state="error")
+            general.error(error.message if isinstance(error, GradaccError)
+                          else f"Could not measure {model}: {one_line(error)}")
 
-measurement = st.session_state.get("planner.measurement")
-if measurement is None or (measurement.model, measurement.max_seq_length) != wanted:
-    st.info("Press **Measure** to measure this model at this sequence length (a few seconds; the first time also "
-            "loads the training libraries).")
+measurement = st.session_state.get(MEASUREMENT)
+if measurement is None or (measurement["model"], measurement["max_seq_length"]) != wanted:
+    st.info("Press **Measure** to measure this model at this sequence length under every lever setting (seconds "
+            "for tiny-bert, longer for larger models; the first time also loads the training libraries).")
     st.stop()
 
-fit = measurement.fit
-static = measurement.static
-st.subheader(f"{measurement.model} at {measurement.max_seq_length} tokens")
-parameters, gradients, optimizer_state, per_example = st.columns(4)
-parameters.metric("Parameters", ui.format_bytes(static["parameters"]))
-gradients.metric("Gradients", ui.format_bytes(static["gradients"]))
-optimizer_state.metric("Optimizer state", ui.format_bytes(static["optimizer_state"]))
-per_example.metric("Activations per example", ui.format_bytes(fit.bytes_per_example),
-                   help=f"Fitted line: {ui.format_bytes(fit.fixed_bytes)} + m × "
-                        f"{ui.format_bytes(fit.bytes_per_example)}")
-
+settings = measurement["settings"]
+st.subheader(f"{measurement['model']} at {measurement['max_seq_length']} tokens: {len(settings)} settings measured")
 budget_column, target_column = st.columns(2)
 with budget_column:
     budget_mb = st.number_input("Memory budget (MB)", step=50.0, format="%.0f", key=K + "budget_mb",
@@ -78,31 +85,80 @@ with target_column:
     target = ui.number_field(K, "target_effective_batch", errors, step=16)
 
 try:
-    plan = planner.recommend(static["total"], fit, budget_mb * planner.MB, target)
+    plan = planner.plan_levers(settings, budget_mb, target)
 except GradaccError as error:
-    plan = None
     errors.show({error.field or "config": error.message}, general)
+    st.stop()
+if plan["reason"]:
+    errors.show({"budget_mb": plan["reason"]}, general)
 
-if plan is not None:
+
+def advice(row: dict) -> str:
+    return (f"**{planner.setting_label(row)}**: m = {row['micro_batch_size']}, k = {row['grad_accum_steps']}, "
+            f"predicted peak {ui.format_bytes(row['predicted_peak_bytes'])}, "
+            f"{row['seconds_per_example'] * 1000:,.2f} ms per example")
+
+
+fitting = [row for row in plan["rows"] if row["fits"]]
+chosen = None
+if fitting:
+    fastest_column, lightest_column = st.columns(2)
+    fastest_column.success("Fastest that fits: " + advice(plan["fastest"]))
+    lightest = plan["cheapest_memory"]
+    lightest_column.info("Least memory that fits: " + advice(lightest)
+                         + f"; needs only {ui.format_bytes(lightest['least_bytes'])} at m = 1")
+    labels = {planner.setting_label(row): row for row in fitting}
+    chosen = labels[st.selectbox("Setting to use", list(labels), key=K + "setting",
+                                 help="The settings that fit, fastest first (time per example from a short timed "
+                                      "run: differences of a few per cent are noise).")]
     m_metric, k_metric, effective_metric, peak_metric = st.columns(4)
-    m_metric.metric("Micro-batch size (m)", plan.micro_batch_size)
-    k_metric.metric("Accumulation steps (k)", plan.grad_accum_steps)
-    effective_metric.metric("Effective batch", plan.effective_batch)
-    peak_metric.metric("Predicted peak", ui.format_bytes(plan.peak_bytes))
-    st.success(f"Largest micro-batch that fits {budget_mb:,.0f} MB: {plan.largest_fitting_micro_batch}. "
-               f"Use m = {plan.micro_batch_size} with k = {plan.grad_accum_steps} to reach an effective batch of "
-               f"{plan.effective_batch} in {plan.grad_accum_steps} micro-batch(es) per optimizer step.")
+    m_metric.metric("Micro-batch size (m)", chosen["micro_batch_size"])
+    k_metric.metric("Accumulation steps (k)", chosen["grad_accum_steps"])
+    effective_metric.metric("Effective batch", chosen["micro_batch_size"] * chosen["grad_accum_steps"])
+    peak_metric.metric("Predicted peak", ui.format_bytes(chosen["predicted_peak_bytes"]))
     if st.button("Use these settings on the Train page", key="use_plan"):
-        ui.suggest_train_settings(micro_batch_size=plan.micro_batch_size, grad_accum_steps=plan.grad_accum_steps,
-                                  max_seq_length=measurement.max_seq_length, model=measurement.model)
+        ui.suggest_train_settings(micro_batch_size=chosen["micro_batch_size"],
+                                  grad_accum_steps=chosen["grad_accum_steps"],
+                                  max_seq_length=measurement["max_seq_length"], model=measurement["model"],
+                                  **planner.levers_of(chosen))
         st.switch_page("pages/train.py")
 
-sizes = planner.chart_sizes(plan)
-activation_points = measurement.activations
-st.plotly_chart(charts.memory_plan_figure(planner.predicted_peaks(static["total"], fit, sizes),
-                                          {m: static["total"] + b for m, b in activation_points.items()},
-                                          budget_bytes=budget_mb * planner.MB), key="plan_chart")
-st.caption("Predicted vs measured activation bytes of one micro-batch:")
+st.caption(f"Every setting, for a budget of {budget_mb:,.0f} MB and an effective batch of {target} (fastest first; "
+           "a setting that does not fit even at m = 1 last):")
+st.dataframe(pd.DataFrame([{
+    "checkpointing": "on" if row["gradient_checkpointing"] else "off", "precision": row["precision"],
+    "optimizer": row["optimizer"], "m": row["micro_batch_size"], "k": row["grad_accum_steps"],
+    "predicted peak": ui.format_bytes(row["predicted_peak_bytes"]) if row["fits"] else "does not fit",
+    "static": ui.format_bytes(row["static_bytes"]), "ms per example": round(row["seconds_per_example"] * 1000, 2)}
+    for row in plan["rows"]]).astype({"m": "Int64", "k": "Int64"}), hide_index=True)  # whole numbers, or empty
+
+# The breakdown, the chart and the held-out check of one setting: the chosen one, else the lightest.
+shown = chosen or min(plan["rows"], key=lambda row: row["static_bytes"])
+setting = planner.measurement_of(settings, shown)
+static, fit = setting["static"], planner.ActivationFit(**setting["fit"])
+st.subheader(planner.setting_label(shown))
+parameters, gradients, optimizer_state, per_example = st.columns(4)
+parameters.metric("Parameters", ui.format_bytes(static["parameters"]))
+gradients.metric("Gradients", ui.format_bytes(static["gradients"]))
+optimizer_state.metric("Optimizer state", ui.format_bytes(static["optimizer_state"]))
+per_example.metric("Activations per example", ui.format_bytes(fit.bytes_per_example),
+                   help=f"Fitted line: {ui.format_bytes(fit.fixed_bytes)} + m × "
+                        f"{ui.format_bytes(fit.bytes_per_example)}")
+
+check = planner.held_out_check(setting)
+activations = {int(m): b for m, b in setting["activations"].items()}
+fitted_on = {m: static["total"] + activations[m] for m in check["fitted_on"]}
+st.plotly_chart(charts.memory_plan_figure(
+    planner.predicted_peaks(static["total"], fit, planner.chart_sizes(shown["micro_batch_size"])), fitted_on,
+    budget_bytes=budget_mb * planner.MB, held_out={check["size"]: static["total"] + check["measured"]}),
+    key="plan_chart")
+st.markdown(f"**Checked on a micro-batch it was not fitted on:** the line through micro-batches of "
+            f"{', '.join(map(str, check['fitted_on']))} predicts {ui.format_bytes(check['predicted'])} of activations "
+            f"for {check['size']} examples; measured {ui.format_bytes(check['measured'])}, an error of "
+            f"**{check['error']:+.2%}** (largest over all settings {plan['largest_held_out_error']:.2%}). Every "
+            "example is padded to the same length, so activations grow in proportion to m; a recommended m far above "
+            f"{check['size']} is an extrapolation of that line.")
 st.dataframe([{"micro-batch size": m, "measured": ui.format_bytes(b), "predicted": ui.format_bytes(fit.predict(m)),
-               "error": f"{(fit.predict(m) - b) / b:+.1%}" if b else "—"} for m, b in activation_points.items()],
+               "error": f"{(fit.predict(m) - b) / b:+.2%}" if b else "—",
+               "used for": "the fit" if m in check["fitted_on"] else "the check"} for m, b in activations.items()],
              hide_index=True)

@@ -144,3 +144,31 @@ def test_ga_bug(tmp_path, capsys):
             assert math.isfinite(row[key]) and row[key] >= 0
     assert set(result["goals"]) == {"naive_grows_with_k", "exact_stays_at_rounding"}
     assert "naive ‖Δw‖₂" in result["printed"]
+
+
+def test_levers(tmp_path, capsys):
+    from gradacc.bench import levers
+
+    result = bench("levers", tmp_path, capsys)
+    (measured,) = result["models"]  # --quick: tiny-bert only
+    rows = {r["row"]: r for r in measured["rows"]}
+    assert list(rows) == [name for name, _, _ in levers.ROWS]
+    assert [(r["micro_batch_size"], r["grad_accum_steps"]) for r in measured["rows"]] == [(16, 1)] + [(4, 4)] * 5
+    base, accumulation = rows["baseline"], rows["accumulation"]
+    # Memory, measured: a quarter of the micro-batch, a quarter of the activations (padded: exactly m × length).
+    assert 0.2 < accumulation["activations_vs_baseline"] < 0.3 and base["static"] == accumulation["static"]
+    assert rows["+ checkpointing"]["activation_bytes"] < accumulation["activation_bytes"]
+    assert rows["+ bf16"]["activation_bytes"] < accumulation["activation_bytes"]  # 4 × 32 tokens: bf16 saves
+    # more than autocast's bf16 copies of the weights (saved too) add
+    assert rows["+ bf16"]["activation_bytes_by_dtype"].get("bfloat16", 0) > 0
+    assert "bfloat16" not in accumulation["activation_bytes_by_dtype"]
+    lighter = rows[f"+ {levers.LIGHT_OPTIMIZER}"]
+    assert lighter["static"]["optimizer_state"] < accumulation["static"]["optimizer_state"]
+    assert lighter["activation_bytes"] == accumulation["activation_bytes"]  # the optimizer leaves the forward alone
+    assert rows["combined"]["peak_bytes"] < min(r["peak_bytes"] for name, r in rows.items() if name != "combined")
+    for row in measured["rows"]:
+        assert row["peak_bytes"] == row["static"]["total"] + row["activation_bytes"]
+        assert positive(row["seconds_per_effective_batch"]) and positive(row["time_vs_baseline"]["median"])
+        assert len(row["time_vs_baseline"]["values"]) == measured["rounds"] and row["cuda_peak_bytes"] is None
+    assert base["time_vs_baseline"]["values"] == [1.0] * measured["rounds"]
+    assert set(result["goals"]) == {"tiny-bert accumulation activations", "tiny-bert checkpointing activations"}

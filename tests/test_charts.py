@@ -101,6 +101,10 @@ def test_memory_plan_figure_predicted_vs_measured():
     assert figure.layout.xaxis.title.text == "Micro-batch size"
     assert figure.layout.yaxis.title.text == "Peak memory (MB)"
     assert is_empty_state(charts.memory_plan_figure({}, None))
+    # A point the line was not fitted on is drawn apart: the check of the prediction.
+    checked = charts.memory_plan_figure(predicted, {1: 100e6}, held_out={8: 450e6})
+    assert [t.name for t in checked.data] == ["predicted", "measured", "measured, not fitted on"]
+    assert list(checked.data[2].x) == [8] and list(checked.layout.xaxis.tickvals) == [1, 2, 4, 8]
 
 
 def y_values(figure) -> list[list]:

@@ -78,3 +78,20 @@ def test_task_flag_and_the_language_model_defaults():
     with pytest.raises(SystemExit) as bad:
         parse(["train", "--task", "translation"])
     assert bad.value.code == 2
+
+
+def test_plan_ranks_the_lever_settings_and_says_in_one_line_when_none_fits(capsys):
+    code, out, _ = cli(capsys, "plan", "--model", "tiny-bert", "--max-seq-length", "16", "--memory-budget-mb", "1",
+                       "--target-effective-batch", "8")
+    assert code == 1  # nothing fits: as a run that does not fit
+    assert len([line for line in out.splitlines() if line.startswith(("off ", "on "))]) == 12
+    assert out.strip().splitlines()[-2].startswith("--memory-budget-mb 1 is too small for every setting: even a "
+                                                   "micro-batch of 1 with the lightest (checkpointing on")
+
+
+def test_plan_refuses_a_bad_budget_with_its_flag(capsys):
+    # Refused before the model is measured (seconds): the flag, not the page's label.
+    assert_one_error_line(*cli(capsys, "plan", "--memory-budget-mb", "0", "--target-effective-batch", "8"), 2,
+                          "--memory-budget-mb must be more than 0")
+    assert_one_error_line(*cli(capsys, "plan", "--memory-budget-mb", "10", "--target-effective-batch", "0"), 2,
+                          "--target-effective-batch must be a whole number of at least 1")

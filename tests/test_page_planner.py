@@ -1,54 +1,95 @@
-"""The Memory planner page: measure once, recommend m and k for a budget, hand them to the Train page."""
+"""The Memory planner page: measure every lever setting once, rank those that fit, hand one to the Train page."""
 
 from app_support import chart, error_after, metric, open_app, set_numbers
 
+from gradacc.analysis import planner
 
-def test_measures_the_model_and_recommends_micro_batch_and_accumulation(app_home):
+# Short sequences keep the 12 measurements (4 model loads) to a few seconds.
+LENGTH = 32
+
+
+def measured_page(values: dict):
     at = open_app("planner")
     assert "Press **Measure**" in at.info[0].value
+    set_numbers(at, "planner", {"max_seq_length": LENGTH})
     at.button(key="measure").click().run()
-    assert not at.exception
-    assert metric(at, "Parameters").endswith("kB")  # tiny-bert: about 190k float32 parameters
-    set_numbers(at, "planner", {"budget_mb": 20.0, "target_effective_batch": 64})
-    m, k = int(metric(at, "Micro-batch size (m)")), int(metric(at, "Accumulation steps (k)"))
-    assert 1 <= m < 64 and m * k >= 64 and (m - 1) * k < 64  # the fewest steps, no larger m than needed
-    assert int(metric(at, "Effective batch")) == m * k
-    figure = chart(at, "Memory plan: peak memory by micro-batch size")
-    assert [trace["name"] for trace in figure["data"]] == ["predicted", "measured"]
-    measured = at.dataframe[0].value
-    assert list(measured["micro-batch size"]) == [1, 2, 4, 8]
+    assert not at.exception, [e.value for e in at.exception]
+    return set_numbers(at, "planner", values)
 
-    # More memory: a larger micro-batch, fewer steps.
+
+def test_ranks_every_lever_setting_that_fits_and_checks_the_line_on_a_held_out_micro_batch(app_home):
+    at = measured_page({"budget_mb": 3.0, "target_effective_batch": 64})
+    table = at.dataframe[0].value
+    assert len(table) == len(planner.LEVER_GRID) == 12
+    assert {(c, p, o) for c, p, o in zip(table["checkpointing"], table["precision"], table["optimizer"])} == {
+        ("on" if levers["gradient_checkpointing"] else "off", levers["precision"], levers["optimizer"])
+        for levers in planner.LEVER_GRID}
+    fits = table["predicted peak"] != "does not fit"
+    # 3 MB: tiny-bert's AdamW state (static 3.1 MB) never fits; SGD and Adafactor do.
+    assert set(table[~fits]["optimizer"]) == {"adamw"} and set(table[fits]["optimizer"]) == {"sgd", "adafactor"}
+    for m, k in zip(table[fits]["m"], table[fits]["k"]):
+        assert m * k == 64 and int(m) & (int(m) - 1) == 0  # a power of two, the target exactly
+    fastest = at.success[0].value
+    assert fastest.startswith("Fastest that fits: **") and "adamw" not in fastest
+    assert at.info[0].value.startswith("Least memory that fits: **")
+    # The chosen setting (the fastest by default) is the one the metrics, chart and check describe.
+    assert at.selectbox(key="form.planner.setting").value in fastest
+    m, k = int(metric(at, "Micro-batch size (m)")), int(metric(at, "Accumulation steps (k)"))
+    assert f"m = {m}, k = {k}" in fastest and int(metric(at, "Effective batch")) == 64
+    figure = chart(at, "Memory plan: peak memory by micro-batch size")
+    assert [trace["name"] for trace in figure["data"]] == ["predicted", "measured", "measured, not fitted on"]
+    assert figure["data"][2]["x"] == [planner.HELD_OUT_SIZE]
+    check = at.dataframe[1].value
+    assert list(check["micro-batch size"]) == [1, 2, 4, 8]
+    assert list(check["used for"]) == ["the fit"] * 3 + ["the check"]
+    assert any("Checked on a micro-batch it was not fitted on" in e.value and "an error of **" in e.value
+               for e in at.markdown)
+
+    # A lighter setting chosen: its own breakdown.
+    at.selectbox(key="form.planner.setting").set_value("checkpointing on · bf16 · adafactor").run()
+    assert at.subheader[-1].value == "checkpointing on · bf16 · adafactor"
+    assert metric(at, "Optimizer state").endswith("kB")  # factored rows and columns, not two moments
+
+    # More memory: the target in one micro-batch.
     set_numbers(at, "planner", {"budget_mb": 1000.0})
     assert metric(at, "Micro-batch size (m)") == "64" and metric(at, "Accumulation steps (k)") == "1"
-
-    # Too little: said next to the budget.
-    set_numbers(at, "planner", {"budget_mb": 1.0})
-    assert "too small" in error_after(at, "form.planner.budget_mb")
     assert not at.exception
 
 
-def test_use_these_settings_fills_in_the_train_page(app_home):
-    at = open_app("planner")
-    at.button(key="measure").click().run()
-    set_numbers(at, "planner", {"budget_mb": 20.0, "target_effective_batch": 64})
+def test_a_bad_budget_or_target_is_refused_next_to_its_field(app_home):
+    at = measured_page({"budget_mb": 1.0})
+    assert "Memory budget (MB) 1 is too small for every setting" in error_after(at, "form.planner.budget_mb")
+    assert not at.success and not any(m.label == "Micro-batch size (m)" for m in at.metric)
+    set_numbers(at, "planner", {"budget_mb": 0.0})
+    assert error_after(at, "form.planner.budget_mb").startswith("Memory budget (MB) must be more than 0")
+    set_numbers(at, "planner", {"budget_mb": 100.0, "target_effective_batch": 0})
+    assert error_after(at, "form.planner.target_effective_batch").startswith("Target effective batch must be a whole")
+    assert not at.exception
+
+
+def test_use_these_settings_carries_m_k_and_the_levers_to_the_train_page(app_home):
+    at = measured_page({"budget_mb": 3.0, "target_effective_batch": 64})
+    at.selectbox(key="form.planner.setting").set_value("checkpointing on · bf16 · sgd").run()
     m, k = int(metric(at, "Micro-batch size (m)")), int(metric(at, "Accumulation steps (k)"))
     at.button(key="use_plan").click().run()
     assert at.title[0].value == "Gradient accumulation, live"
+    config = at.session_state["train_config"]
+    assert (config.micro_batch_size, config.grad_accum_steps, config.max_seq_length) == (m, k, LENGTH)
+    assert (config.gradient_checkpointing, config.precision, config.optimizer) == (True, "bf16", "sgd")
     assert at.number_input(key="form.train.micro_batch_size").value == m
     assert at.number_input(key="form.train.grad_accum_steps").value == k
+    assert at.toggle(key="form.train.gradient_checkpointing").value is True
+    assert at.radio(key="form.train.precision").value == "bf16"
+    assert at.selectbox(key="form.train.optimizer").value == "sgd"
 
 
 def test_the_plan_reaches_the_code_page_and_later_train_edits_are_kept(app_home):
     # Pages share the Train form's RunConfig: the planner writes its advice into it, the Code page reads it,
     # and the Train form does not fall back to the plan once the visitor has edited it.
-    at = open_app("planner")
-    at.button(key="measure").click().run()
-    set_numbers(at, "planner", {"max_seq_length": 48, "budget_mb": 20.0, "target_effective_batch": 64})
-    at.button(key="measure").click().run()
+    at = measured_page({"budget_mb": 20.0, "target_effective_batch": 64})
     m, k = int(metric(at, "Micro-batch size (m)")), int(metric(at, "Accumulation steps (k)"))
     at.button(key="use_plan").click().run()
-    assert at.number_input(key="form.train.max_seq_length").value == 48
+    assert at.number_input(key="form.train.max_seq_length").value == LENGTH
     at.switch_page("pages/train.py").run()  # AppTest's next run() would run the planner again
     assert at.number_input(key="form.train.micro_batch_size").value == m
     set_numbers(at, "train", {"epochs": 5})

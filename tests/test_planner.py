@@ -1,10 +1,10 @@
-"""Memory planner math: the activation line, the recommendation, and a real measurement of tiny-bert."""
+"""Memory planner math: the activation line, the plan over lever settings, and a real measurement of tiny-bert."""
 
 import pytest
 
 from gradacc.analysis import planner
 from gradacc.errors import GradaccError
-from gradacc.analysis.planner import ActivationFit, fit_activations, recommend
+from gradacc.analysis.planner import ActivationFit, fit_activations
 
 MB = planner.MB
 
@@ -23,51 +23,61 @@ def test_one_point_goes_through_the_origin_and_noise_never_gives_a_negative_slop
         fit_activations({})
 
 
-def test_recommends_the_fewest_steps_that_reach_the_target_exactly_when_possible():
-    fit = ActivationFit(fixed_bytes=0, bytes_per_example=1 * MB)
-    # 100 MB budget, 10 MB static: 90 examples fit; 256 needs k = ceil(256/90) = 3, then m = ceil(256/3) = 86.
-    plan = recommend(10 * MB, fit, 100 * MB, 256)
-    assert plan.largest_fitting_micro_batch == 90
-    assert (plan.micro_batch_size, plan.grad_accum_steps, plan.effective_batch) == (86, 3, 258)
-    assert plan.peak_bytes == pytest.approx(96 * MB)
-    # A target that divides evenly: m = 128, k = 2, not 239 × 2 = 478.
-    plan = recommend(10 * MB, fit, 249 * MB, 256)
-    assert (plan.micro_batch_size, plan.grad_accum_steps, plan.effective_batch) == (128, 2, 256)
+def setting(levers: dict, static_mb: float, per_example_mb: float, seconds: float) -> dict:
+    """A measured lever setting as measure_levers returns it, with round figures."""
+    return {"levers": levers, "static": {"total": static_mb * MB}, "seconds_per_example": seconds,
+            "fit": {"fixed_bytes": 0.0, "bytes_per_example": per_example_mb * MB},
+            "activations": {1: per_example_mb * MB, 2: 2 * per_example_mb * MB, 4: 4 * per_example_mb * MB,
+                            8: 8 * per_example_mb * MB}, "held_out_error": 0.0}
 
 
-def test_a_budget_that_fits_the_target_in_one_micro_batch_needs_no_accumulation():
-    plan = recommend(10 * MB, ActivationFit(0, 1 * MB), 10_000 * MB, 64)
-    assert (plan.micro_batch_size, plan.grad_accum_steps) == (64, 1)
+HEAVY = {"gradient_checkpointing": False, "precision": "fp32", "optimizer": "adamw"}
+LIGHT = {"gradient_checkpointing": True, "precision": "bf16", "optimizer": "adafactor"}
 
 
-def test_processes_share_the_target():
-    plan = recommend(0, ActivationFit(0, 1 * MB), 16 * MB, 64, num_processes=2)
-    assert (plan.micro_batch_size, plan.grad_accum_steps, plan.effective_batch) == (16, 2, 64)
+def test_each_setting_gets_the_largest_power_of_two_that_fits_and_divides_the_target():
+    measured = [setting(HEAVY, 10, 1, 0.001), setting(LIGHT, 4, 0.25, 0.002)]
+    plan = planner.plan_levers(measured, 50, 96)  # 96 = 32 × 3: m can be 1, 2, 4, 8, 16 or 32
+    heavy, light = (next(r for r in plan["rows"] if r["optimizer"] == o) for o in ("adamw", "adafactor"))
+    assert (heavy["micro_batch_size"], heavy["grad_accum_steps"]) == (32, 3)  # 10 + 32 = 42 MB; 64 does not divide
+    assert heavy["predicted_peak_bytes"] == pytest.approx(42 * MB)
+    assert (light["micro_batch_size"], light["grad_accum_steps"]) == (32, 3)
+    assert plan["fastest"] == heavy and plan["cheapest_memory"] == light and plan["reason"] is None
+    assert light["least_bytes"] == pytest.approx(4.25 * MB)  # what it needs at m = 1
+    # Least memory is what a setting needs, not its peak at the largest m it fits (that fills any budget alike):
+    # heavy, m=8: 20 + 2 × 8 = 36 MB; light, m=128: 4 + 0.3 × 128 = 42.4 MB; at m = 1, 22 MB against 4.3 MB.
+    plan = planner.plan_levers([setting(HEAVY, 20, 2, 0.001), setting(LIGHT, 4, 0.3, 0.002)], 50, 256)
+    assert [r["micro_batch_size"] for r in plan["rows"]] == [8, 128]
+    assert plan["cheapest_memory"]["optimizer"] == "adafactor"
+    assert planner.measurement_of(measured, light)["levers"] == LIGHT
+    check = planner.held_out_check(measured[0])
+    assert (check["size"], check["fitted_on"], check["error"]) == (8, [1, 2, 4], 0.0)
+    assert check["predicted"] == check["measured"] == 8 * MB
 
 
-@pytest.mark.parametrize("budget, target, field", [(5 * MB, 8, "budget_mb"), (0, 8, "budget_mb"),
-                                                    (100 * MB, 0, "target_effective_batch")])
-def test_impossible_plans_are_refused_with_the_field(budget, target, field):
+def test_a_setting_that_does_not_fit_is_ranked_last_and_nothing_fitting_is_said_in_one_line():
+    measured = [setting(HEAVY, 10, 1, 0.001), setting(LIGHT, 4, 0.25, 0.002)]
+    plan = planner.plan_levers(measured, 8, 64)  # the heavy setting's static 10 MB alone is over 8 MB
+    assert [r["fits"] for r in plan["rows"]] == [True, False] and plan["fastest"]["optimizer"] == "adafactor"
+    nothing = planner.plan_levers(measured, 2, 64)
+    assert nothing["fastest"] is None and nothing["cheapest_memory"] is None
+    assert nothing["reason"] == ("Memory budget (MB) 2 is too small for every setting: even a micro-batch of 1 with "
+                                 "the lightest (checkpointing on · bf16 · adafactor) needs about 4.2 MB (its "
+                                 "parameters, gradients and optimizer state alone are 4.0 MB).")
+
+
+@pytest.mark.parametrize("budget_mb, target, field", [(0, 8, "budget_mb"), (float("nan"), 8, "budget_mb"),
+                                                       (100, 0, "target_effective_batch"),
+                                                       (100, 2.5, "target_effective_batch")])
+def test_impossible_inputs_are_refused_with_the_field(budget_mb, target, field):
     with pytest.raises(GradaccError) as raised:
-        recommend(4 * MB, ActivationFit(0, 2 * MB), budget, target)
+        planner.plan_levers([setting(HEAVY, 1, 1, 0.001)], budget_mb, target)
     assert raised.value.field == field
 
 
 def test_chart_sizes_cover_the_measurements_and_the_plan():
-    plan = recommend(0, ActivationFit(0, MB), 100 * MB, 24)
-    assert planner.chart_sizes(plan) == [1, 2, 4, 8, 16, 24, 32]
-
-
-def test_measuring_tiny_bert_gives_static_bytes_and_a_linear_activation_cost():
-    measurement = planner.measure("tiny-bert", 32, sizes=(1, 2, 4))
-    static = measurement.static
-    assert static["gradients"] == static["parameters"] and static["optimizer_state"] == 2 * static["parameters"]
-    assert set(measurement.activations) == {1, 2, 4}
-    fit = measurement.fit
-    # Activations grow in proportion to the micro-batch (padded to the same length).
-    for size, measured in measurement.activations.items():
-        assert fit.predict(size) == pytest.approx(measured, rel=0.05)
-    assert measurement.activations[4] > 3 * measurement.activations[1]
+    assert planner.chart_sizes(16) == [1, 2, 4, 8, 16, 32]
+    assert planner.chart_sizes(None) == [1, 2, 4, 8, 16]
 
 
 def test_the_lever_planner_hits_the_target_exactly_and_checks_its_line_on_a_held_out_micro_batch():

@@ -1,26 +1,29 @@
-"""Memory planner: measure a model once, then say which micro-batch fits a budget and which k reaches a target.
+"""Memory planner: measure a model once per lever setting, then say which settings fit a budget, with which m and k.
 
-Peak training memory is modelled as
+Peak training memory, per setting of the levers (gradient checkpointing, precision, optimizer), is modelled as
 
-    static (parameters + gradients + AdamW state)  +  activations(m)
+    static (parameters + gradients + the optimizer's state)  +  activations(m)
     activations(m) = fixed + per_example · m          (a straight line, fitted to measured forward passes)
 
 Activations are what autograd saves for backward during the forward pass (``memory.ActivationMeter``);
 framework overhead, the allocator's slack and temporary buffers are not in the model, so leave headroom.
-Gradient accumulation is why this works: k does not change memory, only m does.
+Gradient accumulation is why this works: k does not change memory, only m does. m is a power of two that
+divides the target effective batch, so m × k is the target exactly.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from gradacc.serving import warmup
-from gradacc.config import MAX_MICRO_BATCH, RunConfig, effective_batch, field_label
+from gradacc.config import field_label
 from gradacc.errors import GradaccError
 
-MEASURED_SIZES = (1, 2, 4, 8)
 MB = 1_000_000
+LEVERS = ("gradient_checkpointing", "precision", "optimizer")
+FIT_SIZES = (1, 2, 4)  # micro-batch sizes the activation line is fitted on
+HELD_OUT_SIZE = 8  # the line is checked on a micro-batch it was not fitted on
 
 
 @dataclass(frozen=True)
@@ -48,20 +51,6 @@ def fit_activations(points: dict[int, float]) -> ActivationFit:
     return ActivationFit(max(mean_b - slope * mean_m, 0.0), slope)
 
 
-@dataclass(frozen=True)
-class Plan:
-    micro_batch_size: int
-    grad_accum_steps: int
-    effective_batch: int
-    static_bytes: int
-    activation_bytes: float
-    largest_fitting_micro_batch: int
-
-    @property
-    def peak_bytes(self) -> float:
-        return self.static_bytes + self.activation_bytes
-
-
 def check_plan_inputs(budget_mb: float, target_effective_batch: int) -> None:
     """The planner's two inputs, refused in the page's words (one home for the plain and the levers planner)."""
     if isinstance(target_effective_batch, bool) or not isinstance(target_effective_batch, int) \
@@ -72,159 +61,91 @@ def check_plan_inputs(budget_mb: float, target_effective_batch: int) -> None:
         raise GradaccError(f"{field_label('budget_mb')} must be more than 0; got {budget_mb!r}.", "budget_mb")
 
 
-def recommend(static_bytes: int, fit: ActivationFit, budget_bytes: float, target_effective_batch: int,
-              num_processes: int = 1) -> Plan:
-    """The fewest accumulation steps k that reach ``target_effective_batch`` with micro-batches that fit
-    ``budget_bytes``, and the micro-batch m for that k; GradaccError when even m = 1 does not fit."""
-    check_plan_inputs(budget_bytes / MB if budget_bytes else budget_bytes, target_effective_batch)
-    room = budget_bytes - static_bytes - fit.fixed_bytes
-    if room < fit.bytes_per_example or room <= 0:
-        need = static_bytes + fit.predict(1)
-        raise GradaccError(f"{budget_bytes / MB:,.1f} MB is too small: even a micro-batch of 1 needs about "
-                           f"{need / MB:,.1f} MB (parameters, gradients and optimizer state alone are "
-                           f"{static_bytes / MB:,.1f} MB).", "budget_mb")
-    fitting = MAX_MICRO_BATCH if fit.bytes_per_example <= 0 else min(MAX_MICRO_BATCH,
-                                                                      int(room // fit.bytes_per_example))
-    per_process_target = math.ceil(target_effective_batch / num_processes)
-    # The fewest micro-batches per step that reach the target, then the smallest m that still does:
-    # m = 239 fits but m = 128, k = 2 reaches 256 exactly where 239 × 2 would overshoot to 478.
-    k = math.ceil(per_process_target / min(fitting, per_process_target))
-    micro_batch = math.ceil(per_process_target / k)
-    return Plan(micro_batch_size=micro_batch, grad_accum_steps=k,
-                effective_batch=effective_batch(micro_batch, k, num_processes), static_bytes=int(static_bytes),
-                activation_bytes=fit.predict(micro_batch), largest_fitting_micro_batch=fitting)
-
-
 def predicted_peaks(static_bytes: int, fit: ActivationFit, sizes) -> dict[int, float]:
     return {int(m): static_bytes + fit.predict(m) for m in sizes}
 
 
-def chart_sizes(plan: Plan | None, measured=MEASURED_SIZES) -> list[int]:
-    """Powers of two from 1 past the recommended micro-batch: where the prediction line is drawn."""
-    top = max(max(measured), 2 * plan.micro_batch_size if plan else 16)
+def chart_sizes(micro_batch_size: int | None, measured=(*FIT_SIZES, HELD_OUT_SIZE)) -> list[int]:
+    """Powers of two from 1 past the chosen micro-batch: where the prediction line is drawn."""
+    top = max(max(measured), 2 * micro_batch_size if micro_batch_size else 16)
     sizes, m = [], 1
     while m <= top:
         sizes.append(m)
         m *= 2
-    return sorted({*sizes, *measured, *([plan.micro_batch_size] if plan else [])})
+    return sorted({*sizes, *measured, *([micro_batch_size] if micro_batch_size else [])})
 
 
-# ---- measuring (imports torch) --------------------------------------------------------------------
+# ---- a planner over every lever (python -m gradacc plan, the Memory planner page) ------------------
 
-@dataclass
-class Measurement:
-    model: str
-    max_seq_length: int
-    static: dict  # parameters, gradients, optimizer_state, total (bytes)
-    activations: dict[int, int] = field(default_factory=dict)  # micro-batch size -> bytes
-
-    @property
-    def fit(self) -> ActivationFit:
-        return fit_activations(self.activations)
-
-
-def measure(model: str, max_seq_length: int, sizes=MEASURED_SIZES, seed: int = 42) -> Measurement:
-    """Load ``model`` (CPU), count static bytes, and count activation bytes of one training-mode forward
-    pass per micro-batch size with every sequence padded to ``max_seq_length`` tokens."""
-    warmup.wait_until_warm()  # no import of torch beside the app's warm-up (see gradacc.serving.warmup)
-    import torch
-
-    from gradacc.training import memory
-    from gradacc.training.sources import builtin_data, models
-    from gradacc.training.backends.common import make_optimizer
-    from gradacc.training.engine import quiet_libraries
-
-    config = RunConfig(model=model, max_seq_length=max_seq_length, seed=seed).validate()
-    quiet_libraries()
-    loaded = models.load(config, len(builtin_data.LABEL_NAMES), list(builtin_data.LABEL_NAMES))
-    network = loaded.model
-    network.train()  # dropout masks are activations too
-    static = memory.static_bytes(network, make_optimizer(network, config))
-    texts, labels = builtin_data.make_sentiment(max(sizes), seed)
-    meter = memory.ActivationMeter(network)
-    activations = {}
-    for size in sorted(set(sizes)):
-        batch = loaded.tokenizer(texts[:size], padding="max_length", truncation=True, max_length=max_seq_length,
-                                 return_tensors="pt")
-        batch["labels"] = torch.tensor(labels[:size])
-        with meter.measure():
-            outputs = network(**batch)
-        activations[size] = meter.bytes
-        del outputs  # frees the graph before the next, larger pass
-    return Measurement(model=model, max_seq_length=max_seq_length, static=static, activations=activations)
-
-
-# ---- a planner over every lever (python -m gradacc plan) -------------------------------------------
-
-FIT_SIZES = (1, 2, 4)
-HELD_OUT_SIZE = 8  # the line is checked on a micro-batch it was not fitted on
 TIMED_MICRO_BATCH = 4
 TIMED_MICRO_BATCHES = 3
 LEVER_GRID = tuple({"gradient_checkpointing": checkpointing, "precision": precision, "optimizer": optimizer}
                    for checkpointing in (False, True) for precision in ("fp32", "bf16")
                    for optimizer in ("adamw", "sgd", "adafactor"))
+# Settings that share a model and its forward/backward passes: measured together (one model load each).
+LEVER_GROUPS = tuple(dict.fromkeys((levers["gradient_checkpointing"], levers["precision"]) for levers in LEVER_GRID))
+
+
+def lever_group(checkpointing: bool, precision: str, grid=LEVER_GRID) -> tuple[dict, ...]:
+    """The settings of ``grid`` with this checkpointing and precision (one optimizer each)."""
+    return tuple(levers for levers in grid if (levers["gradient_checkpointing"], levers["precision"])
+                 == (checkpointing, precision))
+
+
+def setting_label(levers: dict) -> str:
+    """'checkpointing on · bf16 · adafactor': a lever setting (or a plan row) in a few words."""
+    return (f"checkpointing {'on' if levers['gradient_checkpointing'] else 'off'} · {levers['precision']} · "
+            f"{levers['optimizer']}")
+
+
+def levers_of(row: dict) -> dict:
+    return {name: row[name] for name in LEVERS}
 
 
 def measure_levers(model: str, max_seq_length: int, grid=LEVER_GRID, seed: int = 42) -> list[dict]:
     """Per lever setting: static bytes (a dry step of its optimizer), activations of 1, 2 and 4 examples at
-    ``max_seq_length`` tokens fitted as a line and checked on 8, and seconds per example of a short timed
-    run (3 micro-batches of 4: forward and backward under the setting, then one optimizer step)."""
+    ``max_seq_length`` tokens fitted as a line and checked on 8, and seconds per example of a short timed run
+    (3 micro-batches of 4 forward and backward, then one optimizer step).
+
+    Forward and backward depend on checkpointing and precision only, the optimizer step on the optimizer only: the
+    model is loaded once per (checkpointing, precision) and those passes measured and timed once; each optimizer
+    then takes one untimed step (it allocates its state) and one timed step on the same gradients. Time per
+    example = (the timed passes + the timed step) / 12. The model's recipe dropout is on, as in the run the plan is
+    for (its masks are activations too)."""
     warmup.wait_until_warm()
-    import time
-
-    import torch
-
-    from gradacc.training import budget, memory
-    from gradacc.training.backends.common import Precision, enable_gradient_checkpointing, make_optimizer
     from gradacc.training.engine import quiet_libraries
-    from gradacc.training.sources import builtin_data, models
+    from gradacc.training.levers import LeverRig, timed
 
     quiet_libraries()
-    texts, labels = builtin_data.make_sentiment(max(HELD_OUT_SIZE, TIMED_MICRO_BATCH), seed)
-    rows = []
+    groups: dict[tuple, list[dict]] = {}
     for levers in grid:
-        config = RunConfig(model=model, max_seq_length=max_seq_length, seed=seed, dropout=0.0, **levers).validate()
-        loaded = models.load(config, len(builtin_data.LABEL_NAMES), list(builtin_data.LABEL_NAMES))
-        network = loaded.model
-        if config.gradient_checkpointing:
-            enable_gradient_checkpointing(network, model)
-        network.train()
-        precision = Precision(config, "cpu")
-
-        def batch(size):
-            encoded = loaded.tokenizer(texts[:size], padding="max_length", truncation=True, max_length=max_seq_length,
-                                       return_tensors="pt")
-            encoded["labels"] = torch.tensor(labels[:size])
-            return encoded
-
-        meter = memory.ActivationMeter(network)
-        activations = {}
-        for size in (*FIT_SIZES, HELD_OUT_SIZE):
-            with precision.autocast(), meter.measure():
-                outputs = network(**batch(size))
-            activations[size] = meter.bytes
-            del outputs
+        groups.setdefault((levers["gradient_checkpointing"], levers["precision"]), []).append(levers)
+    measured = {}
+    for (checkpointing, precision), settings in groups.items():
+        rig = LeverRig(model, max_seq_length, {"gradient_checkpointing": checkpointing, "precision": precision},
+                       examples=max(HELD_OUT_SIZE, TIMED_MICRO_BATCH), seed=seed)
+        activations = {size: rig.activation_bytes(size) for size in (*FIT_SIZES, HELD_OUT_SIZE)}
         fit = fit_activations({size: activations[size] for size in FIT_SIZES})
         held_out_error = (fit.predict(HELD_OUT_SIZE) - activations[HELD_OUT_SIZE]) / activations[HELD_OUT_SIZE]
-        optimizer = make_optimizer(network, config, "cpu")
-        timed = batch(TIMED_MICRO_BATCH)
-        began = time.perf_counter()
-        for _ in range(TIMED_MICRO_BATCHES):
-            with precision.autocast():
-                loss = network(**timed).loss
-            loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        seconds = (time.perf_counter() - began) / (TIMED_MICRO_BATCH * TIMED_MICRO_BATCHES)
-        rows.append({"levers": levers, "static": budget.static_need(network, config, "cpu"),
-                     "fit": {"fixed_bytes": fit.fixed_bytes, "bytes_per_example": fit.bytes_per_example},
-                     "activations": activations, "held_out_error": held_out_error, "seconds_per_example": seconds})
-    return rows
+        rig.forward_backward(TIMED_MICRO_BATCH)  # the first backward of a fresh model allocates: not timed
+        passes, _ = timed(lambda: [rig.forward_backward(TIMED_MICRO_BATCH) for _ in range(TIMED_MICRO_BATCHES)])
+        for levers in settings:
+            rig.use_optimizer(levers["optimizer"])
+            rig.step(zero_grad=False)  # allocates the optimizer's state: once per run, not per step
+            step, _ = timed(lambda: rig.step(zero_grad=False))
+            measured[tuple(levers.items())] = {
+                "levers": levers, "static": rig.static_need(),
+                "fit": {"fixed_bytes": fit.fixed_bytes, "bytes_per_example": fit.bytes_per_example},
+                "activations": activations, "held_out_error": held_out_error,
+                "seconds_per_example": (passes + step) / (TIMED_MICRO_BATCH * TIMED_MICRO_BATCHES)}
+    return [measured[tuple(levers.items())] for levers in grid]
 
 
 def plan_levers(measured: list[dict], budget_mb: float, target_effective_batch: int) -> dict:
     """For each setting: m (a power of two dividing the target, so m × k = target exactly) that fits the budget, k,
-    the predicted peak; the recommendation is the fastest setting that fits, the cheapest-memory one beside it."""
+    the predicted peak; the recommendation is the fastest setting that fits, the cheapest-memory one beside it:
+    the one that needs least at m = 1 (``least_bytes``; comparing peaks would compare each setting at the largest m
+    it fits, which fills any budget alike). When nothing fits, ``reason`` says so in one line."""
     from gradacc.training.budget import largest_fitting_micro_batch
 
     check_plan_inputs(budget_mb, target_effective_batch)
@@ -237,11 +158,33 @@ def plan_levers(measured: list[dict], budget_mb: float, target_effective_batch: 
         rows.append({**setting["levers"], "fits": m is not None, "micro_batch_size": m,
                      "grad_accum_steps": None if m is None else target_effective_batch // m,
                      "predicted_peak_bytes": peak, "static_bytes": static,
+                     "least_bytes": static + fit["fixed_bytes"] + fit["bytes_per_example"],
                      "seconds_per_example": setting["seconds_per_example"],
                      "held_out_error": setting["held_out_error"]})
     fitting = sorted((row for row in rows if row["fits"]), key=lambda row: row["seconds_per_example"])
+    reason = None
+    if not fitting:
+        lightest = min(rows, key=lambda row: row["least_bytes"])
+        reason = (f"{field_label('budget_mb')} {budget_mb:g} is too small for every setting: even a "
+                  f"micro-batch of 1 with the lightest ({setting_label(lightest)}) needs about "
+                  f"{lightest['least_bytes'] / MB:,.1f} MB (its parameters, gradients and optimizer state alone are "
+                  f"{lightest['static_bytes'] / MB:,.1f} MB).")
     return {"budget_mb": budget_mb, "target_effective_batch": target_effective_batch,
             "rows": fitting + [row for row in rows if not row["fits"]],
             "fastest": fitting[0] if fitting else None,
-            "cheapest_memory": min(fitting, key=lambda row: row["predicted_peak_bytes"]) if fitting else None,
-            "largest_held_out_error": max(abs(row["held_out_error"]) for row in rows)}
+            "cheapest_memory": min(fitting, key=lambda row: row["least_bytes"]) if fitting else None,
+            "reason": reason, "largest_held_out_error": max(abs(row["held_out_error"]) for row in rows)}
+
+
+def measurement_of(measured: list[dict], levers: dict) -> dict:
+    """The measurement of one lever setting (``levers``: a setting or a plan row)."""
+    wanted = levers_of(levers)
+    return next(setting for setting in measured if setting["levers"] == wanted)
+
+
+def held_out_check(setting: dict) -> dict:
+    """The activation line, fitted on FIT_SIZES, against the micro-batch it was not fitted on."""
+    fit = ActivationFit(**setting["fit"])
+    activations = {int(size): value for size, value in setting["activations"].items()}
+    return {"size": HELD_OUT_SIZE, "fitted_on": list(FIT_SIZES), "measured": activations[HELD_OUT_SIZE],
+            "predicted": fit.predict(HELD_OUT_SIZE), "error": setting["held_out_error"]}

@@ -320,26 +320,30 @@ def _static_total(rows: list[dict]) -> float | None:
 
 
 def memory_plan_figure(predicted: Mapping | Iterable, measured: Mapping | Iterable | None = None,
-                       budget_bytes: float | None = None) -> go.Figure:
+                       budget_bytes: float | None = None, held_out: Mapping | Iterable | None = None,
+                       title: str = "Memory plan: peak memory by micro-batch size") -> go.Figure:
     """Peak memory against micro-batch size: the plan's prediction and, where run, the measurement.
 
-    ``predicted`` and ``measured`` map micro-batch size to bytes (a dict or (size, bytes) pairs).
+    ``predicted``, ``measured`` and ``held_out`` map micro-batch size to bytes (a dict or (size, bytes) pairs);
+    ``held_out``: measured points the prediction was not fitted on, drawn apart (the check of the line).
     """
-    figure = _figure("Memory plan: peak memory by micro-batch size", "Micro-batch size", "Peak memory (MB)")
+    figure = _figure(title, "Micro-batch size", "Peak memory (MB)")
     drawn = False
-    for name, points, mode, dash in (("predicted", predicted, "lines+markers", "dash"),
-                                     ("measured", measured, "markers", None)):
+    for name, points, mode, dash, symbol in (("predicted", predicted, "lines+markers", "dash", "circle"),
+                                             ("measured", measured, "markers", None, "circle"),
+                                             ("measured, not fitted on", held_out, "markers", None, "diamond-open")):
         pairs = sorted(dict(points or {}).items())
         if pairs:
             drawn = True
             figure.add_trace(go.Scatter(x=[size for size, _ in pairs], y=[_mb(b) for _, b in pairs], name=name,
-                                        mode=mode, line=dict(dash=dash), marker=dict(size=9)))
+                                        mode=mode, line=dict(dash=dash), marker=dict(size=9 if symbol == "circle"
+                                                                                      else 14, symbol=symbol)))
     if not drawn:
         return _empty(figure, "No memory plan yet")
     if budget_bytes:
         figure.add_hline(y=budget_bytes / MB, line_dash="dot", line_color="firebrick",
                          annotation_text=f"budget {budget_bytes / MB:,.0f} MB")
-    sizes = sorted({*dict(predicted or {}), *dict(measured or {})})
+    sizes = sorted({*dict(predicted or {}), *dict(measured or {}), *dict(held_out or {})})
     figure.update_xaxes(type="log", tickvals=sizes)  # sizes are usually powers of two: evenly spaced
     figure.update_layout(hovermode="closest")
     return figure

@@ -5,6 +5,7 @@
     sweep     time per effective batch and final eval F1 for (m, k) pairs with the same effective batch
     latency   seconds to the first step event (cold subprocess, warm in-process) and in the browser
     ga-bug    naive ÷k vs exact on a causal LM: distance of the final weights from the full batch, k = 1..16
+    levers    peak memory and time of accumulation beside checkpointing, bf16 and a lighter optimizer
 
 Each suite module has ``run(quick, threads) -> dict``, ``figure(result)`` and ``table(result)``.
 """
@@ -17,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-SUITES = ("overhead", "memory", "sweep", "latency", "ga-bug")
+SUITES = ("overhead", "memory", "sweep", "latency", "ga-bug", "levers")
 DEFAULT_OUT = "bench-out"
 # One intra-op thread by default: on a small shared machine two OpenMP threads wait on each other
 # whenever another process takes a core (we measured 3-30x slower steps under load), which drowns
@@ -26,7 +27,7 @@ DEFAULT_THREADS = 1
 
 
 def add_parser(subcommands) -> None:
-    parser = subcommands.add_parser("bench", help="benchmark suites: overhead, memory, sweep, latency, ga-bug",
+    parser = subcommands.add_parser("bench", help="benchmark suites: overhead, memory, sweep, latency, ga-bug, levers",
                                     description=__doc__.split("\n\n")[1],
                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("suite", choices=SUITES)

@@ -33,10 +33,8 @@ poll_seconds = ui.chart_poll_seconds(*(runs[run_id] for run_id in chosen_ids)) i
 @st.fragment(run_every=poll_seconds)
 def comparison_view():
     # Fresh states each time: a live run's events grow between polls.
-    live_runs = [run for run in (manager.get(run_id) for run_id in chosen_ids) if run is not None]
-    if any_live and ui.chart_poll_seconds(*live_runs) != poll_seconds:
-        st.rerun()  # the room of watchers grew or shrank: poll at its pace
-    chosen = [ui.watch(run, poll_seconds or ui.CHART_POLL_SECONDS) for run in live_runs]
+    found = [run for run in (manager.get(run_id) for run_id in chosen_ids) if run is not None]
+    chosen = [ui.watch(run) for run in found]
     if any_live and not any(run.is_live for run in chosen):
         st.rerun()  # all ended: stop polling
     ui.refresh_note(poll_seconds or 0)

@@ -65,15 +65,13 @@ poll_seconds = ui.chart_poll_seconds(*(manager.get(run_id) for run_id in run_ids
 @st.fragment(run_every=poll_seconds)
 def demo_view():
     current = [run for run in (manager.get(run_id) for run_id in run_ids) if run is not None]
-    if live and ui.chart_poll_seconds(*current) != poll_seconds:
-        st.rerun()  # the room of watchers grew or shrank: poll at its pace
     if not current:
         st.info("Press **Run this demo**: its runs queue one after the other, train live here, and the result "
                 "is written above the charts when both are done.")
         return
     if live and not any(run.is_live for run in current):
         st.rerun()  # all ended: one full rerun turns polling off and enables the button again
-    snapshots = [ui.watch(run, poll_seconds or ui.CHART_POLL_SECONDS) for run in current]
+    snapshots = [ui.watch(run) for run in current]
     ui.refresh_note(poll_seconds or 0)
     columns = st.columns(len(snapshots))
     labels = comparison.names(snapshots)

@@ -102,9 +102,7 @@ poll_seconds = ui.chart_poll_seconds(run) if live else None
 @st.fragment(run_every=poll_seconds)
 def run_panel():
     live_run = manager.get(run_id) if run_id else None
-    if live and ui.chart_poll_seconds(live_run) != poll_seconds:
-        st.rerun()  # the room of watchers grew or shrank: poll at its pace
-    current = ui.watch(live_run, poll_seconds or ui.CHART_POLL_SECONDS) if live_run is not None else None
+    current = ui.watch(live_run) if live_run is not None else None
     ui.refresh_note(poll_seconds or 0)
     run_status(current)
     run_charts(current)

@@ -29,8 +29,8 @@ CHART_POLL_SECONDS = 1.0
 WARM_UP_POLL_SECONDS = 1.0
 # A room of watchers (a link shared in a talk): every page redraws its run each poll, and on a small server that
 # work competes with the training it shows. Up to this many pages poll once a CHART_POLL_SECONDS; beyond it the
-# poll slows in proportion (10 pages: every 2 s, 20: every 4 s), up to MAX_CHART_POLL_SECONDS, so the room costs
-# about what this many pages cost. The page says when it refreshes more slowly.
+# poll slows in proportion (10 pages: every 2 s, 20: every 4 s), up to MAX_CHART_POLL_SECONDS, and the room's
+# figures are built once per such period. The page says when it refreshes more slowly.
 WATCHERS_AT_FULL_RATE = 5
 MAX_CHART_POLL_SECONDS = 5.0
 SWITCH_INTERVAL_S = 0.001
@@ -101,11 +101,16 @@ def chart_poll_seconds(*runs) -> float:
     return float(min(MAX_CHART_POLL_SECONDS, math.ceil(CHART_POLL_SECONDS * max(1, watchers / WATCHERS_AT_FULL_RATE))))
 
 
-def watch(run, poll_seconds: float):
+def watch(run):
     """A snapshot of ``run`` for this session's poll: every page watching draws the same one (taken at most once
-    per poll period, a little under it so an early poll still sees new steps), so a room of watchers costs one
-    figure build per period, not one per page. Counts this session as a watcher."""
-    return run.snapshot(reuse_for=0.9 * poll_seconds, viewer=owner_id())
+    per poll period of the room as it is now, a little under it so an early poll still sees new steps), so a
+    room of watchers costs one figure build per period, not one per page. Counts this session as a watcher.
+
+    A page's own poll period is set when the page runs whole (``chart_poll_seconds``): a page that opens into a
+    full room polls slowly at once; one already open keeps its pace but draws the room's shared snapshot. It is
+    not made to rerun whole when the room changes: measured with 20 pages, those reruns kept the pages from
+    ever settling."""
+    return run.snapshot(reuse_for=0.9 * chart_poll_seconds(run), viewer=owner_id())
 
 
 def refresh_note(poll_seconds: float) -> None:

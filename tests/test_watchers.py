@@ -98,3 +98,15 @@ def test_the_loss_chart_says_when_it_draws_fewer_points_than_steps():
     assert len(figure.data[0].x) <= charts.MAX_POINTS + 2
     assert "3,000 steps" in figure.layout.xaxis.title.text
     assert "steps" not in charts.loss_figure(events[:10]).layout.xaxis.title.text
+
+
+def test_sessions_gone_longer_than_the_window_are_forgotten(monkeypatch):
+    from gradacc.serving import run_state
+
+    monkeypatch.setattr(run_state, "WATCHERS_WINDOW_S", 0.02)
+    run = live_run()
+    run.snapshot(viewer="left")
+    time.sleep(0.05)
+    run.snapshot(viewer="stayed")
+    assert run.watchers(within=0.02) == 1
+    assert list(run._viewers) == ["stayed"]  # not only uncounted: dropped

@@ -38,9 +38,11 @@ def show_headline(figures: dict | None, runs, labels: dict[str, str]) -> None:
 def draw(runs, key: str, x: str = "samples_seen") -> dict | None:
     """Headline (once the first two runs ended), loss, eval and memory charts, and the summary table.
 
-    ``key`` keeps this view's widgets and cached figures apart from another view's. Returns the headline.
+    ``runs`` are snapshots (``RunState.snapshot``, as the pages take them each poll): text and charts are drawn from
+    one set of events. ``key`` keeps this view's widgets and cached figures apart from another view's. Returns the
+    headline.
     """
-    snapshots = [run.snapshot() for run in runs]  # one set of events per draw: text and charts agree
+    snapshots = list(runs)
     labels = names(snapshots)
     figures = headline(snapshots)
     show_headline(figures, snapshots, labels)

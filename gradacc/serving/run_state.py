@@ -84,8 +84,12 @@ class RunState:
 
     def watchers(self, within: float = WATCHERS_WINDOW_S) -> int:
         """How many sessions took a snapshot of this run in the last ``within`` seconds."""
-        since = time.monotonic() - within
+        now = time.monotonic()
+        since, forget_before = now - within, now - max(within, WATCHERS_WINDOW_S)
         with self._lock:
+            # Forget sessions gone for longer than the window: a run watched by a talk's room for an hour would
+            # otherwise keep every visitor it ever had.
+            self._viewers = {viewer: seen for viewer, seen in self._viewers.items() if seen >= forget_before}
             return sum(1 for seen in self._viewers.values() if seen >= since)
 
     def snapshot(self, reuse_for: float = 0.0, viewer: str | None = None) -> "RunState":

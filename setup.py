@@ -13,5 +13,6 @@ APP_FILES = {"gradacc.app.pages": "pages", "gradacc.app.streamlit_config": ".str
 setup(
     packages=find_packages(include=["gradacc", "gradacc.*"]) + list(APP_FILES),
     package_dir=APP_FILES,
-    package_data={"gradacc.app.streamlit_config": ["config.toml"]},
+    package_data={"gradacc.app.streamlit_config": ["config.toml"],
+                  "gradacc.training.sources": ["tiny_bert_tokenizer/*.json"]},
 )

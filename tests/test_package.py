@@ -67,6 +67,8 @@ def test_the_wheel_holds_the_package_the_app_pages_and_the_app_settings(wheel):
     for page in PAGES:  # the checkout's pages/, installed beside the app's entry, byte for byte
         assert wheel.read(f"gradacc/app/pages/{page}.py") == (ROOT / "pages" / f"{page}.py").read_bytes()
     assert wheel.read("gradacc/app/streamlit_config/config.toml") == (ROOT / ".streamlit" / "config.toml").read_bytes()
+    for shipped in (ROOT / "gradacc/training/sources/tiny_bert_tokenizer").iterdir():  # tiny-bert's tokenizer
+        assert wheel.read(shipped.relative_to(ROOT).as_posix()) == shipped.read_bytes()
     assert "gradacc/app/streamlit_app.py" in names
     assert not [name for name in names if name.startswith(("tests/", "app.py", "pages/", "setup.py"))]
 

@@ -192,3 +192,26 @@ def test_tiny_bert_is_deterministic_for_a_seed():
     pairs = zip(first.state_dict().values(), second.state_dict().values())
     assert all(torch.equal(a, b) for a, b in pairs)
     assert not torch.equal(first.classifier.weight, other.classifier.weight)
+
+
+def test_tiny_bert_tokenizer_ships_and_its_recipe_still_trains_one_of_its_kind(tmp_path, monkeypatch):
+    """tiny-bert's tokenizer loads from the package (every process gets the same vocabulary, so runs repeat);
+    the recipe that made it, kept for when the corpus changes, still trains a tokenizer it could replace."""
+    from gradacc.training.sources import builtin_data
+    from gradacc.training.sources.models import TINY_BERT_TOKENIZER, _load_tokenizer, tiny_bert_tokenizer, \
+        train_tiny_bert_tokenizer
+
+    monkeypatch.setenv("GRADACC_HOME", str(tmp_path / "home"))
+    shipped = tiny_bert_tokenizer()
+    assert shipped.name_or_path == str(TINY_BERT_TOKENIZER)
+    assert not (tmp_path / "home" / "models").exists()  # nothing trained or cached
+
+    train_tiny_bert_tokenizer(tmp_path / "fresh")
+    fresh = _load_tokenizer(tmp_path / "fresh")
+    corpus = builtin_data.tokenizer_corpus()
+    for tokenizer in (shipped, fresh):
+        assert tokenizer.all_special_ids == shipped.all_special_ids  # [PAD] 0 … [MASK] 4, in the same places
+        assert abs(len(tokenizer) - len(shipped)) <= 0.05 * len(shipped)
+        encoded = tokenizer(corpus[:500])["input_ids"]
+        assert all(ids[0] == tokenizer.cls_token_id and ids[-1] == tokenizer.sep_token_id for ids in encoded)
+        assert not any(tokenizer.unk_token_id in ids for ids in encoded)  # the corpus is fully covered

@@ -85,6 +85,36 @@ def throughput(home: Path, run_id: str, start: float, end: float) -> dict:
             "samples_per_s": round((last["samples_seen"] - first["samples_seen"]) / (last["time"] - first["time"]), 2)}
 
 
+def thread_times(pid: int) -> dict:
+    """CPU and run-queue nanoseconds of each live thread of ``pid`` (/proc's schedstat), and of the whole process
+    (its stat, which keeps the time of threads already gone: Streamlit runs each rerun in a thread of its own)."""
+    times = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            on_cpu, waiting, _ = (int(x) for x in (task / "schedstat").read_text().split())
+        except (OSError, ValueError):  # the thread ended between the listing and the read
+            continue
+        times[task.name] = (on_cpu, waiting)
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    process_ns = (int(fields[11]) + int(fields[12])) * 1e9 / os.sysconf("SC_CLK_TCK")  # utime + stime
+    return {"threads": times, "process_ns": process_ns}
+
+
+def where_the_server_core_went(before: dict, after: dict, seconds: float) -> dict:
+    """Shares of the server's core over the window: the busiest thread (the training run), the rest of the
+    process, and how long the training thread waited for the core while runnable (contention, not the GIL)."""
+    deltas = {tid: (after["threads"][tid][0] - on_cpu, after["threads"][tid][1] - waiting)
+              for tid, (on_cpu, waiting) in before["threads"].items() if tid in after["threads"]}
+    training = max(deltas.values(), key=lambda delta: delta[0])
+    process = after["process_ns"] - before["process_ns"]
+    others = sorted((delta[0] for delta in deltas.values() if delta is not training), reverse=True)
+    window_ns = seconds * 1e9
+    return {"core_used": round(process / window_ns, 3), "training_thread_on_cpu": round(training[0] / window_ns, 3),
+            "training_thread_runnable_waiting": round(training[1] / window_ns, 3),
+            "other_threads_on_cpu": round((process - training[0]) / window_ns, 3),
+            "busiest_other_threads": [round(ns / window_ns, 3) for ns in others[:3]]}
+
+
 def open_watchers(browser, base_url: str, run_id: str, count: int) -> list:
     """``count`` new visitors open the run's link at once; returns once every page shows the run's live status
     (its session is polling the run). Whether each page's browser also keeps up drawing the charts is counted
@@ -124,16 +154,17 @@ def one_count(browser, server: StreamlitServer, home: Path, probe: HealthProbe, 
     contexts = open_watchers(browser, server.url, run_id, watchers)
     ready = time.time()
     time.sleep(SETTLE_S)
-    start = time.time()
+    start, cpu_before = time.time(), thread_times(server.process.pid)
     if profile_dir is None:
         time.sleep(window)
     else:  # where the server's GIL goes while it is watched (py-spy, on the browsers' CPU)
         subprocess.run([shutil.which("py-spy", path=f"{Path(sys.executable).parent}:{os.environ['PATH']}"), "record", "--pid", str(server.process.pid), "--gil",
                         "--rate", "100", "--duration", str(int(window)), "--format", "raw", "--nonblocking",
                         "-o", str(profile_dir / f"gil-{watchers}-pages.txt")], check=True, capture_output=True)
-    end = time.time()
+    end, cpu_after = time.time(), thread_times(server.process.pid)
     result = {"watchers": watchers, "run_id": run_id, "pages_open_s": round(ready - opened, 1),
               "charts_drawn": charts_drawn(contexts),
+              "server_core": where_the_server_core_went(cpu_before, cpu_after, end - start),
               **throughput(home, run_id, start, end), **probe.between(opened, end),
               "load_average_1min": round(os.getloadavg()[0], 2)}
     for context in contexts:

@@ -37,7 +37,7 @@ def comparison_view():
     chosen = [ui.watch(run) for run in found]
     if any_live and not any(run.is_live for run in chosen):
         st.rerun()  # all ended: stop polling
-    ui.refresh_note(poll_seconds or 0)
+    ui.keep_pace(poll_seconds, *found)
     if len(chosen) == 1:
         st.caption("Pick a second run for a headline that says how they differ.")
     comparison.draw(chosen, key="compare")

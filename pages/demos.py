@@ -72,7 +72,7 @@ def demo_view():
     if live and not any(run.is_live for run in current):
         st.rerun()  # all ended: one full rerun turns polling off and enables the button again
     snapshots = [ui.watch(run) for run in current]
-    ui.refresh_note(poll_seconds or 0)
+    ui.keep_pace(poll_seconds, *current)
     columns = st.columns(len(snapshots))
     labels = comparison.names(snapshots)
     for column, run in zip(columns, snapshots):

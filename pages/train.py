@@ -103,7 +103,7 @@ poll_seconds = ui.chart_poll_seconds(run) if live else None
 def run_panel():
     live_run = manager.get(run_id) if run_id else None
     current = ui.watch(live_run) if live_run is not None else None
-    ui.refresh_note(poll_seconds or 0)
+    ui.keep_pace(poll_seconds, live_run)
     run_status(current)
     run_charts(current)
 

@@ -115,7 +115,24 @@ def where_the_server_core_went(before: dict, after: dict, seconds: float) -> dic
             "busiest_other_threads": [round(ns / window_ns, 3) for ns in others[:3]]}
 
 
-def open_watchers(browser, base_url: str, run_id: str, count: int) -> list:
+class Traffic:
+    """What the server sends the watching pages over their websockets: frames and bytes, all pages together."""
+
+    def __init__(self):
+        self.frames, self.bytes = 0, 0
+
+    def watch(self, page) -> None:
+        page.on("websocket", lambda socket: socket.on("framereceived", self._count))
+
+    def _count(self, payload) -> None:
+        self.frames += 1
+        self.bytes += len(payload)
+
+    def now(self) -> tuple[int, int]:
+        return self.frames, self.bytes
+
+
+def open_watchers(browser, base_url: str, run_id: str, count: int, traffic: Traffic) -> list:
     """``count`` new visitors open the run's link at once; returns once every page shows the run's live status
     (its session is polling the run). Whether each page's browser also keeps up drawing the charts is counted
     apart (``charts_drawn``): twenty pages of plotly on one browser core may not, and that is the browsers'
@@ -125,12 +142,18 @@ def open_watchers(browser, base_url: str, run_id: str, count: int) -> list:
         context = browser.new_context(viewport=VIEWPORT, base_url=base_url)
         context.set_default_timeout(TIMEOUT_MS)
         page = context.new_page()
+        traffic.watch(page)
         page.goto(f"/?run={run_id}", wait_until="commit")  # all load together, as a room opening a link does
         contexts.append(context)
         pages.append(page)
     for page in pages:
         expect(page.locator(f".st-key-run-{run_id}-status")).to_contain_text("Running", timeout=TIMEOUT_MS)
     return contexts
+
+
+def pause(page, seconds: float) -> None:
+    """Wait while Playwright keeps delivering events (``time.sleep`` would hold back the frame counts)."""
+    page.wait_for_timeout(seconds * 1000)
 
 
 def charts_drawn(contexts: list) -> int:
@@ -151,20 +174,23 @@ def one_count(browser, server: StreamlitServer, home: Path, probe: HealthProbe, 
     expect(train_page.loss_traces(starter).first).to_be_attached(timeout=120_000)  # training, not loading
     st_ui.go_to(starter, "Code")  # the starter keeps its session (to Stop later) but watches nothing
     opened = time.time()
-    contexts = open_watchers(browser, server.url, run_id, watchers)
+    traffic = Traffic()
+    contexts = open_watchers(browser, server.url, run_id, watchers, traffic)
     ready = time.time()
-    time.sleep(SETTLE_S)
-    start, cpu_before = time.time(), thread_times(server.process.pid)
+    pause(starter, SETTLE_S)
+    start, cpu_before, sent_before = time.time(), thread_times(server.process.pid), traffic.now()
     if profile_dir is None:
-        time.sleep(window)
+        pause(starter, window)
     else:  # where the server's GIL goes while it is watched (py-spy, on the browsers' CPU)
         subprocess.run([shutil.which("py-spy", path=f"{Path(sys.executable).parent}:{os.environ['PATH']}"), "record", "--pid", str(server.process.pid), "--gil",
                         "--rate", "100", "--duration", str(int(window)), "--format", "raw", "--nonblocking",
                         "-o", str(profile_dir / f"gil-{watchers}-pages.txt")], check=True, capture_output=True)
-    end, cpu_after = time.time(), thread_times(server.process.pid)
+    end, cpu_after, sent_after = time.time(), thread_times(server.process.pid), traffic.now()
     result = {"watchers": watchers, "run_id": run_id, "pages_open_s": round(ready - opened, 1),
               "charts_drawn": charts_drawn(contexts),
               "server_core": where_the_server_core_went(cpu_before, cpu_after, end - start),
+              "frames_per_s": round((sent_after[0] - sent_before[0]) / (end - start), 1),
+              "kb_per_s": round((sent_after[1] - sent_before[1]) / (end - start) / 1000, 1),
               **throughput(home, run_id, start, end), **probe.between(opened, end),
               "load_average_1min": round(os.getloadavg()[0], 2)}
     for context in contexts:

@@ -274,3 +274,20 @@ def test_the_task_follows_the_model_and_an_lm_run_shows_perplexity(app_home):
     assert [t["name"] for t in evaluation["data"]] == ["this run · next-token accuracy", "this run · perplexity"]
     assert evaluation["layout"]["yaxis2"]["type"] == "log"
     assert points(chart(at, "Training loss")) == 4
+
+
+def test_a_page_polling_every_second_slows_down_once_a_room_fills_up_around_it(app_home):
+    from gradacc.app import widgets as ui
+
+    at = open_app()
+    set_numbers(at, "train", LONG_RUN)
+    start(at)
+    run_until(at, lambda at: "Running" in status(at), RUN_TIMEOUT_S, "the run to start")
+    assert not [c for c in at.caption if "refreshes every" in c.value]  # one page: the full pace, said nowhere
+    run = ui._create_manager().get(at.session_state["run_id"])
+    for visitor in range(19):  # nineteen more pages poll it: a room of twenty
+        run.snapshot(viewer=f"visitor-{visitor}")
+    at.run()  # this page's poll sees the room: the whole page reruns and polls at the room's pace
+    assert "👥 Many pages are watching: this one refreshes every 4 s." in [c.value for c in at.caption]
+    at.button(key="stop").click().run()
+    run_until(at, lambda at: bool(at.warning), 30, "the run to stop")

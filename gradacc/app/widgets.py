@@ -104,18 +104,26 @@ def chart_poll_seconds(*runs) -> float:
 def watch(run):
     """A snapshot of ``run`` for this session's poll: every page watching draws the same one (taken at most once
     per poll period of the room as it is now, a little under it so an early poll still sees new steps), so a
-    room of watchers costs one figure build per period, not one per page. Counts this session as a watcher.
-
-    A page's own poll period is set when the page runs whole (``chart_poll_seconds``): a page that opens into a
-    full room polls slowly at once; one already open keeps its pace but draws the room's shared snapshot. It is
-    not made to rerun whole when the room changes: measured with 20 pages, those reruns kept the pages from
-    ever settling."""
+    room of watchers costs one figure build per period, not one per page. Counts this session as a watcher."""
     return run.snapshot(reuse_for=0.9 * chart_poll_seconds(run), viewer=owner_id())
 
 
-def refresh_note(poll_seconds: float) -> None:
-    if poll_seconds > CHART_POLL_SECONDS:
+def keep_pace(poll_seconds: float | None, *runs) -> None:
+    """Called by a live view at each poll: rerun the whole page, so it polls at the room's new period, once the
+    room has grown to want a period 1.5× this page's, or shrunk to a third of it; then say the page's pace.
+
+    A fragment's period is fixed when the page runs whole, so a page opened into an empty room would go on
+    polling every second while twenty others join it (measured: the server's other threads then took 15 % of
+    its core from training). The margins keep a room whose count wavers from rerunning its pages over and
+    over: measured with 20 pages, rerunning on every change kept them from ever settling."""
+    if poll_seconds and needs_new_pace(poll_seconds, chart_poll_seconds(*runs)):
+        st.rerun()
+    if poll_seconds and poll_seconds > CHART_POLL_SECONDS:
         st.caption(f"👥 Many pages are watching: this one refreshes every {poll_seconds:.0f} s.")
+
+
+def needs_new_pace(page_seconds: float, room_seconds: float) -> bool:
+    return room_seconds >= 1.5 * page_seconds or room_seconds <= page_seconds / 3
 
 
 def owner_id() -> str:

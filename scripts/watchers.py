@@ -179,12 +179,16 @@ def one_count(browser, server: StreamlitServer, home: Path, probe: HealthProbe, 
     ready = time.time()
     pause(starter, SETTLE_S)
     start, cpu_before, sent_before = time.time(), thread_times(server.process.pid), traffic.now()
-    if profile_dir is None:
-        pause(starter, window)
-    else:  # where the server's GIL goes while it is watched (py-spy, on the browsers' CPU)
-        subprocess.run([shutil.which("py-spy", path=f"{Path(sys.executable).parent}:{os.environ['PATH']}"), "record", "--pid", str(server.process.pid), "--gil",
-                        "--rate", "100", "--duration", str(int(window)), "--format", "raw", "--nonblocking",
-                        "-o", str(profile_dir / f"gil-{watchers}-pages.txt")], check=True, capture_output=True)
+    profiler = None
+    if profile_dir is not None:  # what the server's threads do while it is watched (py-spy, on the browsers' CPU)
+        py_spy = shutil.which("py-spy", path=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+        profiler = subprocess.Popen([py_spy, "record", "--pid", str(server.process.pid), "--threads", "--rate", "100",
+                                     "--duration", str(int(window)), "--format", "raw", "--nonblocking",
+                                     "-o", str(profile_dir / f"threads-{watchers}-pages.txt")],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pause(starter, window)
+    if profiler is not None:
+        profiler.wait(timeout=60)
     end, cpu_after, sent_after = time.time(), thread_times(server.process.pid), traffic.now()
     result = {"watchers": watchers, "run_id": run_id, "pages_open_s": round(ready - opened, 1),
               "charts_drawn": charts_drawn(contexts),
@@ -208,8 +212,8 @@ def main() -> None:
                         help="watching pages per run, in this order; each 0 is a baseline (their mean is the base)")
     parser.add_argument("--window", type=float, default=30.0, help="seconds of training measured per count")
     parser.add_argument("--profile", type=Path, metavar="DIR",
-                        help="record the server's GIL holders with py-spy during each window into DIR "
-                             "(gil-N-pages.txt, py-spy's raw format); py-spy must be installed")
+                        help="record the server's threads with py-spy during each window into DIR "
+                             "(threads-N-pages.txt, py-spy's raw format); py-spy must be installed")
     args = parser.parse_args()
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ import json
 
 from streamlit.testing.v1 import AppTest
 
-from support import ROOT, wait_for
+from support import ROOT, plotted, wait_for
 
 APP = str(ROOT / "app.py")
 # A script run is quick, but the first one in a process imports plotly, pandas and friends.
@@ -80,7 +80,7 @@ def chart(at: AppTest, title: str) -> dict:
 
 
 def points(figure: dict) -> int:
-    return sum(len(trace.get("y") or []) for trace in figure["data"])
+    return sum(len(plotted(trace.get("y"))) for trace in figure["data"])
 
 
 def error_after(at: AppTest, widget_key: str) -> str | None:

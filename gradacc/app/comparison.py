@@ -35,14 +35,13 @@ def show_headline(figures: dict | None, runs, labels: dict[str, str]) -> None:
         box(f"### {figures['headline']}\n{against}", icon="📣")
 
 
-def draw(runs, key: str, x: str = "samples_seen") -> dict | None:
+def draw(snapshots, key: str, x: str = "samples_seen") -> dict | None:
     """Headline (once the first two runs ended), loss, eval and memory charts, and the summary table.
 
-    ``runs`` are snapshots (``RunState.snapshot``, as the pages take them each poll): text and charts are drawn from
+    ``snapshots``: runs as ``RunState.snapshot`` (``RunState.snapshot``, as the pages take them each poll): text and charts are drawn from
     one set of events. ``key`` keeps this view's widgets and cached figures apart from another view's. Returns the
     headline.
     """
-    snapshots = list(runs)
     labels = names(snapshots)
     figures = headline(snapshots)
     show_headline(figures, snapshots, labels)
@@ -54,7 +53,7 @@ def draw(runs, key: str, x: str = "samples_seen") -> dict | None:
     memory_title = (f"Memory per step: {figures['memory_claim']}" if figures and figures["memory_claim"]
                     else "Memory per step: static + peak activations")
     loss_figure, eval_figure, memory_figure, process_figure = ui.shared_figures(
-        (key, tuple((run.run_id, name, len(run.events)) for run, (name, _) in zip(snapshots, curves)), loss_title,
+        (key, tuple((run.run_id, name, len(events)) for run, (name, events) in zip(snapshots, curves)), loss_title,
          memory_title),
         lambda: (charts.loss_figure(curves, x=x, title=loss_title), charts.eval_figure(curves),
                  charts.memory_breakdown_figure(curves, title=memory_title),

@@ -183,21 +183,24 @@ def one_count(browser, server: StreamlitServer, home: Path, probe: HealthProbe, 
     ready = time.time()
     # Inherits this process's CPU (the browsers'): how much a busy core next door slows training, no page open.
     churn = subprocess.Popen([sys.executable, "-c", MEMORY_CHURN]) if busy_neighbour else None
-    pause(starter, SETTLE_S)
-    start, cpu_before, sent_before = time.time(), thread_times(server.process.pid), traffic.now()
     profiler = None
-    if profile_dir is not None:  # what the server's threads do while it is watched (py-spy, on the browsers' CPU)
-        py_spy = shutil.which("py-spy", path=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-        profiler = subprocess.Popen([py_spy, "record", "--pid", str(server.process.pid), "--threads", "--rate", "100",
-                                     "--duration", str(int(window)), "--format", "raw", "--nonblocking",
-                                     "-o", str(profile_dir / f"threads-{watchers}-pages.txt")],
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    pause(starter, window)
-    if profiler is not None:
-        profiler.wait(timeout=60)
-    end, cpu_after, sent_after = time.time(), thread_times(server.process.pid), traffic.now()
-    if churn is not None:
-        churn.kill()
+    try:
+        pause(starter, SETTLE_S)
+        start, cpu_before, sent_before = time.time(), thread_times(server.process.pid), traffic.now()
+        if profile_dir is not None:  # what the server's threads do while it is watched (py-spy, on the browsers' CPU)
+            py_spy = shutil.which("py-spy", path=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+            profiler = subprocess.Popen([py_spy, "record", "--pid", str(server.process.pid), "--threads",
+                                         "--rate", "100", "--duration", str(int(window)), "--format", "raw",
+                                         "--nonblocking", "-o", str(profile_dir / f"threads-{run_id}.txt")],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        pause(starter, window)
+        if profiler is not None:
+            profiler.wait(timeout=60)
+        end, cpu_after, sent_after = time.time(), thread_times(server.process.pid), traffic.now()
+    finally:  # a failed count must not leave a memory churner or py-spy running on the browsers' CPU
+        for child in (churn, profiler):
+            if child is not None and child.poll() is None:
+                child.kill()
     result = {"watchers": watchers, "busy_neighbour": busy_neighbour, "run_id": run_id, "pages_open_s": round(ready - opened, 1),
               "charts_drawn": charts_drawn(contexts),
               "server_core": where_the_server_core_went(cpu_before, cpu_after, end - start),
@@ -222,7 +225,8 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=30.0, help="seconds of training measured per count")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="record the server's threads with py-spy during each window into DIR "
-                             "(threads-N-pages.txt, py-spy's raw format); py-spy must be installed")
+                             "(threads-RUN_ID.txt, py-spy's raw format; each count's run id is in the output); "
+                             "py-spy must be installed")
     args = parser.parse_args()
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,7 @@
 import json
 import math
 
+import plotly.graph_objects as go
 import pytest
 from support import plotted
 
@@ -59,6 +60,19 @@ def test_eval_figure_has_f1_and_accuracy_per_epoch():
     assert list(figure.data[0].x) == [0, 1]
     assert list(figure.data[1].y) == pytest.approx([0.7, 0.8])
     assert figure.layout.xaxis.title.text == "Epoch"
+
+
+def language_model_events(epochs: int = 2) -> list[dict]:
+    return [ev.eval_(epoch=epoch, step=3, eval_loss=2.0 - epoch, eval_perplexity=math.exp(2.0 - epoch),
+                     eval_next_token_accuracy=0.3 + 0.1 * epoch) for epoch in range(epochs)]
+
+
+def test_eval_figure_draws_a_language_models_perplexity_on_its_own_log_axis():
+    figure = charts.eval_figure([("lm", language_model_events())])
+    assert [(t.name, t.yaxis) for t in figure.data] == [("lm · next-token accuracy", "y"), ("lm · perplexity", "y2")]
+    assert figure.layout.yaxis2.type == "log" and figure.layout.yaxis2.overlaying == "y"
+    assert figure.layout.yaxis.title.text == "Score (0–1)" and list(figure.layout.yaxis.range) == [0, 1.02]
+    assert list(figure.data[1].y) == pytest.approx([math.exp(2.0), math.exp(1.0)])
 
 
 def test_memory_figure_in_mb_and_cuda_only_when_measured():
@@ -122,6 +136,40 @@ def test_figures_serialise_to_json_with_every_value():
     nan_loss = run_events()
     nan_loss[1] = {**nan_loss[1], "loss": math.nan}
     assert y_values(charts.loss_figure(nan_loss)) == [[None, 1.0, 2.0 / 3]]  # NaN stays a gap, not invalid JSON
+
+
+def every_chart():
+    """Each chart this module draws, in each of its shapes (one run, several, empty, a causal LM, thinned)."""
+    runs = [("a", run_events()), ("b", run_events(steps=4, cuda=True))]
+    long_run = run_events(steps=charts.MAX_POINTS + 500)
+    rows = [{"case": "k=4", "normalization": "exact", "rel_error": 1e-7},
+            {"case": "k=4", "normalization": "naive", "rel_error": 0.3}]
+    return {
+        "loss": charts.loss_figure(runs), "loss, thinned": charts.loss_figure(long_run, x="samples_seen"),
+        "loss, empty": charts.loss_figure([]), "eval": charts.eval_figure(runs),
+        "eval, language model": charts.eval_figure([("lm", language_model_events()), ("a", run_events())]),
+        "eval, empty": charts.eval_figure([]), "memory": charts.memory_figure(runs),
+        "memory, thinned": charts.memory_figure(long_run), "memory, empty": charts.memory_figure([]),
+        "breakdown": charts.memory_breakdown_figure(runs), "breakdown, empty": charts.memory_breakdown_figure([]),
+        "plan": charts.memory_plan_figure({1: 1e8, 2: 2e8}, {2: 2.1e8}, budget_bytes=3e8, held_out={4: 4e8}),
+        "plan, empty": charts.memory_plan_figure({}), "equivalence": charts.equivalence_figure(rows, tolerance=1e-5),
+        "equivalence, empty": charts.equivalence_figure([]),
+    }
+
+
+@pytest.mark.parametrize("name", list(every_chart()))
+def test_plotly_accepts_every_chart_as_it_is_sent(name):
+    """Charts are assembled from kept layouts and plain trace dicts without plotly checking them (for speed):
+    here plotly checks each one, property by property, and must send it back unchanged."""
+    sent = json.loads(every_chart()[name].to_json())
+    checked = go.Figure(sent)  # raises on any property plotly does not know, or a value it refuses
+    assert json.loads(checked.to_json()) == sent
+
+
+def test_a_kept_layout_is_never_changed_by_a_figure_built_from_it():
+    charts.loss_figure(run_events(steps=charts.MAX_POINTS + 1)).layout.title.text = "changed"
+    again = charts.loss_figure(run_events())
+    assert again.layout.title.text == "Training loss" and again.layout.xaxis.title.text == "Optimizer step"
 
 
 def test_a_frozen_figure_draws_the_same_dict_as_the_figure_it_was():

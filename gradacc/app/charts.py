@@ -7,6 +7,8 @@ picks what it needs). A bare list of events counts as one run.
 from __future__ import annotations
 
 import collections
+import copy
+import functools
 import math
 import threading
 from typing import Callable, Hashable, Iterable, Mapping
@@ -130,9 +132,28 @@ def _thinned_title(x_title: str, count: int) -> str:
 
 
 # --- layout -----------------------------------------------------------------------------------
+# plotly checks every property it is given, in Python, while holding the GIL the training thread needs: styling the
+# three live charts took 30-40 ms of each build (make_subplots alone 11 ms), per poll period of every watched run.
+# So each layout is styled and checked once, through plotly's own API, and kept (below, by title and shape); a
+# build copies it, edits the text that changes, adds plain trace dicts and assembles the figure without checking it
+# again. tests/test_charts.py has plotly check every chart this module draws.
+
+def _assemble(layout: dict, traces: Iterable[dict] = (), **axis_titles: str) -> go.Figure:
+    """A figure from a checked layout (copied: a kept one is never changed), plain trace dicts and the titles of
+    the axes that change with the data (``xaxis2="Optimizer step · ..."``)."""
+    layout = copy.deepcopy(layout)
+    for axis, text in axis_titles.items():
+        layout.setdefault(axis, {}).setdefault("title", {})["text"] = text
+    return go.Figure(data=list(traces), layout=layout, _validate=False)
+
 
 def _figure(title: str, x_title: str, y_title: str) -> go.Figure:
-    return _style(go.Figure(), title, x_title, y_title)
+    return _assemble(_plain_layout(title, x_title, y_title))
+
+
+@functools.lru_cache(maxsize=64)
+def _plain_layout(title: str, x_title: str, y_title: str) -> dict:
+    return _style(go.Figure(), title, x_title, y_title).to_dict()["layout"]
 
 
 def _style(figure: go.Figure, title: str, x_title: str, y_title: str) -> go.Figure:
@@ -148,18 +169,31 @@ def _style(figure: go.Figure, title: str, x_title: str, y_title: str) -> go.Figu
     return figure
 
 
-def _empty(figure: go.Figure, message: str) -> go.Figure:
+def _empty(title: str, x_title: str, y_title: str, message: str) -> go.Figure:
+    """A chart with nothing to draw yet: its frame, and ``message`` where the lines will be."""
+    return _assemble(_empty_layout(title, x_title, y_title, message))
+
+
+@functools.lru_cache(maxsize=32)
+def _empty_layout(title: str, x_title: str, y_title: str, message: str) -> dict:
+    figure = _style(go.Figure(), title, x_title, y_title)
     figure.add_annotation(text=message, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5,
                           font=dict(size=15))
     figure.update_xaxes(showticklabels=False, showgrid=False, zeroline=False)
     figure.update_yaxes(showticklabels=False, showgrid=False, zeroline=False)
-    return figure
+    return figure.to_dict()["layout"]
 
 
 def _color(index: int) -> str:
     """One colour per run, so a run's loss, memory and eval lines match across charts."""
     palette = plotly.colors.qualitative.Plotly
     return palette[index % len(palette)]
+
+
+def _line(xs, ys, name: str, mode: str, xaxis: str = "x", yaxis: str = "y", **style) -> dict:
+    """One line as a plain trace dict: coordinates as float arrays, on the given axes."""
+    return dict(type="scatter", x=_points(xs), y=_points(ys), name=name, mode=mode, xaxis=xaxis, yaxis=yaxis,
+                **style)
 
 
 # --- training curves --------------------------------------------------------------------------
@@ -185,21 +219,19 @@ def _run_line(index: int, several: bool) -> dict:
 def loss_figure(runs, x: str = "step", title: str = "Training loss") -> go.Figure:
     """Training loss per optimizer step (or against samples seen), one line per run; ``title`` can state what
     the curves show ("Loss curves identical ...")."""
-    figure = _figure(title, X_TITLES.get(x, x), "Loss")
+    x_title = X_TITLES.get(x, x)
     runs = _as_runs(runs)
-    most = 0
+    traces, most = [], 0
     for index, (label, rows) in enumerate(runs):
         steps = [r for r in _of(rows, ev.STEP) if r.get("loss") is not None]
         if steps:
             most = max(most, len(steps))
             mode = "lines+markers" if len(runs) > 1 and index else _line_mode(steps)
             xs, ys = thin([r.get(x) for r in steps], [r["loss"] for r in steps])
-            figure.add_trace(go.Scatter(x=_points(xs), y=_points(ys), name=label, mode=mode,
-                                        **_run_line(index, len(runs) > 1)))
+            traces.append(_line(xs, ys, label, mode, **_run_line(index, len(runs) > 1)))
     if not most:
-        return _empty(figure, "No training steps yet")
-    figure.update_xaxes(title_text=_thinned_title(X_TITLES.get(x, x), most))
-    return figure
+        return _empty(title, x_title, "Loss", "No training steps yet")
+    return _assemble(_plain_layout(title, x_title, "Loss"), traces, xaxis=_thinned_title(x_title, most))
 
 
 def eval_figure(runs, title: str = "Evaluation after each epoch") -> go.Figure:
@@ -207,36 +239,34 @@ def eval_figure(runs, title: str = "Evaluation after each epoch") -> go.Figure:
     next-token accuracy (dash) on the same 0–1 axis and its perplexity (dash-dot) on a log axis at the right."""
     all_runs = _as_runs(runs)
     language_models = any(r.get("eval_perplexity") is not None for _, rows in all_runs for r in _of(rows, ev.EVAL))
-    if language_models:
-        figure = _style(make_subplots(specs=[[{"secondary_y": True}]]), title, "Epoch", "")
-        figure.update_yaxes(title_text="Perplexity (log)", type="log", secondary_y=True)
-    else:
-        figure = _figure(title, "Epoch", "Score (0–1)")
-    drawn = False
+    traces = []
     for index, (label, rows) in enumerate(all_runs):
         evals = _of(rows, ev.EVAL)
-        if not evals:
-            continue
-        drawn = True
         epochs = [r.get("epoch") for r in evals]
         for metric, name, dash in EVAL_SCORES:
             values = [r.get(metric) for r in evals]
             if all(v is None for v in values):
-                continue  # a metric this run's task does not have
-            trace = go.Scatter(x=_points(epochs), y=_points(values), name=f"{label} · {name}", mode="lines+markers",
-                               line=dict(color=_color(index), dash=dash))
-            if language_models:
-                figure.add_trace(trace, secondary_y=metric == "eval_perplexity")
-            else:
-                figure.add_trace(trace)
-    if not drawn:
-        return _empty(figure, "No evaluation yet: it runs at the end of each epoch")
+                continue  # a metric this run's task does not have (or no evaluation yet)
+            traces.append(_line(epochs, values, f"{label} · {name}", "lines+markers",
+                                yaxis="y2" if metric == "eval_perplexity" else "y",
+                                line=dict(color=_color(index), dash=dash)))
+    if not traces:
+        return _empty(title, "Epoch", "Score (0–1)", "No evaluation yet: it runs at the end of each epoch")
+    return _assemble(_eval_layout(title, language_models), traces)
+
+
+@functools.lru_cache(maxsize=16)
+def _eval_layout(title: str, language_models: bool) -> dict:
+    """Scores on 0–1; a causal LM's perplexity on a log axis at the right (y2)."""
     if language_models:
+        figure = _style(make_subplots(specs=[[{"secondary_y": True}]]), title, "Epoch", "")
+        figure.update_yaxes(title_text="Perplexity (log)", type="log", secondary_y=True)
         figure.update_yaxes(title_text="Score (0–1)", range=[0, 1.02], secondary_y=False)
     else:
+        figure = _style(go.Figure(), title, "Epoch", "Score (0–1)")
         figure.update_yaxes(range=[0, 1.02])
     figure.update_xaxes(dtick=1)
-    return figure
+    return figure.to_dict()["layout"]
 
 
 # (eval field, legend name, line dash): classification's scores, then a causal LM's.
@@ -255,18 +285,16 @@ MEMORY_SERIES = (
     ("activation_bytes", "activations / micro-batch", "dot", 2),
 )
 MEMORY_PANELS = ("Process memory", "Activations per micro-batch vs. parameters + gradients + optimizer state")
+# The axes of each panel of memory_figure's layout (make_subplots names them so).
+PANEL_AXES = {1: dict(xaxis="x", yaxis="y"), 2: dict(xaxis="x2", yaxis="y2")}
 
 
 def memory_figure(runs, x: str = "step", title: str = "Memory") -> go.Figure:
     """Memory over the run, in two panels sharing the x axis: RSS and CUDA peak (GPU only) on top;
     activations per micro-batch and the static parameters + gradients + optimizer state (a flat
     dash-dot line from run_started) below, since they are far smaller than the process."""
-    figure = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12, subplot_titles=MEMORY_PANELS)
-    _style(figure, title, "", "")
-    figure.update_xaxes(title_text=X_TITLES.get(x, x), row=2, col=1)
-    for row in (1, 2):
-        figure.update_yaxes(title_text="MB", rangemode="tozero", row=row, col=1)  # from 0: honest sizes
-    drawn, most = False, 0
+    x_title = X_TITLES.get(x, x)
+    traces, most = [], 0
     for index, (label, rows) in enumerate(_as_runs(runs)):
         steps = _of(rows, ev.STEP)
         xs = [r.get(x) for r in steps]
@@ -274,21 +302,26 @@ def memory_figure(runs, x: str = "step", title: str = "Memory") -> go.Figure:
         for field, name, dash, row in MEMORY_SERIES:
             ys = [_mb(r.get(field)) for r in steps]
             if any(y is not None for y in ys):  # CUDA peak is None on CPU: no empty line in the legend
-                drawn = True
                 shown_x, shown_y = thin(xs, ys)
-                figure.add_trace(go.Scatter(x=_points(shown_x), y=_points(shown_y), name=f"{label} · {name}",
-                                            mode=_line_mode(steps),
-                                            line=dict(color=_color(index), dash=dash)), row=row, col=1)
+                traces.append(_line(shown_x, shown_y, f"{label} · {name}", _line_mode(steps), **PANEL_AXES[row],
+                                    line=dict(color=_color(index), dash=dash)))
         static = _static_total(rows)
         if static is not None and xs:
-            drawn = True
-            figure.add_trace(go.Scatter(x=[xs[0], xs[-1]], y=[static / MB] * 2, mode="lines",
-                                        name=f"{label} · params + grads + optimizer",
-                                        line=dict(color=_color(index), dash="dashdot")), row=2, col=1)
-    if not drawn:
-        return _empty(_figure("Memory", X_TITLES.get(x, x), "Memory (MB)"), "No memory measurements yet")
-    figure.update_xaxes(title_text=_thinned_title(X_TITLES.get(x, x), most), row=2, col=1)
-    return figure
+            traces.append(_line([xs[0], xs[-1]], [static / MB] * 2, f"{label} · params + grads + optimizer",
+                                "lines", **PANEL_AXES[2], line=dict(color=_color(index), dash="dashdot")))
+    if not traces:
+        return _empty("Memory", x_title, "Memory (MB)", "No memory measurements yet")
+    return _assemble(_memory_layout(title, x_title), traces, xaxis2=_thinned_title(x_title, most))
+
+
+@functools.lru_cache(maxsize=16)
+def _memory_layout(title: str, x_title: str) -> dict:
+    figure = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12, subplot_titles=MEMORY_PANELS)
+    _style(figure, title, "", "")
+    figure.update_xaxes(title_text=x_title, row=2, col=1)
+    for row in (1, 2):
+        figure.update_yaxes(title_text="MB", rangemode="tozero", row=row, col=1)  # from 0: honest sizes
+    return figure.to_dict()["layout"]
 
 
 # Stacked, bottom to top: what a step holds whatever m and k are, then what one micro-batch adds.
@@ -314,7 +347,7 @@ def memory_breakdown_figure(runs, title: str = "Memory per optimizer step: stati
             value = max(activations) if part == "activation_bytes" and activations else static.get(part)
             heights[part].append(_mb(value) or 0.0)
     if not labels:
-        return _empty(figure, "No memory measurements yet")
+        return _empty(title, "", "Memory (MB)", "No memory measurements yet")
     for part, name, color in BREAKDOWN:
         figure.add_trace(go.Bar(x=labels, y=heights[part], name=name, marker_color=color,
                                 text=[f"{v:.1f} MB" for v in heights[part]] if part == "activation_bytes" else None,
@@ -349,7 +382,7 @@ def memory_plan_figure(predicted: Mapping | Iterable, measured: Mapping | Iterab
                                         mode=mode, line=dict(dash=dash), marker=dict(size=9 if symbol == "circle"
                                                                                       else 14, symbol=symbol)))
     if not drawn:
-        return _empty(figure, "No memory plan yet")
+        return _empty(title, "Micro-batch size", "Peak memory (MB)", "No memory plan yet")
     if budget_bytes:
         figure.add_hline(y=budget_bytes / MB, line_dash="dot", line_color="firebrick",
                          annotation_text=f"budget {budget_bytes / MB:,.0f} MB")
@@ -364,10 +397,10 @@ def memory_plan_figure(predicted: Mapping | Iterable, measured: Mapping | Iterab
 def equivalence_figure(rows: Iterable[dict], tolerance: float | None = None) -> go.Figure:
     """Relative error of each case against the reference, one bar group per loss normalization."""
     rows = list(rows or [])
-    figure = _figure("Accumulated vs. full-batch gradients: relative error", "Case",
-                     "Relative error (log scale)")
+    title, x_title, y_title = "Accumulated vs. full-batch gradients: relative error", "Case", "Relative error (log scale)"
     if not rows:
-        return _empty(figure, "No equivalence check has been run")
+        return _empty(title, x_title, y_title, "No equivalence check has been run")
+    figure = _figure(title, x_title, y_title)
     normalizations = list(dict.fromkeys(r["normalization"] for r in rows))
     for normalization in normalizations:
         group = [r for r in rows if r["normalization"] == normalization]

@@ -34,7 +34,7 @@ poll_seconds = ui.chart_poll_seconds(*(runs[run_id] for run_id in chosen_ids)) i
 def comparison_view():
     # Fresh states each time: a live run's events grow between polls.
     found = [run for run in (manager.get(run_id) for run_id in chosen_ids) if run is not None]
-    chosen = [ui.watch(run) for run in found]
+    chosen = [ui.watch(run, poll_seconds) for run in found]
     if any_live and not any(run.is_live for run in chosen):
         st.rerun()  # all ended: stop polling
     ui.keep_pace(poll_seconds, *found)

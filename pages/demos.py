@@ -71,7 +71,7 @@ def demo_view():
         return
     if live and not any(run.is_live for run in current):
         st.rerun()  # all ended: one full rerun turns polling off and enables the button again
-    snapshots = [ui.watch(run) for run in current]
+    snapshots = [ui.watch(run, poll_seconds) for run in current]
     ui.keep_pace(poll_seconds, *current)
     columns = st.columns(len(snapshots))
     labels = comparison.names(snapshots)

@@ -102,7 +102,7 @@ poll_seconds = ui.chart_poll_seconds(run) if live else None
 @st.fragment(run_every=poll_seconds)
 def run_panel():
     live_run = manager.get(run_id) if run_id else None
-    current = ui.watch(live_run) if live_run is not None else None
+    current = ui.watch(live_run, poll_seconds) if live_run is not None else None
     ui.keep_pace(poll_seconds, live_run)
     run_status(current)
     run_charts(current)

@@ -276,18 +276,23 @@ def test_the_task_follows_the_model_and_an_lm_run_shows_perplexity(app_home):
     assert points(chart(at, "Training loss")) == 4
 
 
-def test_a_page_polling_every_second_slows_down_once_a_room_fills_up_around_it(app_home):
+def test_a_page_polling_every_second_slows_down_once_a_room_fills_up_around_it_but_the_owners_does_not(app_home):
     from gradacc.app import widgets as ui
 
     at = open_app()
     set_numbers(at, "train", LONG_RUN)
     start(at)
     run_until(at, lambda at: "Running" in status(at), RUN_TIMEOUT_S, "the run to start")
-    assert not [c for c in at.caption if "refreshes every" in c.value]  # one page: the full pace, said nowhere
+    onlooker = AppTest.from_file(APP, default_timeout=60)  # a visitor who opened the run's link
+    onlooker.query_params["run"] = at.session_state["run_id"]
+    onlooker.run()
+    assert not [c for c in onlooker.caption if "refreshes every" in c.value]  # two pages: the full pace, said nowhere
     run = ui._create_manager().get(at.session_state["run_id"])
-    for visitor in range(19):  # nineteen more pages poll it: a room of twenty
+    for visitor in range(18):  # eighteen more pages poll it: a room of twenty
         run.snapshot(viewer=f"visitor-{visitor}")
-    at.run()  # this page's poll sees the room: the whole page reruns and polls at the room's pace
-    assert "👥 Many pages are watching: this one refreshes every 4 s." in [c.value for c in at.caption]
+    onlooker.run()  # its poll sees the room: the whole page reruns and polls at the room's pace
+    assert "👥 Many pages are watching: this one refreshes every 8 s." in [c.value for c in onlooker.caption]
+    at.run()  # the owner's page (the one on the projector) keeps its pace
+    assert not at.exception and not [c for c in at.caption if "refreshes every" in c.value]
     at.button(key="stop").click().run()
     run_until(at, lambda at: bool(at.warning), 30, "the run to stop")

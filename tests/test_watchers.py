@@ -72,12 +72,12 @@ def test_events_by_kind_stay_right_as_the_run_grows():
     assert len(run.of(ev.STEP)) == 3
 
 
-@pytest.mark.parametrize(("watchers", "seconds"), [(0, 1.0), (5, 1.0), (6, 2.0), (10, 2.0), (20, 4.0), (200, 5.0)])
-def test_the_poll_slows_in_proportion_beyond_five_watching_pages(watchers, seconds):
-    run = live_run()
-    for viewer in range(watchers):
-        run.snapshot(viewer=str(viewer))
-    assert ui.chart_poll_seconds(run, None) == seconds
+@pytest.mark.parametrize(("watchers", "seconds"), [(0, 1.0), (2, 1.0), (3, 2.0), (5, 2.0), (10, 4.0), (20, 8.0),
+                                                  (200, 8.0)])
+def test_the_room_shares_a_budget_of_polls_and_the_owner_keeps_the_full_pace(watchers, seconds):
+    assert ui.room_poll_seconds(watchers) == seconds
+    assert watchers / seconds <= ui.ROOM_POLLS_PER_SECOND or seconds == ui.MAX_CHART_POLL_SECONDS
+    assert ui.room_poll_seconds(watchers, owner=True) == ui.CHART_POLL_SECONDS
 
 
 def test_a_long_line_is_thinned_to_its_lows_and_highs_and_keeps_its_ends_and_spikes():

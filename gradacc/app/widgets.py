@@ -28,11 +28,12 @@ POLL_SECONDS = 0.5
 CHART_POLL_SECONDS = 1.0
 WARM_UP_POLL_SECONDS = 1.0
 # A room of watchers (a link shared in a talk): every page redraws its run each poll, and on a small server that
-# work competes with the training it shows. Up to this many pages poll once a CHART_POLL_SECONDS; beyond it the
-# poll slows in proportion (10 pages: every 2 s, 20: every 4 s), up to MAX_CHART_POLL_SECONDS, and the room's
-# figures are built once per such period. The page says when it refreshes more slowly.
-WATCHERS_AT_FULL_RATE = 5
-MAX_CHART_POLL_SECONDS = 5.0
+# work competes with the training it shows. The pages watching a run share a budget of ROOM_POLLS_PER_SECOND: up to
+# two poll every second, five every 2 s, ten every 4 s, twenty every 8 s (MAX_CHART_POLL_SECONDS at most). The
+# run's owner, whose page is the one on the projector, keeps polling every second. A page says when it refreshes
+# more slowly.
+ROOM_POLLS_PER_SECOND = 2.5
+MAX_CHART_POLL_SECONDS = 8.0
 SWITCH_INTERVAL_S = 0.001
 # Keys of the form widgets; they are created with persist_state="session", so a visitor's settings
 # survive a trip to another page.
@@ -96,16 +97,26 @@ def limits() -> Limits:
 
 
 def chart_poll_seconds(*runs) -> float:
-    """Seconds between redraws of these live runs: CHART_POLL_SECONDS, slower when many pages watch them."""
-    watchers = max((run.watchers() for run in runs if run is not None), default=0)
-    return float(min(MAX_CHART_POLL_SECONDS, math.ceil(CHART_POLL_SECONDS * max(1, watchers / WATCHERS_AT_FULL_RATE))))
+    """Seconds between this page's redraws of these live runs (see ROOM_POLLS_PER_SECOND)."""
+    runs = [run for run in runs if run is not None]
+    watchers = max((run.watchers() for run in runs), default=0)
+    return room_poll_seconds(watchers, owner=bool(runs) and any(run.owner == owner_id() for run in runs))
 
 
-def watch(run):
+def room_poll_seconds(watchers: int, owner: bool = False) -> float:
+    """A page's poll period in a room of ``watchers`` pages: the room shares ROOM_POLLS_PER_SECOND, in whole
+    seconds; the run's ``owner`` polls every CHART_POLL_SECONDS whatever the room."""
+    if owner:
+        return CHART_POLL_SECONDS
+    return float(min(MAX_CHART_POLL_SECONDS, max(CHART_POLL_SECONDS, math.ceil(watchers / ROOM_POLLS_PER_SECOND))))
+
+
+def watch(run, poll_seconds: float | None):
     """A snapshot of ``run`` for this session's poll: every page watching draws the same one (taken at most once
-    per poll period of the room as it is now, a little under it so an early poll still sees new steps), so a
-    room of watchers costs one figure build per period, not one per page. Counts this session as a watcher."""
-    return run.snapshot(reuse_for=0.9 * chart_poll_seconds(run), viewer=owner_id())
+    per poll period of this page, a little under it so an early poll still sees new steps; the owner's faster
+    polls renew it for everyone), so a room of watchers costs one figure build per period, not one per page.
+    Counts this session as a watcher."""
+    return run.snapshot(reuse_for=0.9 * (poll_seconds or 0.0), viewer=owner_id())
 
 
 def keep_pace(poll_seconds: float | None, *runs) -> None:

@@ -28,6 +28,25 @@ def test_a_summary_row_has_config_and_results():
     assert row["dataset"] == "secret-abc.csv"  # the server's folders stay private
 
 
+def language_model_run() -> RunState:
+    config = RunConfig(model="tiny-gpt", task="causal-lm").to_dict()
+    events = [ev.eval_(epoch=1, step=2, eval_loss=2.0, eval_perplexity=7.389056, eval_next_token_accuracy=0.41)]
+    return RunState("20250101-000000-bbbbbb", "owner", None, config, "completed", events=events)
+
+
+def test_the_table_shows_the_scores_its_runs_have_and_the_csv_keeps_every_column():
+    lm = compare.summary(language_model_run())
+    assert (lm["final perplexity"], lm["final next-token accuracy"], lm["final F1"]) == (7.3891, 0.41, None)
+    classifier = compare.summary(finished_run())
+    shown = compare.shown_columns([lm])
+    assert "final perplexity" in shown and "final F1" not in shown and "final accuracy" not in shown
+    assert "peak activation bytes" in shown  # only evaluation scores are dropped when empty
+    assert "final perplexity" not in compare.shown_columns([classifier])
+    assert {"final F1", "final perplexity"} <= set(compare.shown_columns([lm, classifier]))
+    header = next(csv.reader(io.StringIO(compare.to_csv([classifier]))))
+    assert header == list(compare.COLUMNS)
+
+
 def test_a_run_without_events_has_empty_results():
     run = RunState("r", "o", None, RunConfig().to_dict(), "queued")
     row = compare.summary(run)

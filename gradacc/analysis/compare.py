@@ -14,8 +14,12 @@ from gradacc.config import FIELD_LABELS, RunConfig
 
 # Columns of the table and the CSV, in order: what accumulation trades first, the rest after.
 COLUMNS = ("name", "m", "k", "effective batch", "peak activation bytes", "time per step (s)", "samples/s",
-           "final F1", "final accuracy", "wall time (s)", "optimizer steps", "status", "backend", "model", "dataset",
+           "final F1", "final accuracy", "final perplexity", "final next-token accuracy", "wall time (s)", "optimizer steps", "status", "backend", "model", "dataset",
            "loss normalization", "epochs", "learning rate", "dropout", "label", "run")
+# What each task's evaluation gives (classification: F1 and accuracy; a causal LM: perplexity and next-token
+# accuracy): the table on the page shows those some run has, the CSV all of them.
+EVAL_COLUMNS = {"final F1": "eval_f1", "final accuracy": "eval_accuracy", "final perplexity": "eval_perplexity",
+                "final next-token accuracy": "eval_next_token_accuracy"}
 # A spreadsheet runs a cell that starts with one of these as a formula (CSV injection).
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
@@ -63,10 +67,15 @@ def summary(run, name: str | None = None) -> dict:
         "learning rate": config.get("learning_rate"),
         "dropout": config.get("dropout"),
         "peak activation bytes": max(activations) if activations else None,
-        "final F1": _rounded(evals[-1].get("eval_f1")) if evals else None,  # None for a causal LM
-        "final accuracy": _rounded(evals[-1].get("eval_accuracy")) if evals else None,
+        **{column: _rounded(evals[-1].get(field)) if evals else None for column, field in EVAL_COLUMNS.items()},
     }
     return {column: row[column] for column in COLUMNS}
+
+
+def shown_columns(rows: list[dict]) -> list[str]:
+    """The table's columns for these rows: every one, but the evaluation scores no run has (an LM has no F1)."""
+    return [column for column in COLUMNS
+            if column not in EVAL_COLUMNS or any(row.get(column) is not None for row in rows)]
 
 
 def safe_cell(value):

@@ -38,8 +38,8 @@ def show_headline(figures: dict | None, runs, labels: dict[str, str]) -> None:
 def draw(snapshots, key: str, x: str = "samples_seen") -> dict | None:
     """Headline (once the first two runs ended), loss, eval and memory charts, and the summary table.
 
-    ``snapshots``: runs as ``RunState.snapshot`` (``RunState.snapshot``, as the pages take them each poll): text and charts are drawn from
-    one set of events. ``key`` keeps this view's widgets and cached figures apart from another view's. Returns the
+    ``snapshots``: runs as the pages take them each poll (``RunState.snapshot``), so text and charts are drawn
+    from one set of events. ``key`` keeps this view's widgets and cached figures apart from another view's. Returns the
     headline.
     """
     labels = names(snapshots)
@@ -62,7 +62,7 @@ def draw(snapshots, key: str, x: str = "samples_seen") -> dict | None:
     loss_chart.plotly_chart(loss_figure, key=f"{key}_loss")
     memory_chart.plotly_chart(memory_figure, key=f"{key}_memory")
     rows = [compare.summary(run, labels[run.run_id]) for run in snapshots]
-    st.dataframe(rows, hide_index=True, column_order=compare.COLUMNS,
+    st.dataframe(rows, hide_index=True, column_order=compare.shown_columns(rows),
                  column_config={"peak activation bytes": st.column_config.NumberColumn(format="compact")})
     eval_column, process_column = st.columns(2)
     eval_column.plotly_chart(eval_figure, key=f"{key}_eval")

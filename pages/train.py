@@ -3,6 +3,7 @@
 import streamlit as st
 
 from gradacc.app import charts, form, runview, widgets as ui
+from gradacc.app.live_chart import live_chart
 from gradacc.training.backends import DESCRIPTIONS
 from gradacc.config import BACKENDS, RunConfig, field_label
 from gradacc.errors import GradaccError
@@ -160,9 +161,11 @@ def run_charts(current):
             ("train", run_id if run_events else None, len(run_events), x_axis),
             lambda: (charts.loss_figure(curves, x=x_axis), charts.memory_figure(curves), charts.eval_figure(curves)))
         loss_chart, eval_chart = st.columns(2)
-        loss_chart.plotly_chart(loss_figure, key="loss_chart")
-        eval_chart.plotly_chart(eval_figure, key="eval_chart")
-        st.plotly_chart(memory_figure, key="memory_chart")  # full width: its two panels need the room
+        with loss_chart:
+            live_chart(loss_figure, key="loss_chart")
+        with eval_chart:
+            live_chart(eval_figure, key="eval_chart")
+        live_chart(memory_figure, key="memory_chart")  # full width: its two panels need the room
 
 
 run_panel()

@@ -67,8 +67,16 @@ def metric(at: AppTest, label: str) -> str:
 
 
 def charts(at: AppTest) -> list[dict]:
-    """Every plotly figure on the page, as its JSON spec."""
-    return [json.loads(chart.proto.spec) for chart in at.get("plotly_chart")]
+    """Every plotly figure on the page, as the browser gets it: st.plotly_chart's spec, or a live chart's figure
+    (gradacc.app.live_chart, which AppTest knows only as an unknown element)."""
+    return ([json.loads(chart.proto.spec) for chart in at.get("plotly_chart")]
+            + [json.loads(live["figure"]) for live in live_charts(at).values()])
+
+
+def live_charts(at: AppTest) -> dict[str, dict]:
+    """{element id: data} of every live chart on the page; the id ends with the chart's key."""
+    return {element.proto.id: json.loads(element.proto.json) for element in at.get("bidi_component")
+            if element.proto.component_name == "gradacc.live_chart"}
 
 
 def chart(at: AppTest, title: str) -> dict:

@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import json
+
 import sqlite3
 import time
 from pathlib import Path
@@ -165,6 +167,12 @@ class Visitor:
 
     def alerts(self) -> list[str]:
         return [alert.body for alert in self.of("alert")]
+
+    def figures(self) -> list[dict]:
+        """Every plotly figure the page sent: st.plotly_chart's spec, or a live chart's (gradacc.app.live_chart)."""
+        return ([json.loads(chart.spec) for chart in self.of("plotly_chart")]
+                + [json.loads(json.loads(live.json)["figure"]) for live in self.of("bidi_component")
+                   if live.component_name == "gradacc.live_chart"])
 
     def has_widget(self, key: str) -> bool:
         try:

@@ -110,8 +110,8 @@ def test_sigkill_mid_run_leaves_a_sound_store_and_the_restarted_server_shows_the
         status = " | ".join(visitor.alerts())
         assert f"Interrupted after {steps} optimizer steps" in status, status
         assert INTERRUPTED_REASON in status
-        loss = next(json.loads(chart.spec) for chart in visitor.of("plotly_chart")
-                    if "loss" in json.dumps(json.loads(chart.spec)["layout"].get("title", "")).lower())
+        loss = next(figure for figure in visitor.figures()
+                    if "loss" in json.dumps(figure["layout"].get("title", "")).lower())
         assert points(loss) == steps
         # The page is usable: no Stop (the run is over) and Start is enabled.
         assert not visitor.has_widget("stop")

@@ -1,5 +1,6 @@
 """The Train page: live numbers, refusals next to the field, a run to the end, Stop, the queue, limits, uploads."""
 
+import json
 import re
 import subprocess
 import sys
@@ -7,8 +8,8 @@ import textwrap
 
 import pytest
 
-from app_support import (APP, LONG_RUN, SMALL_RUN, alerts, chart, completed, error_after, metric, open_app, points,
-                         run_until, set_numbers)
+from app_support import (APP, LONG_RUN, SMALL_RUN, alerts, chart, charts, completed, error_after, live_charts, metric,
+                         open_app, points, run_until, set_numbers)
 from streamlit.testing.v1 import AppTest
 from support import ROOT
 
@@ -188,7 +189,7 @@ def test_a_run_that_fails_says_why_in_one_line(app_home):
     assert at.error[0].value.startswith("Failed: Model 'someone/some-model' is a hub id, and the Hugging Face Hub cannot be reached")
     assert "\n" not in at.error[0].value
     # Nothing under the red box says otherwise: no progress bar waiting for a first step, no empty "yet" charts.
-    assert not at.get("progress") and not at.get("plotly_chart")
+    assert not at.get("progress") and not charts(at)
     shown = " ".join(e.value for kind in ("markdown", "caption", "info", "warning", "success") for e in at.get(kind)
                      if isinstance(getattr(e, "value", None), str))
     assert "waiting" not in shown and "yet" not in shown and "Press Start" not in shown, shown
@@ -294,5 +295,25 @@ def test_a_page_polling_every_second_slows_down_once_a_room_fills_up_around_it_b
     assert "👥 Many pages are watching: this one refreshes every 8 s." in [c.value for c in onlooker.caption]
     at.run()  # the owner's page (the one on the projector) keeps its pace
     assert not at.exception and not [c for c in at.caption if "refreshes every" in c.value]
+    at.button(key="stop").click().run()
+    run_until(at, lambda at: bool(at.warning), 30, "the run to stop")
+
+
+def test_the_live_charts_keep_their_identity_while_their_points_grow(app_home):
+    """A chart whose element id stays the same stays mounted in the browser (gradacc.app.live_chart): each poll
+    hands it a new figure to draw in place. With st.plotly_chart the id followed the figure, and every poll that
+    brought points created all three charts anew in every watching browser."""
+    at = open_app()
+    set_numbers(at, "train", LONG_RUN)
+    start(at)
+    run_until(at, lambda at: points(chart(at, "Training loss")) >= 2, RUN_TIMEOUT_S, "two loss points")
+    before = live_charts(at)
+    loss_id = next(element_id for element_id in before if element_id.endswith("-loss_chart"))
+    drawn = points(json.loads(before[loss_id]["figure"]))
+    run_until(at, lambda at: points(chart(at, "Training loss")) > drawn, RUN_TIMEOUT_S, "more loss points")
+    after = live_charts(at)
+    assert sorted(after) == sorted(before) and len(after) == 3  # loss, eval and memory: the same three charts
+    assert after[loss_id]["revision"] != before[loss_id]["revision"]  # ... drawing a new figure
+    assert points(json.loads(after[loss_id]["figure"])) > drawn
     at.button(key="stop").click().run()
     run_until(at, lambda at: bool(at.warning), 30, "the run to stop")

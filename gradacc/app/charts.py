@@ -161,7 +161,7 @@ def _style(figure: go.Figure, title: str, x_title: str, y_title: str) -> go.Figu
     # Large type: these charts are shown on stage and must read from the back of a room.
     figure.update_layout(title=dict(text=title, font=dict(size=19)), font=dict(size=14), hovermode="x unified",
                          margin=dict(l=60, r=20, t=60, b=40),
-                         legend=dict(orientation="h", yanchor="top", y=-0.18, xanchor="left", x=0))
+                         legend=dict(orientation="h", yanchor="top", y=-0.26, xanchor="left", x=0))
     if x_title:
         figure.update_layout(xaxis_title=x_title)
     if y_title:
@@ -321,6 +321,7 @@ def _memory_layout(title: str, x_title: str) -> dict:
     figure.update_xaxes(title_text=x_title, row=2, col=1)
     for row in (1, 2):
         figure.update_yaxes(title_text="MB", rangemode="tozero", row=row, col=1)  # from 0: honest sizes
+    figure.update_layout(legend_y=-0.2)  # two panels: the paper is taller than one plot, the legend nearer
     return figure.to_dict()["layout"]
 
 

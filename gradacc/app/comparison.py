@@ -11,6 +11,7 @@ import streamlit as st
 from gradacc import events as ev
 from gradacc.analysis import compare
 from gradacc.app import charts, widgets as ui
+from gradacc.app.live_chart import live_chart
 
 
 def names(runs) -> dict[str, str]:
@@ -59,14 +60,17 @@ def draw(snapshots, key: str, x: str = "samples_seen") -> dict | None:
                  charts.memory_breakdown_figure(curves, title=memory_title),
                  charts.memory_figure(curves, x=x, title="Process memory (RSS) over the run")))
     loss_chart, memory_chart = st.columns([3, 2])
-    loss_chart.plotly_chart(loss_figure, key=f"{key}_loss")
-    memory_chart.plotly_chart(memory_figure, key=f"{key}_memory")
+    with loss_chart:
+        live_chart(loss_figure, key=f"{key}_loss")
+    with memory_chart:
+        live_chart(memory_figure, key=f"{key}_memory")
     rows = [compare.summary(run, labels[run.run_id]) for run in snapshots]
     st.dataframe(rows, hide_index=True, column_order=compare.shown_columns(rows),
                  column_config={"peak activation bytes": st.column_config.NumberColumn(format="compact")})
     eval_column, process_column = st.columns(2)
-    eval_column.plotly_chart(eval_figure, key=f"{key}_eval")
+    with eval_column:
+        live_chart(eval_figure, key=f"{key}_eval")
     with process_column.expander("Process memory (RSS): mostly the Python and torch runtime, the same for "
                                  "every run"):
-        st.plotly_chart(process_figure, key=f"{key}_process")
+        live_chart(process_figure, key=f"{key}_process")
     return figures

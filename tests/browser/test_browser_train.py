@@ -47,6 +47,16 @@ def test_stop_ends_a_run(page, artifacts):
     running = st_ui.alert(train_page.status_panel(page), re.compile(r"^Running on"))
     expect(running).to_be_visible(timeout=train_page.FIRST_LOSS_TIMEOUT_MS)
 
+    # Points arrive on every poll and the loss chart is drawn again in place: the same element, a longer line.
+    # (st.plotly_chart created each chart anew whenever its figure changed: a browser's core for five pages.)
+    loss = st_ui.plot(page, "Training loss")
+    line = loss.locator(".scatterlayer path.js-line").first
+    expect(line).to_have_attribute("d", re.compile(r"L"), timeout=train_page.FIRST_LOSS_TIMEOUT_MS)  # 2+ points
+    loss.evaluate("chart => { chart.dataset.testKept = 'yes'; }")
+    drawn = line.get_attribute("d")
+    expect(line).not_to_have_attribute("d", drawn, timeout=30_000)
+    expect(loss).to_have_attribute("data-test-kept", "yes")
+
     st_ui.click(page, "Stop")
     train_page.wait_until_ended(page, "Stopped", timeout_ms=30_000)
     expect(st_ui.alert(page, "stopped by its owner")).to_be_visible()

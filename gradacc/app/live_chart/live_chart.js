@@ -1,0 +1,56 @@
+// One plotly chart that stays in the page: the first draw creates it, every later one changes it in place
+// (Plotly.react), instead of Streamlit creating the whole chart anew each time its figure changes.
+const LOADED = "__gradaccPlotly";
+
+function loadPlotly(url) {
+  // Once per page, shared by every chart on it.
+  if (!window[LOADED]) {
+    window[LOADED] = new Promise((resolve, reject) => {
+      const script = document.createElement("script");
+      script.src = url;
+      script.onload = () => resolve(window.Plotly);
+      script.onerror = () => { window[LOADED] = null; reject(new Error(`plotly did not load from ${url}`)); };
+      document.head.appendChild(script);
+    });
+  }
+  return window[LOADED];
+}
+
+// The page's own type and colours, on a transparent background, so the chart reads in a light or a dark theme.
+function pageLook(element) {
+  const style = getComputedStyle(element);
+  const grid = "rgba(128, 128, 128, 0.25)";
+  const axis = { gridcolor: grid, zerolinecolor: grid, linecolor: grid };
+  return {
+    layout: {
+      font: { family: style.fontFamily, color: style.color },
+      title: { x: 0, xanchor: "left", font: { weight: 600 } },
+      paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
+      xaxis: axis, yaxis: axis, xaxis2: axis, yaxis2: axis,
+      hoverlabel: { font: { family: style.fontFamily } },
+    },
+  };
+}
+
+export default function (component) {
+  const { data, parentElement } = component;
+  let chart = parentElement.querySelector(".gradacc-live-chart");
+  if (!chart) {
+    chart = document.createElement("div");
+    chart.className = "gradacc-live-chart";
+    parentElement.appendChild(chart);
+    // Fit the chart to its column whenever that changes: a window resize, the sidebar, or an expander opening
+    // (a chart drawn while hidden has no width to take).
+    new ResizeObserver(() => { if (window.Plotly && chart.data) window.Plotly.Plots.resize(chart); }).observe(chart);
+  }
+  if (!data || chart.dataset.revision === String(data.revision)) return;  // nothing new to draw
+  chart.dataset.revision = String(data.revision);
+  const figure = JSON.parse(data.figure);
+  figure.layout.template = pageLook(parentElement);
+  figure.layout.uirevision ??= "kept";  // a zoom or a hidden line stays while points arrive; untouched axes still fit
+  chart.style.height = `${figure.layout.height || 450}px`;
+  loadPlotly(data.plotly_url).then((Plotly) => {
+    if (chart.dataset.revision !== String(data.revision)) return;  // a newer figure came while plotly loaded
+    Plotly.react(chart, figure.data, figure.layout, { displaylogo: false });
+  }).catch((error) => { chart.textContent = `This chart cannot be drawn: ${error.message}.`; });
+}

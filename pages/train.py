@@ -67,6 +67,10 @@ run_id = st.session_state.get("run_id") or st.query_params.get("run")
 run = manager.get(run_id) if run_id else None
 live = run is not None and run.is_live
 own_live = live and run.owner == owner  # one live run per visitor; another's run (from a link) is only watched
+# The URL names the run shown, so a reload or a shared link comes back to it. Set on every script run, not only at
+# Start: a query parameter set just before st.rerun() can miss the address bar (streamlit#7961).
+if run_id and st.query_params.get("run") != run_id:
+    st.query_params["run"] = run_id
 
 
 
@@ -76,8 +80,7 @@ def start(run_config: RunConfig) -> None:
     except GradaccError as error:
         general.error(error.message)
         return
-    st.session_state["run_id"] = new_run
-    st.query_params["run"] = new_run
+    st.session_state["run_id"] = new_run  # the rerun below puts it in the URL too
     ui.suggest_train_settings(micro_batch_size=run_config.micro_batch_size,
                               grad_accum_steps=run_config.grad_accum_steps)  # the form shows what now runs
     st.rerun()  # redraw with the live panel polling

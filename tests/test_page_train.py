@@ -72,6 +72,13 @@ def test_a_run_goes_from_start_to_completed_with_curves_and_f1(app_home):
     set_numbers(at, "train", SMALL_RUN)
     start(at)
     assert at.button(key="start").disabled  # one live run per visitor
+    run_id = at.session_state["run_id"]
+    assert at.query_params["run"] in (run_id, [run_id])  # the URL names the run: a reload comes back to it
+    # A query parameter set just before st.rerun() can miss the address bar (streamlit#7961): the next script run
+    # puts it back.
+    del at.query_params["run"]
+    at.run()
+    assert at.query_params["run"] in (run_id, [run_id])
     # Completed, in green or (64 examples teach the model little) in yellow with its warnings.
     run_until(at, completed, RUN_TIMEOUT_S, "the run to complete")
     assert "Completed: 4 optimizer steps" in status(at)  # ceil(ceil(64/8)/2) = 4

@@ -11,9 +11,17 @@ What a run needs, measured (``measure_need``):
   can see is at most m examples of at most that length. Probing with 1 and 2 examples, not with m, is what lets
   a run that asks for far too much be refused before it allocates it.
 
+- on CUDA, the device's own share: the CUDA libraries' workspaces (cuBLAS keeps tens of MB per stream once it
+  has run), the buffers the backward pass allocates for a moment and the allocator's rounding to whole segments,
+  measured as what the caching allocator reserves at its peak over one real forward and backward pass of the same
+  two examples, less that pass's activations and gradients.
+  Without it, a real H200 refused tiny-bert at m=64, measured at 13 MB, under budgets of 14, 16, 20 and 53 MB:
+  its allocator peaked at 86 MB.
+
 During the run every measured micro-batch (the first of each window) is checked against the budget with its
 real activation bytes (``Guard.check_activations``): dynamic padding, or data the probe did not see, can make a
-later micro-batch larger. On CUDA the allocator is capped as well (``torch.cuda.set_per_process_memory_fraction``)
+later micro-batch larger. On CUDA the allocator is capped as well (``torch.cuda.set_per_process_memory_fraction``,
+at the budget above what the process held before the run's probe: another run's tensors are not this run's)
 and a real ``torch.OutOfMemoryError`` is reported the same way.
 """
 
@@ -53,17 +61,24 @@ class Need:
     fixed_activation_bytes: float
     activation_bytes_per_example: float
     sequence_length: int  # the longest the run will see
+    device_bytes: float = 0.0  # CUDA only: the libraries' workspaces and the backward pass's own buffers
+    outside_bytes: float = 0.0  # CUDA only: what the process held before the probe, less this run's parameters
 
     def activations(self, micro_batch_size: int) -> float:
         return self.fixed_activation_bytes + self.activation_bytes_per_example * micro_batch_size
 
+    def fixed(self) -> float:
+        """What does not grow with m: static bytes and the device's own share."""
+        return self.static["total"] + self.device_bytes
+
     def total(self, micro_batch_size: int) -> float:
-        return self.static["total"] + self.activations(micro_batch_size)
+        return self.fixed() + self.activations(micro_batch_size)
 
     def to_dict(self) -> dict:
         return {"static": self.static, "fixed_activation_bytes": self.fixed_activation_bytes,
                 "activation_bytes_per_example": self.activation_bytes_per_example,
-                "sequence_length": self.sequence_length}
+                "sequence_length": self.sequence_length, "device_bytes": self.device_bytes,
+                "outside_bytes": self.outside_bytes}
 
 
 def largest_fitting_micro_batch(static_bytes: float, fixed_bytes: float, per_example_bytes: float, cap_bytes: float,
@@ -86,27 +101,30 @@ class OutOfMemory(RunFailed):
 
 
 def out_of_memory(*, micro_batch_size: int, static_bytes: float, activation_bytes: float, fixed_bytes: float,
-                  cap: Cap, config, device_type: str, where: str = "") -> OutOfMemory:
+                  cap: Cap, config, device_type: str, where: str = "", device_bytes: float = 0.0) -> OutOfMemory:
     """The error, with its one line: the numbers, and the m and k that keep the effective batch within the cap."""
     m = micro_batch_size
     per_process_batch = m * config.grad_accum_steps
     per_example = (activation_bytes - fixed_bytes) / m
-    fit = largest_fitting_micro_batch(static_bytes, fixed_bytes, per_example, cap.bytes, per_process_batch)
-    need = static_bytes + activation_bytes
+    fit = largest_fitting_micro_batch(static_bytes + device_bytes, fixed_bytes, per_example, cap.bytes,
+                                      per_process_batch)
+    need = static_bytes + device_bytes + activation_bytes
+    workspace = f" + CUDA workspaces {format_bytes(device_bytes)}" if device_bytes else ""
     text = (f"out of memory{where}: micro-batch {m} needs {format_bytes(need)} (static {format_bytes(static_bytes)} "
-            f"+ activations {m} × {format_bytes(activation_bytes / m)}) {cap.phrase()}")
+            f"+ activations {m} × {format_bytes(activation_bytes / m)}{workspace}) {cap.phrase()}")
     if fit is not None and fit < m:
         text += (f"; m={fit} with k={per_process_batch // fit} keeps the effective batch {config.effective_batch} "
                  "within it")
     elif fit is None:
         text += ("; even a micro-batch of 1 does not fit: the parameters, gradients and optimizer state alone are "
-                 f"{format_bytes(static_bytes)} (try gradient checkpointing, bf16 or a lighter optimizer)")
+                 f"{format_bytes(static_bytes)}{workspace.replace(' + ', ', and ')} (try gradient checkpointing, "
+                 "bf16 or a lighter optimizer)")
     if device_type != "cuda":
         text += " (on the CPU the budget is enforced from measured bytes)"
     fit_setting = None if fit is None or fit >= m else {"micro_batch_size": fit,
                                                         "grad_accum_steps": per_process_batch // fit}
     return OutOfMemory(text, {"micro_batch_size": m, "need_bytes": need, "static_bytes": static_bytes,
-                              "activation_bytes": activation_bytes, "cap_bytes": cap.bytes, "cap_source": cap.source,
+                              "activation_bytes": activation_bytes, "device_bytes": device_bytes, "cap_bytes": cap.bytes, "cap_source": cap.source,
                               "fit": fit_setting})
 
 
@@ -122,7 +140,8 @@ class Guard:
     def _error(self, micro_batch_size: int, activation_bytes: float, fixed_bytes: float, where: str = ""):
         return out_of_memory(micro_batch_size=micro_batch_size, static_bytes=self.need.static["total"],
                              activation_bytes=activation_bytes, fixed_bytes=fixed_bytes, cap=self.cap,
-                             config=self.config, device_type=self.device.type, where=where)
+                             config=self.config, device_type=self.device.type, where=where,
+                             device_bytes=self.need.device_bytes)
 
     def check_start(self) -> None:
         m = self.config.micro_batch_size
@@ -137,7 +156,7 @@ class Guard:
 
     def check_activations(self, activation_bytes: int) -> None:
         """A measured micro-batch's real activation bytes against the cap."""
-        if self.need.static["total"] + activation_bytes <= self.cap.bytes:
+        if self.need.fixed() + activation_bytes <= self.cap.bytes:
             return
         rows, length = self.batch_shape or (self.config.micro_batch_size, self.need.sequence_length)
         raise self._error(rows, activation_bytes, 0.0,
@@ -156,15 +175,22 @@ class Guard:
         if self.device.type != "cuda":
             return
         total = torch.cuda.get_device_properties(self.device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, self.cap.bytes / total), self.device)
+        allowed = self.need.outside_bytes + self.cap.bytes
+        torch.cuda.set_per_process_memory_fraction(min(1.0, allowed / total), self._device_index())
         self._capped_cuda = True
 
     def release_device(self) -> None:
         import torch
 
         if self._capped_cuda:
-            torch.cuda.set_per_process_memory_fraction(1.0, self.device)
+            torch.cuda.set_per_process_memory_fraction(1.0, self._device_index())
             self._capped_cuda = False
+
+    def _device_index(self) -> int:
+        """set_per_process_memory_fraction wants an index: a plain "cuda" device means the current one."""
+        import torch
+
+        return self.device.index if self.device.index is not None else torch.cuda.current_device()
 
 
 # ---- measuring (imports torch) --------------------------------------------------------------------
@@ -212,6 +238,9 @@ def measure_need(job, precision) -> Need:
     from gradacc.training.memory import ActivationMeter
 
     model, examples = job.model, job.train_examples
+    static = static_need(model, job.config, job.device)
+    on_cuda = job.device.type == "cuda"
+    held_before = _cuda_reserved(job.device) if on_cuda else 0.0  # this run's parameters included
     longest = sorted(range(len(examples)), key=lambda i: len(examples[i]["input_ids"]), reverse=True)[:2]
     meter = ActivationMeter(model)
     points, length = {}, 0
@@ -226,11 +255,43 @@ def measure_need(job, precision) -> Need:
                 outputs = model(**batch)
             points[size] = meter.bytes
             del outputs  # frees the graph before the next pass
+        device_bytes = (_cuda_share(model, batch, precision, job.device, points[len(longest)], held_before)
+                        if on_cuda else 0.0)
     model.train(was_training)
     if len(points) == 1:
         fixed, per_example = 0.0, float(points[1])
     else:
         per_example = max(float(points[2] - points[1]), 0.0)
         fixed = max(float(points[1]) - per_example, 0.0)
-    return Need(static=static_need(model, job.config, job.device), fixed_activation_bytes=fixed,
-                activation_bytes_per_example=per_example, sequence_length=length)
+    return Need(static=static, fixed_activation_bytes=fixed, activation_bytes_per_example=per_example,
+                sequence_length=length, device_bytes=device_bytes,
+                outside_bytes=max(held_before - static["parameters"], 0.0))
+
+
+def _cuda_reserved(device) -> float:
+    """What the caching allocator holds from the device, less blocks no tensor uses: the figure its cap limits."""
+    import torch
+
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    return float(torch.cuda.memory_reserved(device))
+
+
+def _cuda_share(model, batch, precision, device, activation_bytes: float, held_before: float) -> float:
+    """The allocator's reserved peak over one real forward and backward pass above what the process held before
+    the probe (``held_before``), less that pass's activations and gradients: the CUDA libraries' workspaces
+    (allocated at the probe's first matrix product and kept), the backward pass's own buffers, and the allocator's
+    rounding to whole segments (2 MB, 20 MB for blocks of 1-10 MB)."""
+    import torch
+
+    from gradacc.training import memory
+
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    with precision.autocast():
+        loss = model(**batch).loss
+    loss.backward()
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_reserved(device) - held_before
+    model.zero_grad(set_to_none=True)  # the run allocates its own; none are left behind by the probe
+    return max(float(peak - activation_bytes - memory.static_bytes(model)["gradients"]), 0.0)

@@ -101,6 +101,8 @@ FIELD_LABELS = {
     # Inputs of the Memory planner page, not of a run.
     "budget_mb": "Memory budget (MB)",
     "target_effective_batch": "Target effective batch",
+    # Of `gradacc check` alone: the examples in the checked window.
+    "samples": "Examples in the window",
 }
 CLI_FLAGS = {
     "backend": "--backend",
@@ -137,6 +139,7 @@ CLI_FLAGS = {
     # Inputs of `gradacc plan` (the Memory planner page's), not of a run.
     "budget_mb": "--memory-budget-mb",
     "target_effective_batch": "--target-effective-batch",
+    "samples": "--samples",
 }
 
 

@@ -55,6 +55,12 @@ def test_cli_refuses_a_bad_number_with_one_error_line_and_exit_2(args, message, 
     assert out == "", "refused before any run starts"
 
 
+def test_cli_check_names_its_own_flag_for_a_window_too_large(capsys):
+    code, out, err = cli(capsys, "check", "-m", "4", "-k", "3", "--samples", "24")
+    assert_one_error_line(code, out, err, 2,
+                          "--samples must be a whole number from 1 to m×k = 12 (one accumulation window); got 24.")
+
+
 def test_cli_refuses_a_micro_batch_larger_than_the_data(capsys, one_torch_thread):
     code, out, err = cli(capsys, "train", *TINY_ARGS, "-m", "64")
     assert_one_error_line(code, out, err, 2, "--micro-batch-size must be at most the 48 training examples; got 64.")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import threading
 
-from gradacc.config import RunConfig
+from gradacc.config import RunConfig, field_label
 from gradacc.errors import GradaccError
 
 CASES = ("equal_windows", "short_last_window", "token_level", "language_model")
@@ -51,8 +51,8 @@ def check(config: RunConfig, samples: int | None = None, cases=CASES) -> dict:
     samples = full if samples is None else samples
     if isinstance(samples, bool) or not isinstance(samples, int) or not 1 <= samples <= full:
         product = "m×k" if processes == 1 else "m×k×processes"
-        raise GradaccError(f"samples must be a whole number from 1 to {product} = {full} (one accumulation window); "
-                           f"got {samples!r}.", "samples")
+        raise GradaccError(f"{field_label('samples')} must be a whole number from 1 to {product} = {full} (one "
+                           f"accumulation window); got {samples!r}.", "samples")
     from gradacc.training.sources.models import infer_task
 
     if infer_task(config) == "causal-lm":

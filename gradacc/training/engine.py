@@ -26,6 +26,18 @@ def quiet_libraries() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
+def flush_denormals(on: bool) -> None:
+    """Subnormal floats (below ~1.2e-38) as zero on this thread (and the threads it starts) while it trains.
+
+    x86 CPUs compute subnormals in microcode, many times slower, and tiny-bert's training passes through them:
+    the same run's speed swung between 943 and 1,382 samples/s from one ten-second window to the next, and flushed
+    it held at 1,500-1,575 (BENCHMARKS.md, watchers). No figure gradacc shows comes near 1e-38.
+    """
+    import torch
+
+    torch.set_flush_denormal(on)
+
+
 def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.Event | None = None, *,
           token_level: bool = False, whole_micro_batch: bool = True, before_optimizer_step: Callable | None = None,
           trainer_library_default: bool = False, sync_each_micro_batch: bool = False,
@@ -54,6 +66,7 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
     out_of_memory = None
     emitted: list[dict] = []  # what the warnings at the end are computed from
     trackers = None
+    flush_denormals(True)  # and off again at the end: a caller's thread is left as threads start
 
     def emit(event: dict) -> None:
         nonlocal steps_done
@@ -94,6 +107,7 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
     finally:
         if guard is not None:
             guard.release_device()
+        flush_denormals(False)
     ended = events.run_ended(status=status, reason=reason, steps=steps_done, wall_s=time.perf_counter() - started,
                              field=bad_field, warnings=_warnings(emitted, config) if status == events.COMPLETED else [],
                              out_of_memory=out_of_memory)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import warnings
 from pathlib import Path
 
 import pytest
@@ -27,14 +28,28 @@ BACKENDS = ("pytorch", "accelerate", "trainer")
 TOLERANCE = 1e-5
 
 
+def launch_worker(out: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                           "--master_port", str(free_port()), str(ROOT / "tests" / "distributed_worker.py"),
+                           str(out)], capture_output=True, text=True, env=env, timeout=240)
+
+
+def aborted_inside_torch(result: subprocess.CompletedProcess) -> bool:
+    """A rank killed by SIGABRT from C++ ("terminate called …"), with no Python traceback of its own."""
+    return "terminate called" in result.stderr and "Signal 6 (SIGABRT)" in result.stderr
+
+
 @pytest.fixture(scope="module")
 def ranks(gradacc_home, tmp_path_factory):
     """What each of the 2 ranks saw in tests/distributed_worker.py: {rank: results}."""
     out = tmp_path_factory.mktemp("distributed") / "seen"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                             "--master_port", str(free_port()), str(ROOT / "tests" / "distributed_worker.py"),
-                             str(out)], capture_output=True, text=True, env=env, timeout=240)
+    result = launch_worker(out)
+    if aborted_inside_torch(result):
+        # Seen once in eleven launches on 4 Dec 2026 (a fresh clone's CI run): rank 0 aborted in torch's C++
+        # mid-run, and the next ten passed. Launched once more, and said in the summary; a Python error fails at once.
+        warnings.warn(f"the 2-rank launch aborted inside torch and was launched again: {result.stderr[-500:]}")
+        result = launch_worker(out)
     assert result.returncode == 0, result.stderr[-3000:]
     return {rank: json.loads(Path(f"{out}.rank{rank}.json").read_text()) for rank in (0, 1)}
 

@@ -5,7 +5,7 @@
 Writes FOLDER/cuda_checks.json (rewritten after every section, so a run cut short keeps what it measured):
 - the two CUDA-only tests (allocator capped at the budget, CUDA peak measured), with the budget and memory tests;
 - every backend at fp32, bf16 and fp16 (fp16 with a grad scaler): status, final loss, eval F1, CUDA peak;
-- the memory budget on the real allocator: budgets from 0.8x to 1.5x the measured need of m=64, and what the
+- the memory budget on the real allocator: budgets from 0.8x to 3x the measured need of m=64, and what the
   allocator's own peak was beside the need the budget predicted;
 - gradient equivalence on the GPU (naive and exact, every case, every backend, and the causal LM);
 - activation bytes and CUDA peak across m at one effective batch and across k at one m (memory bench points);

@@ -67,12 +67,12 @@ class Need:
     def activations(self, micro_batch_size: int) -> float:
         return self.fixed_activation_bytes + self.activation_bytes_per_example * micro_batch_size
 
-    def fixed(self) -> float:
-        """What does not grow with m: static bytes and the device's own share."""
+    def besides_activations(self) -> float:
+        """Static bytes and the device's own share: what the run holds whatever its micro-batch."""
         return self.static["total"] + self.device_bytes
 
     def total(self, micro_batch_size: int) -> float:
-        return self.fixed() + self.activations(micro_batch_size)
+        return self.besides_activations() + self.activations(micro_batch_size)
 
     def to_dict(self) -> dict:
         return {"static": self.static, "fixed_activation_bytes": self.fixed_activation_bytes,
@@ -109,23 +109,24 @@ def out_of_memory(*, micro_batch_size: int, static_bytes: float, activation_byte
     fit = largest_fitting_micro_batch(static_bytes + device_bytes, fixed_bytes, per_example, cap.bytes,
                                       per_process_batch)
     need = static_bytes + device_bytes + activation_bytes
-    workspace = f" + CUDA workspaces {format_bytes(device_bytes)}" if device_bytes else ""
+    workspaces = f"CUDA workspaces {format_bytes(device_bytes)}" if device_bytes else None
     text = (f"out of memory{where}: micro-batch {m} needs {format_bytes(need)} (static {format_bytes(static_bytes)} "
-            f"+ activations {m} × {format_bytes(activation_bytes / m)}{workspace}) {cap.phrase()}")
+            f"+ activations {m} × {format_bytes(activation_bytes / m)}{f' + {workspaces}' if workspaces else ''}) "
+            f"{cap.phrase()}")
     if fit is not None and fit < m:
         text += (f"; m={fit} with k={per_process_batch // fit} keeps the effective batch {config.effective_batch} "
                  "within it")
     elif fit is None:
         text += ("; even a micro-batch of 1 does not fit: the parameters, gradients and optimizer state alone are "
-                 f"{format_bytes(static_bytes)}{workspace.replace(' + ', ', and ')} (try gradient checkpointing, "
-                 "bf16 or a lighter optimizer)")
+                 f"{format_bytes(static_bytes)}{f', and {workspaces}' if workspaces else ''} (try gradient "
+                 "checkpointing, bf16 or a lighter optimizer)")
     if device_type != "cuda":
         text += " (on the CPU the budget is enforced from measured bytes)"
     fit_setting = None if fit is None or fit >= m else {"micro_batch_size": fit,
                                                         "grad_accum_steps": per_process_batch // fit}
     return OutOfMemory(text, {"micro_batch_size": m, "need_bytes": need, "static_bytes": static_bytes,
-                              "activation_bytes": activation_bytes, "device_bytes": device_bytes, "cap_bytes": cap.bytes, "cap_source": cap.source,
-                              "fit": fit_setting})
+                              "activation_bytes": activation_bytes, "device_bytes": device_bytes,
+                              "cap_bytes": cap.bytes, "cap_source": cap.source, "fit": fit_setting})
 
 
 class Guard:
@@ -156,7 +157,7 @@ class Guard:
 
     def check_activations(self, activation_bytes: int) -> None:
         """A measured micro-batch's real activation bytes against the cap."""
-        if self.need.fixed() + activation_bytes <= self.cap.bytes:
+        if self.need.besides_activations() + activation_bytes <= self.cap.bytes:
             return
         rows, length = self.batch_shape or (self.config.micro_batch_size, self.need.sequence_length)
         raise self._error(rows, activation_bytes, 0.0,

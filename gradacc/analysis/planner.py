@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from gradacc.serving import warmup
 from gradacc.config import field_label
 from gradacc.errors import GradaccError
+from gradacc.units import MB
 
-MB = 1_000_000
 LEVERS = ("gradient_checkpointing", "precision", "optimizer")
 FIT_SIZES = (1, 2, 4)  # micro-batch sizes the activation line is fitted on
 HELD_OUT_SIZE = 8  # the line is checked on a micro-batch it was not fitted on

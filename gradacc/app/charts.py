@@ -19,8 +19,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from gradacc import events as ev
+from gradacc.units import MB
 
-MB = 1_000_000
 X_TITLES = {"step": "Optimizer step", "samples_seen": "Samples seen", "tokens_seen": "Tokens seen",
             "elapsed_s": "Elapsed time (s)"}
 # Relative errors of 0 cannot sit on a log axis; they are drawn at this floor and hover shows 0.

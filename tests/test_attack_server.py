@@ -6,15 +6,18 @@ order: the second kills the first server and leaves a restarted one, which the t
 speak Streamlit's websocket protocol directly (``attack_support.Visitor``): no browser needed.
 """
 
+import gzip
 import json
 import statistics
 import time
+import urllib.request
 
 import pytest
 from app_support import points
 from attack_support import Visitor, integrity_check, read_store
 from support import ARTIFACTS, StreamlitServer, wait_for
 
+from gradacc.app.live_chart import PLOTLY_JS, plotly_url
 from gradacc.serving.manager import SHUTDOWN_WHILE_RUNNING
 from gradacc.serving.store import INTERRUPTED_REASON
 
@@ -90,6 +93,23 @@ def test_health_answers_and_other_visitors_are_served_while_a_run_trains(trainin
     # answered 200 and the other visitor got their own page while the run kept stepping.
     record_property("latency", json.dumps(figures))
     print("server under training load:", figures)
+
+
+def test_plotly_js_goes_out_as_stored_not_gzipped_again_for_each_visitor(training):
+    """A room opening a shared link all fetch plotly.js at once; the server must not gzip its 4.8 MB for each of
+    them in Python on the core that trains (gradacc.app.live_chart)."""
+    url = f"{training['server'].url}/{plotly_url()}"
+
+    def fetch(address: str) -> tuple[dict, bytes]:
+        request = urllib.request.Request(address, headers={"Accept-Encoding": "gzip"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return {name.lower(): value for name, value in response.headers.items()}, response.read()
+
+    headers, body = fetch(url)
+    assert "content-encoding" not in headers and headers["content-type"] == "application/gzip"
+    assert gzip.decompress(body) == PLOTLY_JS.read_bytes()
+    plain_headers, _ = fetch(url.removesuffix(".gz"))  # the plain copy, for browsers that cannot unzip: gzipped
+    assert plain_headers.get("content-encoding") == "gzip"  # per request, which is what the .gz copy avoids
 
 
 def test_sigkill_mid_run_leaves_a_sound_store_and_the_restarted_server_shows_the_run_interrupted(training):

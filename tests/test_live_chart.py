@@ -4,12 +4,14 @@ That a chart keeps its identity while its points grow is tested on the Train pag
 browser keeps it mounted and draws it in place in tests/browser/test_browser_train.py.
 """
 
+import gzip
 import hashlib
 import json
 from pathlib import Path
 
 import plotly.graph_objects as go
-from streamlit.web.server.component_file_utils import build_safe_abspath
+from starlette.middleware.gzip import DEFAULT_EXCLUDED_CONTENT_TYPES
+from streamlit.web.server.component_file_utils import build_safe_abspath, guess_content_type
 from support import plotted
 
 from gradacc.app import charts, live_chart
@@ -34,9 +36,15 @@ def test_a_shared_figure_is_written_once_and_a_private_one_each_time():
     assert len(json.loads(spec(private))["data"]) == 2 and len(json.loads(first)["data"]) == 1
 
 
-def test_plotly_js_is_served_from_a_copy_streamlit_may_serve():
-    assert plotly_url() == f"component/{live_chart.__name__}.plotly_js/plotly.min.js"
+def test_plotly_js_is_served_gzipped_from_a_copy_streamlit_may_serve_as_it_lies():
+    assert plotly_url() == f"component/{live_chart.__name__}.plotly_js/plotly.min.js.gz"
     # None if Streamlit would refuse to serve it (outside the declared folder, or a symlink out of it).
-    served = build_safe_abspath(live_chart._served_folder(), "plotly.min.js")
-    assert served is not None
-    assert hashlib.sha256(Path(served).read_bytes()).digest() == hashlib.sha256(PLOTLY_JS.read_bytes()).digest()
+    zipped = build_safe_abspath(live_chart._served_folder(), "plotly.min.js.gz")
+    plain = build_safe_abspath(live_chart._served_folder(), "plotly.min.js")  # for browsers that cannot unzip
+    assert zipped is not None and plain is not None
+    expected = hashlib.sha256(PLOTLY_JS.read_bytes()).digest()
+    assert hashlib.sha256(gzip.decompress(Path(zipped).read_bytes())).digest() == expected
+    assert hashlib.sha256(Path(plain).read_bytes()).digest() == expected
+    # The server gzips each response again unless its type is one it leaves alone; the real server's answer is
+    # checked in test_attack_server.py.
+    assert guess_content_type(zipped) == "application/gzip" and "application/gzip" in DEFAULT_EXCLUDED_CONTENT_TYPES

@@ -88,3 +88,28 @@ def test_bad_value_gives_one_line_reason(page, artifacts):
     st_ui.set_number(page, "Micro-batch size (m)", 4)
     expect(reason).to_have_count(0)
     expect(st_ui.button(page, "Start")).to_be_enabled()
+
+
+def plotly_requests(page) -> list[str]:
+    """The plotly.js files this page fetches from now on (gradacc.app.live_chart serves a gzipped and a plain one)."""
+    fetched = []
+    page.on("request", lambda request: fetched.append(request.url.rsplit("/", 1)[-1])
+            if "plotly.min.js" in request.url else None)
+    return fetched
+
+
+def test_charts_load_plotly_gzipped_as_stored(page):
+    fetched = plotly_requests(page)
+    st_ui.open_app(page)
+    expect(st_ui.plot(page, "Training loss")).to_have_count(1)  # drawn empty before Start: plotly has loaded
+    assert fetched == ["plotly.min.js.gz"]  # 1.5 MB the server sends as it lies, instead of 4.8 MB it gzips
+    st_ui.expect_no_exception(page)
+
+
+def test_a_browser_that_cannot_unzip_loads_the_plain_plotly(page):
+    page.add_init_script("delete window.DecompressionStream")  # as in Safari before 16.4
+    fetched = plotly_requests(page)
+    st_ui.open_app(page)
+    expect(st_ui.plot(page, "Training loss")).to_have_count(1)
+    assert fetched == ["plotly.min.js"]
+    st_ui.expect_no_exception(page)

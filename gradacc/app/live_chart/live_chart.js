@@ -5,15 +5,26 @@ const LOADED = "__gradaccPlotly";
 function loadPlotly(url) {
   // Once per page, shared by every chart on it.
   if (!window[LOADED]) {
-    window[LOADED] = new Promise((resolve, reject) => {
+    window[LOADED] = scriptUrl(url).then((src) => new Promise((resolve, reject) => {
       const script = document.createElement("script");
-      script.src = url;
+      script.src = src;
       script.onload = () => resolve(window.Plotly);
-      script.onerror = () => { window[LOADED] = null; reject(new Error(`plotly did not load from ${url}`)); };
+      script.onerror = () => reject(new Error(`plotly did not load from ${url}`));
       document.head.appendChild(script);
-    });
+    })).catch((error) => { window[LOADED] = null; throw error; });
   }
   return window[LOADED];
+}
+
+// plotly.js comes gzipped as it is stored (the server would gzip the plain file again for every visitor, in
+// Python: see live_chart/__init__.py); unzip it here and run it from a blob. Without DecompressionStream
+// (Safari before 16.4), load the plain copy beside it.
+async function scriptUrl(url) {
+  if (typeof DecompressionStream === "undefined") return url.replace(/\.gz$/, "");
+  const response = await fetch(url);
+  if (!response.ok) throw new Error(`plotly did not load from ${url} (HTTP ${response.status})`);
+  const code = await new Response(response.body.pipeThrough(new DecompressionStream("gzip"))).blob();
+  return URL.createObjectURL(new Blob([code], { type: "text/javascript" }));
 }
 
 // The page's own type and colours, on a transparent background, so the chart reads in a light or a dark theme.

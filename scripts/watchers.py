@@ -6,11 +6,14 @@ tiny-bert, built-in data) and goes to another page (so it does not watch). The r
 its own step events) is measured over a window with no page open; then N new browser sessions open the run's link
 and wait until each shows the run's live status; the window is measured again, the pages close, and a last window
 is measured with none. The paired ratio is the middle window to the mean of the two around it, all in one run.
+With ``--alternate CYCLES`` each open room is also measured in turns before it closes: its pages halted in the
+DevTools debugger (open, connected, but no polls and no drawing), then watching, CYCLES times, ending halted;
+each watching window's ratio is to the halted windows on either side, so several pairs come from one room.
 /_stcore/health is polled twice a second throughout. Prints one JSON object: per count, samples/s, the paired
-ratio, the ratio to the separate runs with no page at all (counts of 0), where the server's core and the browsers'
-core went, and health latency (median, max).
+ratios, the ratio to the separate runs with no page at all (counts of 0), where the server's core and the
+browsers' core went (by process), and health latency (median, max).
 
-    python scripts/watchers.py [--counts 0 20 5 1 0] [--window 30] [--profile DIR]
+    python scripts/watchers.py [--counts 0 20 5 1 0] [--window 30] [--alternate 3] [--profile DIR]
 
 Not a test: figures depend on the machine and on what else runs on it (the load average is recorded).
 Uses the browser tests' helpers (tests/browser) so it drives the page exactly as they do.
@@ -41,6 +44,8 @@ from playwright.sync_api import expect, sync_playwright  # noqa: E402
 import st_ui  # noqa: E402
 import train_page  # noqa: E402
 from support import StreamlitServer, wait_for  # noqa: E402
+
+from gradacc.app.widgets import room_poll_seconds  # noqa: E402
 
 SERVER_CPU, BROWSER_CPU = 0, 1
 TIMEOUT_MS = 180_000  # per browser action: a busy machine makes a one-core server slow to answer
@@ -169,21 +174,37 @@ def open_watchers(browser, base_url: str, run_id: str, count: int, traffic: Traf
     return contexts, showing
 
 
-def browsers_cpu_seconds(server_pid: int) -> float:
-    """CPU seconds used so far by this process's children but the server (Playwright's driver, chromium and its
-    renderers, and a memory churner): everything on the browsers' CPU."""
-    total = 0.0
+def browsers_cpu_seconds(server_pid: int) -> dict[str, float]:
+    """CPU seconds used so far on the browsers' CPU, by who used them: chromium's renderers (one per page), its GPU
+    process (software drawing: the browsers run with --disable-gpu), the rest of chromium, Playwright's driver,
+    and this script (the health probe, counting frames). A memory churner counts as "other"."""
+    totals = dict.fromkeys(("renderers", "gpu_process", "chromium_other", "playwright_driver", "this_script",
+                            "other"), 0.0)
     server = psutil.Process(server_pid)
     not_browsers = {server_pid, *(p.pid for p in server.children(recursive=True))}
-    for child in psutil.Process().children(recursive=True):
-        if child.pid in not_browsers:
+    for process in [psutil.Process(), *psutil.Process().children(recursive=True)]:
+        if process.pid in not_browsers:
             continue
         try:
-            times = child.cpu_times()
+            times, command = process.cpu_times(), process.cmdline()
         except psutil.NoSuchProcess:
             continue
-        total += times.user + times.system
-    return total
+        totals[_role(process, command)] += times.user + times.system
+    return totals
+
+
+def _role(process, command: list[str]) -> str:
+    if process.pid == os.getpid():
+        return "this_script"
+    if "--type=renderer" in command:
+        return "renderers"
+    if "--type=gpu-process" in command:
+        return "gpu_process"
+    if command and Path(command[0]).name.startswith("chromium"):
+        return "chromium_other"
+    if command and Path(command[0]).name == "node":
+        return "playwright_driver"
+    return "other"
 
 
 def pause(page, seconds: float) -> None:
@@ -201,8 +222,62 @@ def charts_drawn(contexts: list) -> int:
 MEMORY_CHURN = "import numpy as np\na = np.ones(16_000_000)\nwhile True:\n    a = a.copy() * 1.0"
 
 
+class Halt:
+    """Halts the watching pages' JavaScript in the DevTools debugger and lets it go again: a halted page stays open
+    (its session stays on the server, its websocket connected) but sends no poll and draws nothing, so the room
+    can be measured watching and not watching, in turns, without closing and opening twenty pages each time."""
+
+    def __init__(self, contexts: list):
+        self.sessions = [context.new_cdp_session(context.pages[0]) for context in contexts]
+
+    def halt(self) -> None:
+        for session in self.sessions:
+            session.send("Debugger.enable")
+            session.send("Debugger.pause")  # at the page's next statement: its next timer, its next poll
+
+    def release(self, page, over_seconds: float) -> None:
+        """One page after the other, spread over ``over_seconds`` (a poll period), as their polls were before:
+        released together, their overdue timers would fire at once and the room would poll in one burst."""
+        for session in self.sessions:
+            session.send("Debugger.disable")  # resumes a paused page and drops a pause still pending
+            page.wait_for_timeout(over_seconds * 1000 / len(self.sessions))
+
+
+def alternate(starter, contexts: list, server: StreamlitServer, home: Path, run_id: str, watchers: int,
+              window: float, cycles: int) -> dict:
+    """The open room measured in turns: halted, watching, halted, ... (``cycles`` watching windows, each between
+    two halted ones). Each watching window's ratio is to the mean of the halted windows on either side of it, so
+    the drift of the machine cancels; the server's core is read over every window."""
+    halt, period = Halt(contexts), room_poll_seconds(watchers)
+    halted, watching = [], []
+
+    def measure(into: list) -> None:
+        start, before = time.time(), thread_times(server.process.pid)
+        pause(starter, window)
+        end = time.time()
+        into.append({**throughput(home, run_id, start, end),
+                     "server_core": where_the_server_core_went(before, thread_times(server.process.pid), end - start)})
+
+    halt.halt()
+    pause(starter, SETTLE_S)
+    measure(halted)
+    for _ in range(cycles):
+        halt.release(starter, period)
+        pause(starter, period + SETTLE_S)  # every page has polled once more since it was let go
+        measure(watching)
+        halt.halt()
+        pause(starter, SETTLE_S)
+        measure(halted)
+    halt.release(starter, 0)
+    ratios = [w["samples_per_s"] / statistics.mean([a["samples_per_s"], b["samples_per_s"]])
+              for w, a, b in zip(watching, halted, halted[1:])
+              if w["samples_per_s"] and a["samples_per_s"] and b["samples_per_s"]]
+    return {"halted": halted, "watching": watching, "ratios": [round(r, 3) for r in ratios],
+            "mean_ratio": round(statistics.mean(ratios), 3) if ratios else None}
+
+
 def one_count(browser, server: StreamlitServer, home: Path, probe: HealthProbe, watchers: int,
-              window: float, profile_dir: Path | None = None, busy_neighbour: bool = False) -> dict:
+              window: float, profile_dir: Path | None = None, busy_neighbour: bool = False, cycles: int = 0) -> dict:
     starter_context = browser.new_context(viewport=VIEWPORT, base_url=server.url)
     starter_context.set_default_timeout(TIMEOUT_MS)
     starter = starter_context.new_page()
@@ -247,11 +322,16 @@ def one_count(browser, server: StreamlitServer, home: Path, probe: HealthProbe, 
               "charts_drawn": charts_drawn(contexts),
               "server_core": where_the_server_core_went(cpu_before, cpu_after, end - start),
               # Of the browsers' one core; at 1.0 the pages want more than it has (they poll and draw late).
-              "browsers_core_used": round((browsers_after - browsers_before) / (end - start), 3),
+              "browsers_core_used": round((sum(browsers_after.values()) - sum(browsers_before.values()))
+                                          / (end - start), 3),
+              "browsers_core_by_process": {role: round((browsers_after[role] - browsers_before[role]) / (end - start), 3)
+                                           for role in browsers_after},
               "frames_per_s": round((sent_after[0] - sent_before[0]) / (end - start), 1),
               "kb_per_s": round((sent_after[1] - sent_before[1]) / (end - start) / 1000, 1),
               **throughput(home, run_id, start, end), **probe.between(opened, end),
               "load_average_1min": round(os.getloadavg()[0], 2)}
+    if cycles and watchers:
+        result["alternating"] = alternate(starter, contexts, server, home, run_id, watchers, window, cycles)
     for context in contexts:
         context.close()
     pause(starter, SETTLE_S)
@@ -276,6 +356,9 @@ def main() -> None:
                         help="watching pages per run, in this order; each 0 is a baseline (their mean is the base); "
                              "0b: no page, but the browsers' CPU kept busy copying memory (a control)")
     parser.add_argument("--window", type=float, default=30.0, help="seconds of training measured per count")
+    parser.add_argument("--alternate", type=int, default=0, metavar="CYCLES",
+                        help="also measure each open room in turns: its pages halted in the debugger (no polls, no "
+                             "drawing), then watching, CYCLES times, ending halted")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="record the server's threads with py-spy during each window into DIR "
                              "(threads-RUN_ID.txt, py-spy's raw format; each count's run id is in the output); "
@@ -299,7 +382,8 @@ def main() -> None:
                 browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
                 for count in args.counts:
                     results.append(one_count(browser, server, home, probe, int(count.removesuffix("b")), args.window,
-                                             args.profile, busy_neighbour=count.endswith("b")))
+                                             args.profile, busy_neighbour=count.endswith("b"),
+                                             cycles=args.alternate))
                     print(json.dumps(results[-1]), file=sys.stderr, flush=True)
                 browser.close()
         finally:

@@ -7,6 +7,7 @@ from gradacc.analysis import planner
 from gradacc.app import charts, widgets as ui
 from gradacc.config import RunConfig
 from gradacc.errors import GradaccError, one_line
+from gradacc.serving import warmup
 
 K = f"{ui.FORM}planner."
 MEASUREMENT = "planner.measurement"
@@ -26,6 +27,7 @@ st.markdown("Training memory = **static** (parameters + gradients + optimizer st
 @st.cache_data(show_spinner=False, max_entries=64)
 def measured_group(model: str, max_seq_length: int, checkpointing: bool, precision: str) -> list[dict]:
     """One model load: its forward/backward measured once, then each optimizer (see planner.measure_levers)."""
+    warmup.wait_until_warm()  # it imports torch: never beside the warm-up's import (gradacc.serving.warmup)
     return planner.measure_levers(model, max_seq_length, grid=planner.lever_group(checkpointing, precision))
 
 

@@ -1,7 +1,7 @@
 """The package's layers, as rules that fail when broken (the layout itself is in README's "Where the code is"):
 
 - only app.py, pages/ and gradacc/app/ import streamlit;
-- gradacc/training/ imports nothing from gradacc.serving, gradacc.app or gradacc.bench;
+- gradacc/training/ and gradacc/analysis/ import nothing from gradacc.serving, gradacc.app or gradacc.bench;
 - importing gradacc's shared modules, gradacc.serving or gradacc.app does not import torch (pages paint before
   the seconds-long torch import; the serving layer hands training to a thread that imports it).
 
@@ -82,11 +82,12 @@ def test_only_the_app_its_pages_and_gradacc_app_import_streamlit():
 
 
 @pytest.mark.parametrize("forbidden", ["gradacc.serving", "gradacc.app", "gradacc.bench"])
-def test_training_imports_nothing_from_the_layers_above_it(forbidden):
-    training = sources(PACKAGE / "training")
-    assert len(training) > 10, "gradacc/training/ was not found where the layout puts it"
+@pytest.mark.parametrize("layer, more_than", [("training", 10), ("analysis", 5)])
+def test_training_and_analysis_import_nothing_from_the_layers_above_them(layer, more_than, forbidden):
+    modules = sources(PACKAGE / layer)
+    assert len(modules) > more_than, f"gradacc/{layer}/ was not found where the layout puts it"
     offenders = {str(path.relative_to(ROOT)): sorted(name for name in imported_modules(path) if within(name, forbidden))
-                 for path in training}
+                 for path in modules}
     assert {path: names for path, names in offenders.items() if names} == {}
 
 

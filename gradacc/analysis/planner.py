@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from gradacc.serving import warmup
 from gradacc.config import field_label
 from gradacc.errors import GradaccError
 from gradacc.units import MB
@@ -111,8 +110,8 @@ def measure_levers(model: str, max_seq_length: int, grid=LEVER_GRID, seed: int =
     model is loaded once per (checkpointing, precision) and those passes measured and timed once; each optimizer
     then takes one untimed step (it allocates its state) and one timed step on the same gradients. Time per
     example = (the timed passes + the timed step) / 12. The model's recipe dropout is on, as in the run the plan is
-    for (its masks are activations too)."""
-    warmup.wait_until_warm()
+    for (its masks are activations too). In the app, call it only once the warm-up's imports are done
+    (``gradacc.serving.warmup``): it imports torch."""
     from gradacc.training.engine import quiet_libraries
     from gradacc.training.levers import LeverRig, timed
 

@@ -14,6 +14,7 @@ ratios, the ratio to the separate runs with no page at all (counts of 0), where 
 browsers' core went (by process), and health latency (median, max).
 
     python scripts/watchers.py [--counts 0 20 5 1 0] [--window 30] [--alternate 3] [--profile DIR]
+                               [--kdamond-on-browsers-cpu]
 
 Not a test: figures depend on the machine and on what else runs on it (the load average is recorded).
 Uses the browser tests' helpers (tests/browser) so it drives the page exactly as they do.
@@ -22,6 +23,7 @@ Uses the browser tests' helpers (tests/browser) so it drives the page exactly as
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -102,9 +104,19 @@ def throughput_over(home: Path, run_id: str, page, seconds: float) -> float | No
     return throughput(home, run_id, start, time.time())["samples_per_s"]
 
 
+def cpu_busy_ns(cpu: int) -> float:
+    """Nanoseconds ``cpu`` has spent on anything but idling (/proc/stat), whoever ran there."""
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith(f"cpu{cpu} "):
+            ticks = [int(x) for x in line.split()[1:9]]  # user nice system idle iowait irq softirq steal
+            return (sum(ticks) - ticks[3] - ticks[4]) * 1e9 / os.sysconf("SC_CLK_TCK")
+    raise ValueError(f"no cpu{cpu} in /proc/stat")
+
+
 def thread_times(pid: int) -> dict:
     """CPU and run-queue nanoseconds of each live thread of ``pid`` (/proc's schedstat), and of the whole process
-    (its stat, which keeps the time of threads already gone: Streamlit runs each rerun in a thread of its own)."""
+    (its stat, which keeps the time of threads already gone: Streamlit runs each rerun in a thread of its own),
+    and the busy time of the server's CPU (what ran there besides the server: the kernel's threads, mostly)."""
     times = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
@@ -114,12 +126,14 @@ def thread_times(pid: int) -> dict:
         times[task.name] = (on_cpu, waiting)
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     process_ns = (int(fields[11]) + int(fields[12])) * 1e9 / os.sysconf("SC_CLK_TCK")  # utime + stime
-    return {"threads": times, "process_ns": process_ns}
+    return {"threads": times, "process_ns": process_ns, "server_cpu_busy_ns": cpu_busy_ns(SERVER_CPU)}
 
 
 def where_the_server_core_went(before: dict, after: dict, seconds: float) -> dict:
     """Shares of the server's core over the window: the busiest thread (the training run), the rest of the
-    process, and how long the training thread waited for the core while runnable (contention, not the GIL)."""
+    process, what else ran on that core (not the server: on this VM mostly the host's memory monitor, kdamond,
+    which follows the browsers' memory), and how long the training thread waited for the core while runnable
+    (contention, not the GIL)."""
     deltas = {tid: (after["threads"][tid][0] - on_cpu, after["threads"][tid][1] - waiting)
               for tid, (on_cpu, waiting) in before["threads"].items() if tid in after["threads"]}
     training = max(deltas.values(), key=lambda delta: delta[0])
@@ -129,6 +143,8 @@ def where_the_server_core_went(before: dict, after: dict, seconds: float) -> dic
     return {"core_used": round(process / window_ns, 3), "training_thread_on_cpu": round(training[0] / window_ns, 3),
             "training_thread_runnable_waiting": round(training[1] / window_ns, 3),
             "other_threads_on_cpu": round((process - training[0]) / window_ns, 3),
+            "not_the_server_on_cpu": round((after["server_cpu_busy_ns"] - before["server_cpu_busy_ns"] - process)
+                                           / window_ns, 3),
             "busiest_other_threads": [round(ns / window_ns, 3) for ns in others[:3]]}
 
 
@@ -205,6 +221,34 @@ def _role(process, command: list[str]) -> str:
     if command and Path(command[0]).name == "node":
         return "playwright_driver"
     return "other"
+
+
+class KernelMonitorOnBrowsersCpu:
+    """Keeps the kernel's DAMON monitor threads (``kdamond.N``) on the browsers' CPU while the script runs, and gives
+    them back their own CPUs after. On this VM the host runs DAMON's proactive reclaim over all physical memory; its
+    thread used 0.2 % of a CPU with no browser open and 6 % with twenty pages open, half of it on the server's core:
+    work for the browsers' memory, which a room whose browsers are elsewhere would not cause."""
+
+    def __init__(self):
+        self.moved: dict[int, set[int]] = {}
+
+    def __enter__(self):
+        for process in psutil.process_iter(["name"]):
+            if (process.info["name"] or "").startswith("kdamond"):
+                try:
+                    self.moved[process.pid] = os.sched_getaffinity(process.pid)
+                    os.sched_setaffinity(process.pid, {BROWSER_CPU})
+                except OSError as error:  # not root, or a kernel that keeps it where it is: measured as it lies
+                    self.moved.pop(process.pid, None)
+                    print(f"kdamond {process.pid} stays where it is: {error}", file=sys.stderr)
+        return self
+
+    def __exit__(self, *_):
+        for pid, cpus in self.moved.items():
+            try:
+                os.sched_setaffinity(pid, cpus)
+            except OSError:
+                pass
 
 
 def pause(page, seconds: float) -> None:
@@ -359,6 +403,9 @@ def main() -> None:
     parser.add_argument("--alternate", type=int, default=0, metavar="CYCLES",
                         help="also measure each open room in turns: its pages halted in the debugger (no polls, no "
                              "drawing), then watching, CYCLES times, ending halted")
+    parser.add_argument("--kdamond-on-browsers-cpu", action="store_true",
+                        help="keep the kernel's DAMON monitor (kdamond, if the machine runs one) on the browsers' CPU "
+                             "while measuring: its work grows with the browsers' memory (needs root)")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="record the server's threads with py-spy during each window into DIR "
                              "(threads-RUN_ID.txt, py-spy's raw format; each count's run id is in the output); "
@@ -367,7 +414,8 @@ def main() -> None:
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
     os.sched_setaffinity(0, {BROWSER_CPU})  # this process, Playwright's driver and chromium: CPU 1
-    with tempfile.TemporaryDirectory() as folder:
+    kernel_monitor = KernelMonitorOnBrowsersCpu() if args.kdamond_on_browsers_cpu else contextlib.nullcontext()
+    with kernel_monitor, tempfile.TemporaryDirectory() as folder:
         home = Path(folder)
         command = ["taskset", "-c", str(SERVER_CPU), sys.executable, "-m", "streamlit", "run", "app.py",
                    "--server.headless", "true", "--browser.gatherUsageStats", "false",
@@ -398,6 +446,7 @@ def main() -> None:
         result["ratio_to_no_page"] = round(result["samples_per_s"] / base, 3) \
             if base and result["samples_per_s"] else None
     print(json.dumps({"cpus": {"server": SERVER_CPU, "browsers": BROWSER_CPU}, "window_s": args.window,
+                      "kdamond_moved_to_browsers_cpu": sorted(getattr(kernel_monitor, "moved", ())),
                       "no_page_samples_per_s": bases,
                       "runs": results}, indent=2))
 

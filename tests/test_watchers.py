@@ -72,11 +72,13 @@ def test_events_by_kind_stay_right_as_the_run_grows():
     assert len(run.of(ev.STEP)) == 3
 
 
-@pytest.mark.parametrize(("watchers", "seconds"), [(0, 1.0), (2, 1.0), (3, 2.0), (5, 2.0), (10, 4.0), (20, 8.0),
-                                                  (200, 8.0)])
-def test_the_room_shares_a_budget_of_polls_and_the_owner_keeps_the_full_pace(watchers, seconds):
+@pytest.mark.parametrize(("watchers", "seconds"), [(0, 1.0), (1, 1.0), (2, 1.0), (3, 3.0), (5, 4.0), (10, 8.0),
+                                                  (20, 8.0), (200, 8.0)])
+def test_a_small_room_keeps_the_full_pace_a_larger_one_shares_a_budget_and_the_owner_keeps_the_full_pace(
+        watchers, seconds):
     assert ui.room_poll_seconds(watchers) == seconds
-    assert watchers / seconds <= ui.ROOM_POLLS_PER_SECOND or seconds == ui.MAX_CHART_POLL_SECONDS
+    assert (watchers <= ui.FULL_PACE_PAGES or watchers / seconds <= ui.ROOM_POLLS_PER_SECOND
+            or seconds == ui.MAX_CHART_POLL_SECONDS)
     assert ui.room_poll_seconds(watchers, owner=True) == ui.CHART_POLL_SECONDS
 
 

@@ -28,11 +28,13 @@ POLL_SECONDS = 0.5
 CHART_POLL_SECONDS = 1.0
 WARM_UP_POLL_SECONDS = 1.0
 # A room of watchers (a link shared in a talk): every page redraws its run each poll, and on a small server that
-# work competes with the training it shows. The pages watching a run share a budget of ROOM_POLLS_PER_SECOND: up to
-# two poll every second, five every 2 s, ten every 4 s, twenty every 8 s (MAX_CHART_POLL_SECONDS at most). The
-# run's owner, whose page is the one on the projector, keeps polling every second. A page says when it refreshes
-# more slowly.
-ROOM_POLLS_PER_SECOND = 2.5
+# work competes with the training it shows. Up to FULL_PACE_PAGES pages poll every second; a larger room shares a
+# budget of ROOM_POLLS_PER_SECOND: three pages poll every 3 s, five every 4 s, ten or more every 8 s
+# (MAX_CHART_POLL_SECONDS at most). The run's owner, whose page is the one on the projector, keeps polling every
+# second. A page says when it refreshes more slowly. Measured with five pages (BENCHMARKS.md, watchers): at 2.5
+# polls a second the server's other threads took 0.031-0.035 of its core from training, at 1.25 0.020-0.022.
+FULL_PACE_PAGES = 2
+ROOM_POLLS_PER_SECOND = 1.25
 MAX_CHART_POLL_SECONDS = 8.0
 SWITCH_INTERVAL_S = 0.001
 # Keys of the form widgets; they are created with persist_state="session", so a visitor's settings
@@ -104,9 +106,10 @@ def chart_poll_seconds(*runs) -> float:
 
 
 def room_poll_seconds(watchers: int, owner: bool = False) -> float:
-    """A page's poll period in a room of ``watchers`` pages: the room shares ROOM_POLLS_PER_SECOND, in whole
-    seconds; the run's ``owner`` polls every CHART_POLL_SECONDS whatever the room."""
-    if owner:
+    """A page's poll period in a room of ``watchers`` pages: every CHART_POLL_SECONDS up to FULL_PACE_PAGES, beyond
+    that the room shares ROOM_POLLS_PER_SECOND, in whole seconds; the run's ``owner`` polls every
+    CHART_POLL_SECONDS whatever the room."""
+    if owner or watchers <= FULL_PACE_PAGES:
         return CHART_POLL_SECONDS
     return float(min(MAX_CHART_POLL_SECONDS, max(CHART_POLL_SECONDS, math.ceil(watchers / ROOM_POLLS_PER_SECOND))))
 

@@ -327,9 +327,9 @@ class _Progress:
 
 
 def _compare(args) -> int:
-    from gradacc.analysis import compare
+    from gradacc.analysis import headline
 
-    figures = compare.headline(compare.read_events(args.run_a), compare.read_events(args.run_b))
+    figures = headline.headline(events.read_events(args.run_a), events.read_events(args.run_b))
     if args.json:
         print(json.dumps(figures))
     else:

@@ -64,7 +64,7 @@ MAX_SEQ_LEN = 512
 
 # The words a person sees for each RunConfig field: its label on the page, and its flag on the command
 # line. Every message about a field starts with its label (the CLI swaps in the flag), so adding a field
-# means adding one line to each table (tests/test_config.py checks that every field has both).
+# means adding one line to each table (tests/core/test_config.py checks that every field has both).
 FIELD_LABELS = {
     "backend": "Backend",
     "model": "Model",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from pathlib import Path
 from typing import Callable
 
 EventSink = Callable[[dict], None]
@@ -87,3 +88,26 @@ class Recorder:
     def ended(self) -> dict | None:
         ended = self.of(RUN_ENDED)
         return ended[-1] if ended else None
+
+
+def read_events(path: str | Path) -> list[dict]:
+    """Events from a ``--metrics-out`` JSONL file (GradaccError with the file's name when unreadable)."""
+    from gradacc.errors import GradaccError
+
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise GradaccError(f"Could not read {str(path)!r}: {getattr(error, 'strerror', None) or error}.") from None
+    found = []
+    for number, line in enumerate(lines, 1):
+        if line.strip():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                raise GradaccError(f"{Path(path).name!r} line {number} is not JSON; pass a file written by "
+                                   "--metrics-out.") from None
+            if isinstance(event, dict) and "event" in event:
+                found.append(event)
+    if not any(e["event"] == STEP for e in found):
+        raise GradaccError(f"{Path(path).name!r} has no training steps; pass a file written by --metrics-out.")
+    return found

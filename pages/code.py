@@ -2,24 +2,24 @@
 
 import streamlit as st
 
-from gradacc.app import codeview, widgets as ui
+from gradacc.app import codeview, inputs, server, train_form
 from gradacc.training.backends import DESCRIPTIONS, MODULES
 from gradacc.config import LOSS_NORMALIZATIONS, RunConfig
 from gradacc.errors import GradaccError
 
-K = f"{ui.FORM}code."
+K = f"{inputs.FORM}code."
 
-ui.run_manager()
+server.run_manager()
 st.title("The code behind each backend")
 st.caption("Not a sketch: this is the `train` function gradacc runs, read from its own source file when the page "
            "draws, so it cannot drift. The values of your settings are filled in where the loop reads them.")
 
 # Start from the Train page's settings (RunConfig's defaults if the visitor has not been there).
-train_config = ui.train_config()
-ui.defaults({K + name: getattr(train_config, name)
+train_config = train_form.train_config()
+inputs.defaults({K + name: getattr(train_config, name)
              for name in ("backend", "micro_batch_size", "grad_accum_steps", "loss_normalization")})
-errors = ui.FieldErrors()
-backend, micro_batch_size, grad_accum_steps, (_, normalization_column) = ui.accumulation_inputs(
+errors = inputs.FieldErrors()
+backend, micro_batch_size, grad_accum_steps, (_, normalization_column) = inputs.accumulation_inputs(
     K, errors, [2, 1, 1, 2])
 with normalization_column:
     loss_normalization = st.radio("Loss normalisation", LOSS_NORMALIZATIONS, key=K + "loss_normalization",

@@ -3,11 +3,11 @@ table to export."""
 
 import streamlit as st
 
-from gradacc.analysis import compare
-from gradacc.app import comparison, widgets as ui
+from gradacc.analysis import compare, run_names
+from gradacc.app import comparison, pacing, server
 
-manager = ui.run_manager()
-owner = ui.owner_id()
+manager = server.run_manager()
+owner = server.owner_id()
 st.title("Compare runs")
 st.caption("Every run on this server, yours and other visitors'. Loss is drawn against samples seen, so runs "
            "with different effective batches line up. The first two picks get a headline: the second "
@@ -19,25 +19,25 @@ if not runs:
     st.info("No runs yet: start one on the Train page (or run a demo), then come back.")
     st.stop()
 
-chosen_ids = st.multiselect("Runs", list(runs), default=compare.default_picks(all_runs, owner),
-                            format_func=lambda run_id: compare.title(runs[run_id]), key="compare_runs")
+chosen_ids = st.multiselect("Runs", list(runs), default=run_names.default_picks(all_runs, owner),
+                            format_func=lambda run_id: run_names.title(runs[run_id]), key="compare_runs")
 if not chosen_ids:
     st.info("Pick one or more runs above.")
     st.stop()
 any_live = any(runs[run_id].is_live for run_id in chosen_ids)
 
 
-poll_seconds = ui.chart_poll_seconds(*(runs[run_id] for run_id in chosen_ids)) if any_live else None
+poll_seconds = pacing.chart_poll_seconds(*(runs[run_id] for run_id in chosen_ids)) if any_live else None
 
 
 @st.fragment(run_every=poll_seconds)
 def comparison_view():
     # Fresh states each time: a live run's events grow between polls.
     found = [run for run in (manager.get(run_id) for run_id in chosen_ids) if run is not None]
-    chosen = [ui.watch(run, poll_seconds) for run in found]
+    chosen = [pacing.watch(run, poll_seconds) for run in found]
     if any_live and not any(run.is_live for run in chosen):
         st.rerun()  # all ended: stop polling
-    ui.keep_pace(poll_seconds, *found)
+    pacing.keep_pace(poll_seconds, *found)
     if len(chosen) == 1:
         st.caption("Pick a second run for a headline that says how they differ.")
     comparison.draw(chosen, key="compare")

@@ -4,17 +4,17 @@ states its result. ``?demo=NAME`` opens one, so a speaker can prepare links."""
 import streamlit as st
 
 from gradacc.analysis import demos
-from gradacc.app import comparison, runview, widgets as ui
+from gradacc.app import comparison, inputs, pacing, runview, server, warmup_status
 from gradacc.errors import GradaccError
 
 CHOICE = "demo.choice"
 
-manager = ui.run_manager()
-limits = ui.limits()
-owner = ui.owner_id()
+manager = server.run_manager()
+limits = server.limits()
+owner = server.owner_id()
 
 st.title("Demos: one click per story")
-ui.warm_up_status()
+warmup_status.warm_up_status()
 
 names = list(demos.SCENARIOS)
 requested = st.query_params.get("demo")
@@ -23,7 +23,7 @@ if requested and requested not in demos.SCENARIOS:
 elif requested and st.session_state.get("demo.requested") != requested:
     st.session_state[CHOICE] = requested  # a link (or a reload) picks the demo; the picker follows
 st.session_state["demo.requested"] = requested
-ui.defaults({CHOICE: names[0]})
+inputs.defaults({CHOICE: names[0]})
 name = st.radio("Demo", names, key=CHOICE, horizontal=True, format_func=lambda n: demos.SCENARIOS[n].title,
                 label_visibility="collapsed")
 st.query_params["demo"] = name
@@ -34,7 +34,7 @@ st.header(scenario.title)
 st.markdown(scenario.explanation)
 configs = scenario.configs()
 st.caption("Runs, in this order: " + " · ".join(
-    f"**{label}** ({ui.BACKEND_NAMES[config.backend]}, m={config.micro_batch_size}, k={config.grad_accum_steps}, "
+    f"**{label}** ({inputs.BACKEND_NAMES[config.backend]}, m={config.micro_batch_size}, k={config.grad_accum_steps}, "
     f"{config.train_samples} examples × {config.epochs} epoch{'s' if config.epochs > 1 else ''})"
     for label, config in configs) + f". Expect: {scenario.expect}")
 
@@ -59,7 +59,7 @@ if st.button("Run this demo", type="primary", key="demo.run", disabled=live or b
 st.divider()
 
 
-poll_seconds = ui.chart_poll_seconds(*(manager.get(run_id) for run_id in run_ids)) if live else None
+poll_seconds = pacing.chart_poll_seconds(*(manager.get(run_id) for run_id in run_ids)) if live else None
 
 
 @st.fragment(run_every=poll_seconds)
@@ -71,8 +71,8 @@ def demo_view():
         return
     if live and not any(run.is_live for run in current):
         st.rerun()  # all ended: one full rerun turns polling off and enables the button again
-    snapshots = [ui.watch(run, poll_seconds) for run in current]
-    ui.keep_pace(poll_seconds, *current)
+    snapshots = [pacing.watch(run, poll_seconds) for run in current]
+    pacing.keep_pace(poll_seconds, *current)
     columns = st.columns(len(snapshots))
     labels = comparison.names(snapshots)
     for column, run in zip(columns, snapshots):

@@ -4,15 +4,15 @@ import time
 
 import streamlit as st
 
-from gradacc.app import charts, equivalence_view, widgets as ui
+from gradacc.app import charts, equivalence_view, inputs, pacing, server
 from gradacc.training.backends import DESCRIPTIONS
 from gradacc.errors import GradaccError
 from gradacc.serving import checks
 
-K = f"{ui.FORM}equivalence."
+K = f"{inputs.FORM}equivalence."
 
-ui.run_manager()  # warms the libraries up if this is the first page a visitor opens
-runner = ui.check_runner()
+server.run_manager()  # warms the libraries up if this is the first page a visitor opens
+runner = server.check_runner()
 
 st.title("Is accumulation the full-batch gradient?")
 st.markdown("One accumulation window, trained one optimizer step with the chosen backend; the gradient just "
@@ -23,9 +23,9 @@ st.markdown("One accumulation window, trained one optimizer step with the chosen
             "model** (tiny-gpt's next-token loss on texts of very uneven lengths: the October 2024 accumulation "
             "bug).")
 
-ui.defaults({K + "backend": "pytorch", K + "micro_batch_size": 4, K + "grad_accum_steps": 4})
-errors = ui.FieldErrors()
-backend, micro_batch_size, grad_accum_steps, (backend_column,) = ui.accumulation_inputs(K, errors, [2, 1, 1])
+inputs.defaults({K + "backend": "pytorch", K + "micro_batch_size": 4, K + "grad_accum_steps": 4})
+errors = inputs.FieldErrors()
+backend, micro_batch_size, grad_accum_steps, (backend_column,) = inputs.accumulation_inputs(K, errors, [2, 1, 1])
 backend_column.caption(DESCRIPTIONS[backend])
 
 general = st.container()
@@ -42,7 +42,7 @@ current = runner.get(config) if config is not None else None
 pending = current is not None and not current.done
 
 
-@st.fragment(run_every=ui.POLL_SECONDS if pending else None)
+@st.fragment(run_every=pacing.POLL_SECONDS if pending else None)
 def result():
     check = runner.get(config) if config is not None else None
     if check is None:

@@ -4,16 +4,17 @@ import pandas as pd
 import streamlit as st
 
 from gradacc.analysis import planner
-from gradacc.app import charts, widgets as ui
+from gradacc.app import charts, inputs, server, train_form
+from gradacc import units
 from gradacc.config import RunConfig
 from gradacc.errors import GradaccError, one_line
 from gradacc.serving import warmup
 
-K = f"{ui.FORM}planner."
+K = f"{inputs.FORM}planner."
 MEASUREMENT = "planner.measurement"
 
-ui.run_manager()
-limits = ui.limits()
+server.run_manager()
+limits = server.limits()
 
 st.title("Memory planner")
 st.markdown("Training memory = **static** (parameters + gradients + optimizer state) + **activations** of one "
@@ -31,13 +32,13 @@ def measured_group(model: str, max_seq_length: int, checkpointing: bool, precisi
     return planner.measure_levers(model, max_seq_length, grid=planner.lever_group(checkpointing, precision))
 
 
-ui.defaults({K + "max_seq_length": 64, K + "budget_mb": 100.0, K + "target_effective_batch": 256})
-errors = ui.FieldErrors()
+inputs.defaults({K + "max_seq_length": 64, K + "budget_mb": 100.0, K + "target_effective_batch": 256})
+errors = inputs.FieldErrors()
 model_column, length_column = st.columns([2, 1])
 with model_column:
-    model = ui.model_input("planner", errors)
+    model = inputs.model_input("planner", errors)
 with length_column:
-    max_seq_length = ui.number_field(K, "max_seq_length", errors, step=16,
+    max_seq_length = inputs.number_field(K, "max_seq_length", errors, step=16,
                                      help="Every example is padded to this length: the worst case of a batch.")
 
 general = st.container()
@@ -84,7 +85,7 @@ with budget_column:
                                 persist_state="session")
     errors.slot("budget_mb")
 with target_column:
-    target = ui.number_field(K, "target_effective_batch", errors, step=16)
+    target = inputs.number_field(K, "target_effective_batch", errors, step=16)
 
 try:
     plan = planner.plan_levers(settings, budget_mb, target)
@@ -97,7 +98,7 @@ if plan["reason"]:
 
 def advice(row: dict) -> str:
     return (f"**{planner.setting_label(row)}**: m = {row['micro_batch_size']}, k = {row['grad_accum_steps']}, "
-            f"predicted peak {ui.format_bytes(row['predicted_peak_bytes'])}, "
+            f"predicted peak {units.format_bytes(row['predicted_peak_bytes'])}, "
             f"{row['seconds_per_example'] * 1000:,.2f} ms per example")
 
 
@@ -108,7 +109,7 @@ if fitting:
     fastest_column.success("Fastest that fits: " + advice(plan["fastest"]))
     lightest = plan["cheapest_memory"]
     lightest_column.info("Least memory that fits: " + advice(lightest)
-                         + f"; needs only {ui.format_bytes(lightest['least_bytes'])} at m = 1")
+                         + f"; needs only {units.format_bytes(lightest['least_bytes'])} at m = 1")
     labels = {planner.setting_label(row): row for row in fitting}
     chosen = labels[st.selectbox("Setting to use", list(labels), key=K + "setting",
                                  help="The settings that fit, fastest first (time per example from a short timed "
@@ -117,9 +118,9 @@ if fitting:
     m_metric.metric("Micro-batch size (m)", chosen["micro_batch_size"])
     k_metric.metric("Accumulation steps (k)", chosen["grad_accum_steps"])
     effective_metric.metric("Effective batch", chosen["micro_batch_size"] * chosen["grad_accum_steps"])
-    peak_metric.metric("Predicted peak", ui.format_bytes(chosen["predicted_peak_bytes"]))
+    peak_metric.metric("Predicted peak", units.format_bytes(chosen["predicted_peak_bytes"]))
     if st.button("Use these settings on the Train page", key="use_plan"):
-        ui.suggest_train_settings(micro_batch_size=chosen["micro_batch_size"],
+        train_form.suggest_train_settings(micro_batch_size=chosen["micro_batch_size"],
                                   grad_accum_steps=chosen["grad_accum_steps"],
                                   max_seq_length=measurement["max_seq_length"], model=measurement["model"],
                                   **planner.levers_of(chosen))
@@ -130,8 +131,8 @@ st.caption(f"Every setting, for a budget of {budget_mb:,.0f} MB and an effective
 st.dataframe(pd.DataFrame([{
     "checkpointing": "on" if row["gradient_checkpointing"] else "off", "precision": row["precision"],
     "optimizer": row["optimizer"], "m": row["micro_batch_size"], "k": row["grad_accum_steps"],
-    "predicted peak": ui.format_bytes(row["predicted_peak_bytes"]) if row["fits"] else "does not fit",
-    "static": ui.format_bytes(row["static_bytes"]), "ms per example": round(row["seconds_per_example"] * 1000, 2)}
+    "predicted peak": units.format_bytes(row["predicted_peak_bytes"]) if row["fits"] else "does not fit",
+    "static": units.format_bytes(row["static_bytes"]), "ms per example": round(row["seconds_per_example"] * 1000, 2)}
     for row in plan["rows"]]).astype({"m": "Int64", "k": "Int64"}), hide_index=True)  # whole numbers, or empty
 
 # The breakdown, the chart and the held-out check of one setting: the chosen one, else the lightest.
@@ -140,12 +141,12 @@ setting = planner.measurement_of(settings, shown)
 static, fit = setting["static"], planner.ActivationFit(**setting["fit"])
 st.subheader(planner.setting_label(shown))
 parameters, gradients, optimizer_state, per_example = st.columns(4)
-parameters.metric("Parameters", ui.format_bytes(static["parameters"]))
-gradients.metric("Gradients", ui.format_bytes(static["gradients"]))
-optimizer_state.metric("Optimizer state", ui.format_bytes(static["optimizer_state"]))
-per_example.metric("Activations per example", ui.format_bytes(fit.bytes_per_example),
-                   help=f"Fitted line: {ui.format_bytes(fit.fixed_bytes)} + m × "
-                        f"{ui.format_bytes(fit.bytes_per_example)}")
+parameters.metric("Parameters", units.format_bytes(static["parameters"]))
+gradients.metric("Gradients", units.format_bytes(static["gradients"]))
+optimizer_state.metric("Optimizer state", units.format_bytes(static["optimizer_state"]))
+per_example.metric("Activations per example", units.format_bytes(fit.bytes_per_example),
+                   help=f"Fitted line: {units.format_bytes(fit.fixed_bytes)} + m × "
+                        f"{units.format_bytes(fit.bytes_per_example)}")
 
 check = planner.held_out_check(setting)
 activations = {int(m): b for m, b in setting["activations"].items()}
@@ -155,12 +156,12 @@ st.plotly_chart(charts.memory_plan_figure(
     budget_bytes=budget_mb * planner.MB, held_out={check["size"]: static["total"] + check["measured"]}),
     key="plan_chart")
 st.markdown(f"**Checked on a micro-batch it was not fitted on:** the line through micro-batches of "
-            f"{', '.join(map(str, check['fitted_on']))} predicts {ui.format_bytes(check['predicted'])} of activations "
-            f"for {check['size']} examples; measured {ui.format_bytes(check['measured'])}, an error of "
+            f"{', '.join(map(str, check['fitted_on']))} predicts {units.format_bytes(check['predicted'])} of activations "
+            f"for {check['size']} examples; measured {units.format_bytes(check['measured'])}, an error of "
             f"**{check['error']:+.2%}** (largest over all settings {plan['largest_held_out_error']:.2%}). Every "
             "example is padded to the same length, so activations grow in proportion to m; a recommended m far above "
             f"{check['size']} is an extrapolation of that line.")
-st.dataframe([{"micro-batch size": m, "measured": ui.format_bytes(b), "predicted": ui.format_bytes(fit.predict(m)),
+st.dataframe([{"micro-batch size": m, "measured": units.format_bytes(b), "predicted": units.format_bytes(fit.predict(m)),
                "error": f"{(fit.predict(m) - b) / b:+.2%}" if b else "—",
                "used for": "the fit" if m in check["fitted_on"] else "the check"} for m, b in activations.items()],
              hide_index=True)

@@ -2,43 +2,44 @@
 
 import streamlit as st
 
-from gradacc.app import charts, form, runview, widgets as ui
+from gradacc.app import charts, form, inputs, pacing, runview, server, train_form, warmup_status
+from gradacc import units
 from gradacc.app.live_chart import live_chart
 from gradacc.training.backends import DESCRIPTIONS
 from gradacc.config import BACKENDS, RunConfig, field_label
 from gradacc.errors import GradaccError
 
-K = ui.TRAIN_FORM
+K = train_form.TRAIN_FORM
 
-manager = ui.run_manager()
-limits = ui.limits()
-owner = ui.owner_id()
+manager = server.run_manager()
+limits = server.limits()
+owner = server.owner_id()
 
 st.title("Gradient accumulation, live")
-ui.warm_up_status()
+warmup_status.warm_up_status()
 st.caption("This deployment: " + " · ".join(limits.describe()) + ".")
 
-ui.prepare_train_form(limits)  # first values, and what another page (the planner) suggested since
-errors = ui.FieldErrors()
+train_form.prepare_train_form(limits)  # first values, and what another page (the planner) suggested since
+errors = inputs.FieldErrors()
 data_column, settings_column = st.columns(2, gap="large")
 with data_column:
     st.subheader("Model and data")
-    model = ui.model_input("train", errors)
-    ui.follow_recipe("train", model, limits)  # untouched fields move to the new model's recipe
-    ui.recipe_note("train")
-    dataset, text_column, label_column, dataset_problem = ui.dataset_input("train", errors, limits)
-    task = ui.task_input("train", errors, RunConfig(model=model, dataset=dataset))
+    model = inputs.model_input("train", errors)
+    inputs.follow_recipe("train", model, limits)  # untouched fields move to the new model's recipe
+    inputs.recipe_note("train")
+    dataset, text_column, label_column, dataset_problem = inputs.dataset_input("train", errors, limits)
+    task = inputs.task_input("train", errors, RunConfig(model=model, dataset=dataset))
     backend = st.radio(field_label("backend"), BACKENDS, key=K + "backend", persist_state="session",
-                       format_func=ui.BACKEND_NAMES.get, captions=[DESCRIPTIONS[b] for b in BACKENDS])
+                       format_func=inputs.BACKEND_NAMES.get, captions=[DESCRIPTIONS[b] for b in BACKENDS])
     errors.slot("backend")
 with settings_column:
     st.subheader("Accumulation and training")
-    settings = ui.training_inputs(K, errors)
+    settings = inputs.training_inputs(K, errors)
 
 config = RunConfig(backend=backend, model=model, dataset=dataset, task=task, text_column=text_column,
                    label_column=label_column, **settings)
-ui.keep_train_config(config)  # the other pages read the Train form's settings from here
-train_examples, data_problems = ui.train_examples(config)
+train_form.keep_train_config(config)  # the other pages read the Train form's settings from here
+train_examples, data_problems = inputs.train_examples(config)
 problems = form.all_errors(config, limits, train_examples)
 if dataset_problem:
     problems["dataset"] = dataset_problem
@@ -81,7 +82,7 @@ def start(run_config: RunConfig) -> None:
         general.error(error.message)
         return
     st.session_state["run_id"] = new_run  # the rerun below puts it in the URL too
-    ui.suggest_train_settings(micro_batch_size=run_config.micro_batch_size,
+    train_form.suggest_train_settings(micro_batch_size=run_config.micro_batch_size,
                               grad_accum_steps=run_config.grad_accum_steps)  # the form shows what now runs
     st.rerun()  # redraw with the live panel polling
 
@@ -98,16 +99,16 @@ st.divider()
 
 
 # Status and charts are drawn from one snapshot of the run per poll, so the chart shows the step the status
-# names. One poll a second, slower when many pages watch (ui.chart_poll_seconds): building and sending plotly
+# names. One poll a second, slower when many pages watch (pacing.chart_poll_seconds): building and sending plotly
 # figures holds the GIL that the training thread needs, and on a 2-CPU server would slow the run it draws.
-poll_seconds = ui.chart_poll_seconds(run) if live else None
+poll_seconds = pacing.chart_poll_seconds(run) if live else None
 
 
 @st.fragment(run_every=poll_seconds)
 def run_panel():
     live_run = manager.get(run_id) if run_id else None
-    current = ui.watch(live_run, poll_seconds) if live_run is not None else None
-    ui.keep_pace(poll_seconds, live_run)
+    current = pacing.watch(live_run, poll_seconds) if live_run is not None else None
+    pacing.keep_pace(poll_seconds, live_run)
     run_status(current)
     run_charts(current)
 
@@ -141,7 +142,7 @@ def run_status(current):
         for column, (name, value) in zip((f1, accuracy), runview.eval_scores(current)):
             column.metric(name, value)
         static = (current.started or {}).get("static_memory") or {}
-        memory.metric("Params + grads + optimizer", ui.format_bytes(static.get("total")))
+        memory.metric("Params + grads + optimizer", units.format_bytes(static.get("total")))
         if not current.is_live and current.started is not None:
             # Built from the stored events when clicked (runs from before the export too); nothing is pushed anywhere.
             st.download_button("Download for TensorBoard", data=lambda: runview.tensorboard_zip(current),
@@ -160,7 +161,7 @@ def run_charts(current):
         x_axis = st.radio("Loss against", ["step", "samples_seen"], format_func=charts.X_TITLES.get, horizontal=True,
                           key="loss_x")
         curves = [("this run", run_events)]
-        loss_figure, memory_figure, eval_figure = ui.shared_figures(
+        loss_figure, memory_figure, eval_figure = server.shared_figures(
             ("train", run_id if run_events else None, len(run_events), x_axis),
             lambda: (charts.loss_figure(curves, x=x_axis), charts.memory_figure(curves), charts.eval_figure(curves)))
         loss_chart, eval_chart = st.columns(2)

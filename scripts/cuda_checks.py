@@ -99,7 +99,7 @@ def main() -> int:
     def tests():
         # The suite pins GRADACC_DEVICE=cpu; the two CUDA tests ask for the GPU themselves.
         done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=-ra",
-                               "tests/test_memory.py", "tests/test_budget.py"], cwd=ROOT, capture_output=True,
+                               "tests/training/test_memory.py", "tests/training/test_budget.py"], cwd=ROOT, capture_output=True,
                               text=True, timeout=300)
         print(done.stdout[-3000:], done.stderr[-2000:], flush=True)
         return {"returncode": done.returncode, "summary": done.stdout.strip().splitlines()[-1:]}

@@ -47,7 +47,7 @@ import st_ui  # noqa: E402
 import train_page  # noqa: E402
 from support import StreamlitServer, wait_for  # noqa: E402
 
-from gradacc.app.widgets import room_poll_seconds  # noqa: E402
+from gradacc.app.pacing import room_poll_seconds  # noqa: E402
 
 SERVER_CPU, BROWSER_CPU = 0, 1
 TIMEOUT_MS = 180_000  # per browser action: a busy machine makes a one-core server slow to answer

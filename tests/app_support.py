@@ -1,4 +1,4 @@
-"""Driving the app's pages with Streamlit's AppTest (tests/test_page_*.py and the attack battery).
+"""Driving the app's pages with Streamlit's AppTest (tests/app/ and the attack battery).
 
 The ``app_home`` fixture (conftest.py) gives each test a clean server; these helpers open pages, set
 widgets, poll a live run and read what the page shows.

@@ -1,4 +1,4 @@
-"""Shared pieces of the attack battery (tests/test_attack_*.py).
+"""Shared pieces of the attack battery (tests/attack/).
 
 - ``cli``: ``python -m gradacc`` in-process (a subprocess per case would spend seconds importing torch), with
   the checks every bad-input case must pass: exit code, exactly one ``error:`` line, no traceback.

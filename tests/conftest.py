@@ -102,7 +102,7 @@ def app_home(tmp_path, monkeypatch):
 def _release_server_resources() -> None:
     import streamlit as st
 
-    from gradacc.app import widgets as ui
+    from gradacc.app import server
     from gradacc.errors import GradaccError
     from gradacc.serving import warmup
 
@@ -110,9 +110,9 @@ def _release_server_resources() -> None:
     # (a module fixture that imports transformers then can find it half initialised).
     assert warmup.wait_until_warm(timeout=180), "the warm-up did not finish"
     try:
-        ui._create_manager().shutdown(timeout=30)  # stops runs a test left going, joins their threads
+        server._create_manager().shutdown(timeout=30)  # stops runs a test left going, joins their threads
     except GradaccError:
         pass  # a test with a broken setting never had a manager
-    ui.check_runner().shutdown()
+    server.check_runner().shutdown()
     st.cache_resource.clear()
     st.cache_data.clear()

@@ -131,3 +131,13 @@ def plotted(values) -> list:
         decoded = np.frombuffer(base64.b64decode(values["bdata"]), dtype=values["dtype"]).tolist()
         return [None if isinstance(v, float) and math.isnan(v) else v for v in decoded]
     return list(values or [])
+
+
+def load_script(name: str):
+    """A script of scripts/ as a module (its ``if __name__ == "__main__"`` part does not run)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"scripts_{name}", ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

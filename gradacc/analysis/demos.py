@@ -12,7 +12,7 @@ How to add a scenario: append a ``Scenario`` to ``SCENARIOS``. Give it
 - sizes (``train_samples``, ``eval_samples``, ``epochs``) for a speaker's pace: the whole scenario should take
   about 20–40 s on a 2-vCPU machine (measure it with ``python -m gradacc.analysis.demos NAME``).
 
-``tests/test_demos.py`` checks every scenario builds valid configs; the tests shrink them with
+``tests/analysis/test_demos.py`` checks every scenario builds valid configs; the tests shrink them with
 ``GRADACC_DEMO_SCALE`` (a fraction of the training samples; 1 on stage), so the same data serves both.
 """
 
@@ -187,7 +187,7 @@ if __name__ == "__main__":  # time a scenario: python -m gradacc.analysis.demos 
     import sys
     import time
 
-    from gradacc.analysis.compare import headline
+    from gradacc.analysis.headline import headline
     from gradacc.events import Recorder
     from gradacc.training.engine import train
 

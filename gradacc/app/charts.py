@@ -136,7 +136,7 @@ def _thinned_title(x_title: str, count: int) -> str:
 # three live charts took 30-40 ms of each build (make_subplots alone 11 ms), per poll period of every watched run.
 # So each layout is styled and checked once, through plotly's own API, and kept (below, by title and shape); a
 # build copies it, edits the text that changes, adds plain trace dicts and assembles the figure without checking it
-# again. tests/test_charts.py has plotly check every chart this module draws.
+# again. tests/app/test_charts.py has plotly check every chart this module draws.
 
 def _assemble(layout: dict, traces: Iterable[dict] = (), **axis_titles: str) -> go.Figure:
     """A figure from a checked layout (copied: a kept one is never changed), plain trace dicts and the titles of

@@ -9,21 +9,22 @@ from __future__ import annotations
 import streamlit as st
 
 from gradacc import events as ev
-from gradacc.analysis import compare
-from gradacc.app import charts, widgets as ui
+from gradacc.analysis import compare, run_names
+from gradacc.analysis.headline import headline as two_run_headline
+from gradacc.app import charts, server
 from gradacc.app.live_chart import live_chart
 
 
 def names(runs) -> dict[str, str]:
-    """{run id: what differs between these runs}, e.g. 'm=8, k=4, naive' (see compare.differing_labels)."""
-    return compare.differing_labels({run.run_id: run.config for run in runs})
+    """{run id: what differs between these runs}, e.g. 'm=8, k=4, naive' (see run_names.differing_labels)."""
+    return run_names.differing_labels({run.run_id: run.config for run in runs})
 
 
 def headline(runs) -> dict | None:
     """The headline of the first two runs, once both have ended (a live run's numbers still move)."""
     if len(runs) < 2 or any(run.is_live for run in runs[:2]):
         return None
-    return compare.headline(runs[0].events, runs[1].events)
+    return two_run_headline(runs[0].events, runs[1].events)
 
 
 def show_headline(figures: dict | None, runs, labels: dict[str, str]) -> None:
@@ -53,7 +54,7 @@ def draw(snapshots, key: str, x: str = "samples_seen") -> dict | None:
     loss_title = figures["loss_claim"] if figures else "Training loss against samples seen"
     memory_title = (f"Memory per step: {figures['memory_claim']}" if figures and figures["memory_claim"]
                     else "Memory per step: static + peak activations")
-    loss_figure, eval_figure, memory_figure, process_figure = ui.shared_figures(
+    loss_figure, eval_figure, memory_figure, process_figure = server.shared_figures(
         (key, tuple((run.run_id, name, len(events)) for run, (name, events) in zip(snapshots, curves)), loss_title,
          memory_title),
         lambda: (charts.loss_figure(curves, x=x, title=loss_title), charts.eval_figure(curves),

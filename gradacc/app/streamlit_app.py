@@ -9,12 +9,12 @@ first page paints.
 
 import streamlit as st
 
-from gradacc.app import widgets as ui
+from gradacc.app import server
 
 
 def main() -> None:
     st.set_page_config(page_title="gradacc: gradient accumulation, live", page_icon="🧮", layout="wide")
-    ui.run_manager()  # the first visitor creates it: marks interrupted runs, starts warming up
+    server.run_manager()  # the first visitor creates it: marks interrupted runs, starts warming up
 
     navigation = st.navigation([
         # First in the menu: the page a speaker opens (/demos?demo=same-curve).

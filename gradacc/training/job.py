@@ -156,7 +156,7 @@ def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, token_lev
                      f"that all {config.num_processes} processes get full micro-batches (as Accelerate does).")
     device = pick_device()
     # torch loads with the backends' helpers, here and not when this module is imported: a cold server's run
-    # thread does that import (see tests/test_attack_resources.py).
+    # thread does that import (see tests/attack/test_attack_resources.py).
     from gradacc.training.backends.common import Precision, enable_gradient_checkpointing
 
     precision = Precision(config, device)  # refuses fp16 off CUDA before anything is moved to the device

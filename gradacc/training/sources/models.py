@@ -130,29 +130,6 @@ def _load_tokenizer(folder: Path) -> object:
     return _tokenizer_cache[folder]
 
 
-def train_tiny_bert_tokenizer(folder: Path) -> None:
-    """Train tiny-bert's WordPiece tokenizer on the built-in corpus into ``folder`` (a different vocabulary
-    each time: see TINY_BERT_TOKENIZER)."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tokenizer.train_from_iterator(builtin_data.tokenizer_corpus(),
-                                  trainers.WordPieceTrainer(vocab_size=2000, special_tokens=specials,
-                                                           show_progress=False))
-    cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)])
-    tokenizer.decoder = decoders.WordPiece()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]",
-                                   cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]", model_max_length=512)
-    _save_atomically(fast, folder)
-
-
 def _save_atomically(fast, folder: Path) -> None:
     # Build beside the target and rename: two runs building at once never see half a folder.
     staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".building-"))

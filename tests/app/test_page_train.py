@@ -236,7 +236,7 @@ def test_choosing_another_model_moves_untouched_fields_to_its_recipe(app_home):
 
 
 def test_two_sessions_watching_one_run_build_its_figures_once_per_event_batch(app_home):
-    from gradacc.app import widgets as ui
+    from gradacc.app import server
 
     first = open_app()
     set_numbers(first, "train", SMALL_RUN)
@@ -244,7 +244,7 @@ def test_two_sessions_watching_one_run_build_its_figures_once_per_event_batch(ap
     # Completed, well or "but it went badly" (a warning): either way its events are final.
     run_until(first, lambda at: "Completed" in status(at), RUN_TIMEOUT_S, "the run to complete")
     run_id = first.session_state["run_id"]
-    cache = ui.figure_cache()
+    cache = server.figure_cache()
     builds = cache.builds
     # A second visitor opens the run's link, and both pages redraw: the figures of this event count exist.
     second = AppTest.from_file(APP, default_timeout=60)
@@ -285,7 +285,7 @@ def test_the_task_follows_the_model_and_an_lm_run_shows_perplexity(app_home):
 
 
 def test_a_page_polling_every_second_slows_down_once_a_room_fills_up_around_it_but_the_owners_does_not(app_home):
-    from gradacc.app import widgets as ui
+    from gradacc.app import server
 
     at = open_app()
     set_numbers(at, "train", LONG_RUN)
@@ -295,7 +295,7 @@ def test_a_page_polling_every_second_slows_down_once_a_room_fills_up_around_it_b
     onlooker.query_params["run"] = at.session_state["run_id"]
     onlooker.run()
     assert not [c for c in onlooker.caption if "refreshes every" in c.value]  # two pages: the full pace, said nowhere
-    run = ui._create_manager().get(at.session_state["run_id"])
+    run = server._create_manager().get(at.session_state["run_id"])
     for visitor in range(18):  # eighteen more pages poll it: a room of twenty
         run.snapshot(viewer=f"visitor-{visitor}")
     onlooker.run()  # its poll sees the room: the whole page reruns and polls at the room's pace

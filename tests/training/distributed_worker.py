@@ -1,6 +1,6 @@
 """Every check that needs ranks, in one 2-process launch (process start and imports cost more than the runs).
 
-Run by tests/test_distributed.py as ``torchrun --nproc_per_node 2 tests/distributed_worker.py OUT``; each rank
+Run by tests/test_distributed.py as ``torchrun --nproc_per_node 2 tests/training/distributed_worker.py OUT``; each rank
 writes what it saw to ``OUT.rank<r>.json``.
 """
 

@@ -4,6 +4,7 @@ import json
 import os
 
 import pytest
+from support import load_script
 
 from gradacc.config import RunConfig
 from gradacc.training.sources.data import load_text_data
@@ -198,8 +199,9 @@ def test_tiny_bert_tokenizer_ships_and_its_recipe_still_trains_one_of_its_kind(t
     """tiny-bert's tokenizer loads from the package (every process gets the same vocabulary, so runs repeat);
     the recipe that made it, kept for when the corpus changes, still trains a tokenizer it could replace."""
     from gradacc.training.sources import builtin_data
-    from gradacc.training.sources.models import TINY_BERT_TOKENIZER, _load_tokenizer, tiny_bert_tokenizer, \
-        train_tiny_bert_tokenizer
+    from gradacc.training.sources.models import TINY_BERT_TOKENIZER, _load_tokenizer, tiny_bert_tokenizer
+
+    train_tiny_bert_tokenizer = load_script("train_tiny_bert_tokenizer").train_tiny_bert_tokenizer
 
     monkeypatch.setenv("GRADACC_HOME", str(tmp_path / "home"))
     shipped = tiny_bert_tokenizer()

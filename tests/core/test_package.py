@@ -231,7 +231,7 @@ def test_the_readme_commands_work_with_debians_python3(tmp_path):
     run(["bash", "-c", install_tests], cwd=checkout, env=env, timeout=3000)  # reuses .venv, adds pytest & co.
     second_s = time.perf_counter() - started
     assert test_command == ".venv/bin/python -m pytest"
-    collected = run(["bash", "-c", f"{test_command} -q -p no:cacheprovider tests/test_config.py"], cwd=checkout,
+    collected = run(["bash", "-c", f"{test_command} -q -p no:cacheprovider tests/core/test_config.py"], cwd=checkout,
                     env=env, timeout=600)
     assert " passed" in collected.stdout
     ARTIFACTS.mkdir(exist_ok=True)

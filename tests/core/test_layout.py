@@ -78,7 +78,7 @@ def test_only_the_app_its_pages_and_gradacc_app_import_streamlit():
                  and not is_allowed_streamlit_user(path)]
     assert offenders == []
     # The rule has something to hold: the glue does import it.
-    assert any(within(name, "streamlit") for name in imported_modules(PACKAGE / "app" / "widgets.py"))
+    assert any(within(name, "streamlit") for name in imported_modules(PACKAGE / "app" / "inputs.py"))
 
 
 @pytest.mark.parametrize("forbidden", ["gradacc.serving", "gradacc.app", "gradacc.bench"])
@@ -101,7 +101,7 @@ def light_modules() -> list[str]:
 
 def test_importing_the_shared_modules_serving_and_app_does_not_import_torch():
     modules = light_modules()
-    assert {"gradacc.config", "gradacc.serving.manager", "gradacc.serving.store", "gradacc.app.widgets"} <= \
+    assert {"gradacc.config", "gradacc.serving.manager", "gradacc.serving.store", "gradacc.app.inputs"} <= \
         set(modules)
     script = ("import importlib, json, sys\n"
               f"for name in {modules!r}:\n"

@@ -1,7 +1,7 @@
 """Data parallelism on 2 CPU processes (gloo): step counts, effective batch, gradient syncs, equivalence.
 
 Starting processes costs more than these tiny runs, so everything that needs ranks runs in two launches:
-``tests/distributed_worker.py`` under torchrun (every backend, with and without no_sync, the equivalence
+``tests/training/distributed_worker.py`` under torchrun (every backend, with and without no_sync, the equivalence
 check, the CLI's check) and one real run through ``gradacc.training.launch`` (accelerate launch, as the app does).
 The launcher's Stop and crash handling are tested with a stand-in launcher that needs no torch.
 """
@@ -31,7 +31,7 @@ TOLERANCE = 1e-5
 def launch_worker(out: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_port", str(free_port()), str(ROOT / "tests" / "distributed_worker.py"),
+                           "--master_port", str(free_port()), str(ROOT / "tests" / "training" / "distributed_worker.py"),
                            str(out)], capture_output=True, text=True, env=env, timeout=240)
 
 
@@ -42,7 +42,7 @@ def aborted_inside_torch(result: subprocess.CompletedProcess) -> bool:
 
 @pytest.fixture(scope="module")
 def ranks(gradacc_home, tmp_path_factory):
-    """What each of the 2 ranks saw in tests/distributed_worker.py: {rank: results}."""
+    """What each of the 2 ranks saw in tests/training/distributed_worker.py: {rank: results}."""
     out = tmp_path_factory.mktemp("distributed") / "seen"
     result = launch_worker(out)
     if aborted_inside_torch(result):

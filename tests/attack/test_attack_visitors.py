@@ -44,7 +44,7 @@ def hold_first_run(monkeypatch):
 def test_visitors_queue_in_order_cannot_stop_each_other_and_keep_their_own_settings(visitors, app_home,
                                                                                     hold_first_run,
                                                                                     one_torch_thread):
-    from gradacc.app import widgets as ui
+    from gradacc.app import server
 
     reached, release = hold_first_run
     sessions = [open_app() for _ in range(visitors)]
@@ -76,7 +76,7 @@ def test_visitors_queue_in_order_cannot_stop_each_other_and_keep_their_own_setti
     onlooker.query_params["run"] = run_ids[0]
     onlooker.run()
     assert "Running" in status(onlooker) and not [b for b in onlooker.button if b.key == "stop"]
-    manager = ui.run_manager()
+    manager = server.run_manager()
     assert not manager.stop(run_ids[0], owners[-1])
     assert not manager.stop(run_ids[0], onlooker.session_state["owner"])
     assert manager.is_live(run_ids[0])

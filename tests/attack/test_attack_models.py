@@ -234,9 +234,9 @@ def test_app_shows_why_a_model_folder_was_refused_at_start_and_stays_usable(mode
 def test_app_refuses_a_hub_id_offline_before_anything_loads(app_home, network_attempts, one_torch_thread):
     at = start_with_model(open_app(), "someone/no-such-model")
     assert "Model 'someone/no-such-model' is a hub id, and the Hugging Face Hub cannot be reached" in at.error[0].value
-    from gradacc.app import widgets as ui
+    from gradacc.app import server
 
-    run = ui.run_manager().get(at.session_state["run_id"])
+    run = server.run_manager().get(at.session_state["run_id"])
     assert (run.status, run.started, run.ended["steps"]) == ("failed", None, 0)  # refused while preparing
     assert network_attempts == []  # HF_HUB_OFFLINE=1: not even a name lookup
     assert not at.button(key="start").disabled

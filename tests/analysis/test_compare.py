@@ -4,7 +4,7 @@ import csv
 import io
 import json
 
-from gradacc.analysis import compare
+from gradacc.analysis import compare, run_names
 from gradacc import events as ev
 from gradacc.config import RunConfig
 from gradacc.serving.manager import RunState
@@ -51,8 +51,8 @@ def test_a_run_without_events_has_empty_results():
     run = RunState("r", "o", None, RunConfig().to_dict(), "queued")
     row = compare.summary(run)
     assert row["optimizer steps"] == 0 and row["final F1"] is None and row["wall time (s)"] is None
-    assert compare.title(run) == "r · queued"
-    assert compare.legend_name(finished_run()) == "accelerate m4×k8 exact · abcdef"
+    assert run_names.title(run) == "r · queued"
+    assert run_names.legend_name(finished_run()) == "accelerate m4×k8 exact · abcdef"
 
 
 def test_csv_neutralises_formula_cells_only():

@@ -37,7 +37,7 @@ def test_a_finished_run_offers_its_tensorboard_files(app_home, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from gradacc.app import runview
-    from gradacc.app import widgets as ui
+    from gradacc.app import server
 
     run_events = store_an_old_run(app_home)
     at = AppTest.from_file(APP, default_timeout=SCRIPT_TIMEOUT_S)
@@ -48,7 +48,7 @@ def test_a_finished_run_offers_its_tensorboard_files(app_home, tmp_path):
     buttons = [b for b in at.get("download_button") if b.proto.label == "Download for TensorBoard"]
     assert len(buttons) == 1
 
-    data = runview.tensorboard_zip(ui.run_manager().get(RUN_ID))  # what the button serves when clicked
+    data = runview.tensorboard_zip(server.run_manager().get(RUN_ID))  # what the button serves when clicked
     with zipfile.ZipFile(io.BytesIO(data)) as archive:
         archive.extractall(tmp_path)
     accumulator = EventAccumulator(str(tmp_path / RUN_ID))

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from gradacc import events as ev
-from gradacc.app import charts, widgets as ui
+from gradacc.app import charts, pacing
 from gradacc.serving.run_state import RunState
 
 
@@ -76,10 +76,10 @@ def test_events_by_kind_stay_right_as_the_run_grows():
                                                   (20, 8.0), (200, 8.0)])
 def test_a_small_room_keeps_the_full_pace_a_larger_one_shares_a_budget_and_the_owner_keeps_the_full_pace(
         watchers, seconds):
-    assert ui.room_poll_seconds(watchers) == seconds
-    assert (watchers <= ui.FULL_PACE_PAGES or watchers / seconds <= ui.ROOM_POLLS_PER_SECOND
-            or seconds == ui.MAX_CHART_POLL_SECONDS)
-    assert ui.room_poll_seconds(watchers, owner=True) == ui.CHART_POLL_SECONDS
+    assert pacing.room_poll_seconds(watchers) == seconds
+    assert (watchers <= pacing.FULL_PACE_PAGES or watchers / seconds <= pacing.ROOM_POLLS_PER_SECOND
+            or seconds == pacing.MAX_CHART_POLL_SECONDS)
+    assert pacing.room_poll_seconds(watchers, owner=True) == pacing.CHART_POLL_SECONDS
 
 
 def test_a_long_line_is_thinned_to_its_lows_and_highs_and_keeps_its_ends_and_spikes():
@@ -117,4 +117,4 @@ def test_sessions_gone_longer_than_the_window_are_forgotten(monkeypatch):
 @pytest.mark.parametrize(("page", "room", "rerun"), [(1, 1, False), (1, 2, True), (2, 2, False), (2, 3, True),
                                                      (4, 5, False), (4, 3, False), (4, 1, False), (3, 1, False)])
 def test_a_page_reruns_for_a_slower_pace_once_the_room_wants_one_well_beyond_its_own(page, room, rerun):
-    assert ui.needs_new_pace(page, room) is rerun
+    assert pacing.needs_new_pace(page, room) is rerun

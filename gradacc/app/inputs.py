@@ -1,154 +1,30 @@
-"""Streamlit helpers the pages share: the server's run manager, the visitor's id, inputs, field errors.
-
-Importing this must stay cheap (no torch, no transformers): every page imports it before painting.
-"""
+"""The form inputs pages share: labelled number fields with their error slots, backend and accumulation, the
+training settings, memory and levers, model, task and dataset pickers (uploads included)."""
 
 from __future__ import annotations
 
 import math
-import sys
-import uuid
 
 import streamlit as st
 
 from gradacc.app import form
-from gradacc.serving import uploads, warmup
 from gradacc.config import (BACKENDS, BUILTIN_DATASETS, BUILTIN_MODELS, LOSS_NORMALIZATIONS, OPTIMIZERS, PRECISIONS,
                             RunConfig, field_label)
-from gradacc.training.sources.data import FILE_SUFFIXES, TEXT_COLUMNS
 from gradacc.errors import GradaccError
+from gradacc.serving import uploads
 from gradacc.serving.limits import Limits
-from gradacc.serving.manager import RunManager
-from gradacc.serving.store import RunStore
-from gradacc.units import format_bytes  # noqa: F401 - the pages' name for it
+from gradacc.training.sources.data import FILE_SUFFIXES, TEXT_COLUMNS
 
-# How often a live page polls its run; only while that run is queued or running. Charts are redrawn
-# less often: building plotly figures is pure Python and competes with training for the GIL.
-POLL_SECONDS = 0.5
-CHART_POLL_SECONDS = 1.0
-WARM_UP_POLL_SECONDS = 1.0
-# A room of watchers (a link shared in a talk): every page redraws its run each poll, and on a small server that
-# work competes with the training it shows. Up to FULL_PACE_PAGES pages poll every second; a larger room shares a
-# budget of ROOM_POLLS_PER_SECOND: three pages poll every 3 s, five every 4 s, ten or more every 8 s
-# (MAX_CHART_POLL_SECONDS at most). The run's owner, whose page is the one on the projector, keeps polling every
-# second. A page says when it refreshes more slowly. Measured with five pages (BENCHMARKS.md, watchers): at 2.5
-# polls a second the server's other threads took 0.031-0.035 of its core from training, at 1.25 0.020-0.022.
-FULL_PACE_PAGES = 2
-ROOM_POLLS_PER_SECOND = 1.25
-MAX_CHART_POLL_SECONDS = 8.0
-SWITCH_INTERVAL_S = 0.001
+
 # Keys of the form widgets; they are created with persist_state="session", so a visitor's settings
 # survive a trip to another page.
 FORM = "form."
-
 BACKEND_NAMES = {"pytorch": "PyTorch loop", "accelerate": "🤗 Accelerate", "trainer": "🤗 Trainer"}
 NORMALIZATION_NAMES = {"exact": "exact (weight by items in the window)", "naive": "naive (each mean ÷ k)"}
 OTHER_MODEL = "other: hub id or local folder"
 UPLOAD_DATASET = "upload a CSV / JSONL file"
 OTHER_DATASET = "other: hub id or local path"
 
-
-# ---- one per server -------------------------------------------------------------------------------
-
-@st.cache_resource(show_spinner=False)
-def _create_manager() -> RunManager:
-    warmup.torch_threads()  # a bad GRADACC_TORCH_THREADS stops the page with one sentence, like the limits
-    # The training thread gives the GIL up inside every torch op and must win it back after: while pages are
-    # drawn in other threads, each op can wait out a whole switch interval (5 ms by default). 1 ms keeps a
-    # room of watchers from stalling the run they watch.
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
-    # plotly looks numpy and pandas up in sys.modules without importing them; while the warm-up thread is
-    # half-way through importing pandas, a chart drawn here would find a partial module and fail. Import both
-    # fully first (well under a second), then warm up the rest.
-    import numpy  # noqa: F401
-    import pandas  # noqa: F401
-
-    # Slots and the time limit come from the deployment's Limits (a bad value: GradaccError, shown below).
-    # recover=True marks runs a previous server left queued/running as interrupted (once per server).
-    manager = RunManager(RunStore(), recover=True)
-    warmup.start()  # torch and transformers import in the background while the page paints
-    return manager
-
-
-def run_manager() -> RunManager:
-    """The server's RunManager; a broken deployment setting stops the page with one sentence."""
-    try:
-        return _create_manager()
-    except GradaccError as error:
-        st.error(f"This server is misconfigured: {error.message}")
-        st.stop()
-    except OSError as error:
-        st.error(f"Cannot open the run store ({error.strerror or error}); check GRADACC_HOME.")
-        st.stop()
-
-
-@st.cache_resource(show_spinner=False)
-def check_runner():
-    """The server's queue of equivalence checks (one worker thread, shared by every visitor)."""
-    from gradacc.serving.checks import CheckRunner
-
-    return CheckRunner()
-
-
-def limits() -> Limits:
-    try:
-        return Limits.from_env()
-    except GradaccError as error:
-        st.error(f"This server is misconfigured: {error.message}")
-        st.stop()
-
-
-def chart_poll_seconds(*runs) -> float:
-    """Seconds between this page's redraws of these live runs (see ROOM_POLLS_PER_SECOND)."""
-    runs = [run for run in runs if run is not None]
-    watchers = max((run.watchers() for run in runs), default=0)
-    return room_poll_seconds(watchers, owner=bool(runs) and any(run.owner == owner_id() for run in runs))
-
-
-def room_poll_seconds(watchers: int, owner: bool = False) -> float:
-    """A page's poll period in a room of ``watchers`` pages: every CHART_POLL_SECONDS up to FULL_PACE_PAGES, beyond
-    that the room shares ROOM_POLLS_PER_SECOND, in whole seconds; the run's ``owner`` polls every
-    CHART_POLL_SECONDS whatever the room."""
-    if owner or watchers <= FULL_PACE_PAGES:
-        return CHART_POLL_SECONDS
-    return float(min(MAX_CHART_POLL_SECONDS, max(CHART_POLL_SECONDS, math.ceil(watchers / ROOM_POLLS_PER_SECOND))))
-
-
-def watch(run, poll_seconds: float | None):
-    """A snapshot of ``run`` for this session's poll: every page watching draws the same one (taken at most once
-    per poll period of this page, a little under it so an early poll still sees new steps; the owner's faster
-    polls renew it for everyone), so a room of watchers costs one figure build per period, not one per page.
-    Counts this session as a watcher."""
-    return run.snapshot(reuse_for=0.9 * (poll_seconds or 0.0), viewer=owner_id())
-
-
-def keep_pace(poll_seconds: float | None, *runs) -> None:
-    """Called by a live view at each poll: once the room has grown to want a period 1.5× this page's, rerun the
-    whole page so it polls at that pace; then say the page's pace.
-
-    A fragment's period is fixed when the page runs whole, so a page opened into an empty room would go on
-    polling every second while twenty others join it (measured: the server's other threads then took 15 % of
-    its core from training; 9-10 % with this). Only slower, never faster: when twenty browsers share one core,
-    their polls come late and the room seems to empty and fill again, so pages that also sped up could rerun
-    back and forth. A page that slowed down keeps its pace until it runs whole again (its run ends, a click)."""
-    if poll_seconds and needs_new_pace(poll_seconds, chart_poll_seconds(*runs)):
-        st.rerun()
-    if poll_seconds and poll_seconds > CHART_POLL_SECONDS:
-        st.caption(f"👥 Many pages are watching: this one refreshes every {poll_seconds:.0f} s.")
-
-
-def needs_new_pace(page_seconds: float, room_seconds: float) -> bool:
-    return room_seconds >= 1.5 * page_seconds
-
-
-def owner_id() -> str:
-    """This browser session's id: runs it starts are its own to stop."""
-    if "owner" not in st.session_state:
-        st.session_state["owner"] = uuid.uuid4().hex
-    return st.session_state["owner"]
-
-
-# ---- form helpers ---------------------------------------------------------------------------------
 
 def defaults(values: dict) -> None:
     """Initial widget values, set through session state so widgets need no ``value=`` (no double source)."""
@@ -172,8 +48,6 @@ class FieldErrors:
         for field, message in errors.items():
             self._slots.get(field, elsewhere).error(message)
 
-
-# ---- inputs shared by pages -----------------------------------------------------------------------
 
 def number_field(prefix: str, field: str, errors: FieldErrors, *, whole: bool = True, **options):
     """A number input labelled as ``config.FIELD_LABELS`` says, with its error slot right under it.
@@ -427,92 +301,3 @@ def train_examples(config: RunConfig) -> tuple[int | None, dict[str, str]]:
         return _count_train_examples(tuple((k, getattr(config, k)) for k in wanted)), {}
     except GradaccError as error:
         return None, {error.field or form.GENERAL: error.message}
-
-
-@st.cache_resource(show_spinner=False)
-def figure_cache():
-    """The server's figures, shared by every session (gradacc.app.charts.FigureCache)."""
-    from gradacc.app.charts import FigureCache  # plotly: imported when a chart is first drawn, not per page
-
-    return FigureCache()
-
-
-def shared_figures(key, build) -> tuple:
-    """``build()``'s figures for ``key`` (page, run ids, event counts, view), built once for all sessions."""
-    return figure_cache().get(key, build)
-
-
-# ---- the Train form's settings, shared by pages -----------------------------------------------------------
-# The Train page keeps its settings in session state as one RunConfig; the planner writes its advice into it
-# and the Code page reads it. No page reads or writes another page's widget keys.
-
-TRAIN_CONFIG = "train_config"
-TRAIN_FORM = f"{FORM}train."  # the Train form's widget keys: only the Train page and this section use them
-_TRAIN_CONFIG_SHOWN = "train_config.shown"  # the config the Train form's widgets showed when it last drew
-# The Train form's widgets, by RunConfig field (the model and the data have pickers of their own).
-TRAIN_FORM_FIELDS = ("backend", "micro_batch_size", "grad_accum_steps", "epochs", "learning_rate", "seed",
-                     "loss_normalization", "dropout", "train_samples", "eval_samples", "max_seq_length",
-                     "num_processes", "memory_budget_mb", "gradient_checkpointing", "precision", "optimizer")
-
-
-def train_config() -> RunConfig:
-    """The Train form's settings (the defaults, recipe filled in, until the visitor has been on the Train page)."""
-    return st.session_state.get(TRAIN_CONFIG) or RunConfig().resolved()
-
-
-def suggest_train_settings(**changes) -> None:
-    """Another page's advice for the Train form (the planner's m and k); the form shows it when it next draws."""
-    st.session_state[TRAIN_CONFIG] = train_config().replace(**changes)
-
-
-def prepare_train_form(limits: Limits) -> None:
-    """Before the Train form draws: its first values (the defaults within this deployment's limits), and any
-    setting another page has changed in the shared config since the form last drew."""
-
-    def within(value: int, limit: int | None) -> int:
-        return min(value, limit) if limit else value
-
-    base = RunConfig().resolved()  # the default model (tiny-bert) and its recipe
-    first = {field: getattr(base, field) for field in TRAIN_FORM_FIELDS}
-    first |= {"epochs": within(base.epochs, limits.max_epochs),
-              "train_samples": within(base.train_samples, limits.max_train_samples),
-              "eval_samples": within(base.eval_samples, limits.max_train_samples)}
-    defaults({TRAIN_FORM + field: value for field, value in first.items()})
-    shared, shown = st.session_state.get(TRAIN_CONFIG), st.session_state.get(_TRAIN_CONFIG_SHOWN)
-    if shared is None or shared is shown:
-        return
-    shown = shown or base
-    for field in TRAIN_FORM_FIELDS:
-        if getattr(shared, field) != getattr(shown, field):
-            st.session_state[TRAIN_FORM + field] = getattr(shared, field)
-    if shared.model != shown.model:
-        st.session_state.update(_model_widget_values("train", shared.model))
-
-
-def keep_train_config(config: RunConfig) -> None:
-    """After the Train form drew: its settings, for the other pages."""
-    st.session_state[TRAIN_CONFIG] = st.session_state[_TRAIN_CONFIG_SHOWN] = config
-
-
-# ---- status lines ---------------------------------------------------------------------------------
-
-def warm_up_status() -> None:
-    """'warming up the training libraries…' until torch and transformers are imported, then 'ready'
-    (or, if an import failed, that runs will fail until the server restarts)."""
-    state_at_start = warmup.state()
-
-    @st.fragment(run_every=WARM_UP_POLL_SECONDS if state_at_start in ("cold", "warming") else None)
-    def status_line():
-        state = warmup.state()
-        if state in ("cold", "warming"):
-            st.caption("⏳ Warming up the training libraries (torch, transformers)…")
-            return
-        if state_at_start in ("cold", "warming"):
-            st.rerun()  # once: the next script run draws this fragment without polling
-        if state == "warm":
-            st.caption("✅ Training libraries ready.")
-        else:
-            st.error(f"The training libraries failed to import ({warmup.failure()}); runs will fail until "
-                     "the server is restarted.")
-
-    status_line()

@@ -6,7 +6,7 @@ import pytest
 
 from gradacc import cli
 from gradacc import events as ev
-from gradacc.analysis import compare
+from gradacc.analysis import headline, run_names
 from gradacc.config import RunConfig
 
 
@@ -33,7 +33,7 @@ def test_identical_curves_say_so_with_the_costs():
     big = run_events(m=32, k=1, activation=4_200_000, seconds_per_step=1.0, dropout=0.0)
     small = run_events(m=8, k=4, losses=(0.7, 0.5, 0.30000003), activation=1_000_000, seconds_per_step=1.6,
                        dropout=0.0)
-    figures = compare.headline(big, small)
+    figures = headline.headline(big, small)
     assert figures["headline"] == ("Loss curves identical (max difference 1e-07) · activations 4.2× smaller · "
                                    "1.6× slower per step · F1 0.900 both")
     assert figures["loss_points_compared"] == 3
@@ -46,7 +46,7 @@ def test_identical_curves_say_so_with_the_costs():
 def test_different_curves_name_what_differs():
     exact = run_events(losses=(0.7, 0.5, 0.4))
     naive = run_events(losses=(0.7, 0.5, 0.1), loss_normalization="naive", f1=0.8)
-    figures = compare.headline(exact, naive)
+    figures = headline.headline(exact, naive)
     assert figures["loss_max_rel_diff"] == pytest.approx(0.75)
     assert figures["headline"].startswith("Loss curves differ by up to 75% at the same samples seen "
                                           "(normalisation exact vs naive differ)")
@@ -56,7 +56,7 @@ def test_different_curves_name_what_differs():
 def test_different_effective_batches_are_not_called_identical():
     small = run_events(m=8, k=4, losses=(0.7, 0.5, 0.3, 0.2))
     large = run_events(m=8, k=8, losses=(0.5, 0.2))  # the same losses at 64 and 128 samples seen
-    figures = compare.headline(small, large)
+    figures = headline.headline(small, large)
     assert figures["loss_points_compared"] == 2 and figures["loss_max_rel_diff"] == 0
     assert not figures["same_effective_batch"]
     assert figures["loss_claim"] == ("Different effective batches (32 vs 64): loss differs by up to 0 at the "
@@ -65,7 +65,7 @@ def test_different_effective_batches_are_not_called_identical():
 
 
 def test_different_data_is_said_before_any_equality():
-    figures = compare.headline(run_events(), run_events(seed=7))
+    figures = headline.headline(run_events(), run_events(seed=7))
     assert figures["loss_claim"].startswith("Different data (seed 42 vs 7)")
     assert not figures["same_data"]
 
@@ -73,7 +73,7 @@ def test_different_data_is_said_before_any_equality():
 def test_without_f1_the_shared_eval_metrics_are_reported():
     lm = {"eval_loss": 2.0, "eval_perplexity": 7.389, "eval_next_token_accuracy": 0.41}
     other = {"eval_loss": 2.0, "eval_perplexity": 7.389, "eval_next_token_accuracy": 0.43}
-    figures = compare.headline(run_events(eval_metrics=lm), run_events(eval_metrics=other))
+    figures = headline.headline(run_events(eval_metrics=lm), run_events(eval_metrics=other))
     assert set(figures["eval"]) == {"eval_loss", "eval_perplexity", "eval_next_token_accuracy"}
     assert "perplexity 7.389 both" in figures["headline"]
     assert "next token accuracy 0.410 vs 0.430" in figures["headline"]
@@ -104,7 +104,7 @@ def test_runs_are_named_by_what_differs():
     configs = {"a": RunConfig(dropout=0.0, learning_rate=5e-3).validate().to_dict(),
                "b": RunConfig(dropout=0.1, learning_rate=1e-4).validate().to_dict(),
                "c": RunConfig(dropout=0.1, learning_rate=1e-4).validate().to_dict()}
-    assert compare.differing_labels(configs) == {"a": "m=8, k=4, lr 0.005, dropout 0",
+    assert run_names.differing_labels(configs) == {"a": "m=8, k=4, lr 0.005, dropout 0",
                                                  "b": "m=8, k=4, lr 0.0001, dropout 0.1 #1",
                                                  "c": "m=8, k=4, lr 0.0001, dropout 0.1 #2"}
 
@@ -112,5 +112,5 @@ def test_runs_are_named_by_what_differs():
 def test_a_run_without_a_memory_budget_is_named_so():
     configs = {"wall": RunConfig(micro_batch_size=64, grad_accum_steps=1, memory_budget_mb=450).validate().to_dict(),
                "free": RunConfig(micro_batch_size=64, grad_accum_steps=1).validate().to_dict()}
-    assert compare.differing_labels(configs) == {"wall": "m=64, k=1, budget 450 MB",
+    assert run_names.differing_labels(configs) == {"wall": "m=64, k=1, budget 450 MB",
                                                  "free": "m=64, k=1, no memory budget"}

@@ -1,0 +1,61 @@
+"""The Train form's settings, shared by pages.
+
+The Train page keeps its settings in session state as one RunConfig; the planner writes its advice into it and
+the Code page reads it. No page reads or writes another page's widget keys.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from gradacc.app.inputs import FORM, _model_widget_values, defaults
+from gradacc.config import RunConfig
+from gradacc.serving.limits import Limits
+
+
+TRAIN_CONFIG = "train_config"
+TRAIN_FORM = f"{FORM}train."  # the Train form's widget keys: only the Train page and this section use them
+_TRAIN_CONFIG_SHOWN = "train_config.shown"  # the config the Train form's widgets showed when it last drew
+# The Train form's widgets, by RunConfig field (the model and the data have pickers of their own).
+TRAIN_FORM_FIELDS = ("backend", "micro_batch_size", "grad_accum_steps", "epochs", "learning_rate", "seed",
+                     "loss_normalization", "dropout", "train_samples", "eval_samples", "max_seq_length",
+                     "num_processes", "memory_budget_mb", "gradient_checkpointing", "precision", "optimizer")
+
+
+def train_config() -> RunConfig:
+    """The Train form's settings (the defaults, recipe filled in, until the visitor has been on the Train page)."""
+    return st.session_state.get(TRAIN_CONFIG) or RunConfig().resolved()
+
+
+def suggest_train_settings(**changes) -> None:
+    """Another page's advice for the Train form (the planner's m and k); the form shows it when it next draws."""
+    st.session_state[TRAIN_CONFIG] = train_config().replace(**changes)
+
+
+def prepare_train_form(limits: Limits) -> None:
+    """Before the Train form draws: its first values (the defaults within this deployment's limits), and any
+    setting another page has changed in the shared config since the form last drew."""
+
+    def within(value: int, limit: int | None) -> int:
+        return min(value, limit) if limit else value
+
+    base = RunConfig().resolved()  # the default model (tiny-bert) and its recipe
+    first = {field: getattr(base, field) for field in TRAIN_FORM_FIELDS}
+    first |= {"epochs": within(base.epochs, limits.max_epochs),
+              "train_samples": within(base.train_samples, limits.max_train_samples),
+              "eval_samples": within(base.eval_samples, limits.max_train_samples)}
+    defaults({TRAIN_FORM + field: value for field, value in first.items()})
+    shared, shown = st.session_state.get(TRAIN_CONFIG), st.session_state.get(_TRAIN_CONFIG_SHOWN)
+    if shared is None or shared is shown:
+        return
+    shown = shown or base
+    for field in TRAIN_FORM_FIELDS:
+        if getattr(shared, field) != getattr(shown, field):
+            st.session_state[TRAIN_FORM + field] = getattr(shared, field)
+    if shared.model != shown.model:
+        st.session_state.update(_model_widget_values("train", shared.model))
+
+
+def keep_train_config(config: RunConfig) -> None:
+    """After the Train form drew: its settings, for the other pages."""
+    st.session_state[TRAIN_CONFIG] = st.session_state[_TRAIN_CONFIG_SHOWN] = config

@@ -294,13 +294,13 @@ class RunConfig:
         if not self.pitfalls:
             return
         if self.backend != "pytorch":
-            raise GradaccError(f"{label} are wrong lines in the plain PyTorch loop only (Backend pytorch); this run's "
-                               f"Backend is {self.backend}.", "pitfalls")
+            raise GradaccError(f"{label}: only the plain PyTorch loop has them (backend pytorch); this run's backend "
+                               f"is {self.backend}.", "pitfalls")
         if self.num_processes > 1:
-            raise GradaccError(f"{label} run on one process only (their effects are measured on one rank's "
+            raise GradaccError(f"{label}: one process only (their effects are measured on one process's "
                                f"gradients); this run has {self.num_processes}.", "pitfalls")
         if self.precision == "fp16":
-            raise GradaccError(f"{label} need precision fp32 or bf16 (their effects are measured on unscaled "
+            raise GradaccError(f"{label}: precision fp32 or bf16 only (their effects are measured on unscaled "
                                "gradients); this run uses fp16.", "pitfalls")
 
     def _validate_memory_levers(self) -> None:

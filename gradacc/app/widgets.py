@@ -13,7 +13,8 @@ import streamlit as st
 
 from gradacc.app import form
 from gradacc.serving import uploads, warmup
-from gradacc.config import (BACKENDS, BUILTIN_DATASETS, BUILTIN_MODELS, LOSS_NORMALIZATIONS, OPTIMIZERS, PRECISIONS,
+from gradacc.config import (BACKENDS, BUILTIN_DATASETS, BUILTIN_MODELS, LOSS_NORMALIZATIONS, OPTIMIZERS, PITFALLS,
+                            PRECISIONS,
                             RunConfig, field_label)
 from gradacc.training.sources.data import FILE_SUFFIXES, TEXT_COLUMNS
 from gradacc.errors import GradaccError
@@ -271,6 +272,12 @@ def memory_inputs(prefix: str, errors: FieldErrors) -> dict:
             "optimizer": optimizer}
 
 
+def pitfall_input(prefix: str, label: str, help: str) -> list[str]:
+    """The plain loop's deliberate wrong lines to run (or show), each named with its upstream report."""
+    return st.multiselect(label, list(PITFALLS), key=prefix + "pitfalls", persist_state="session",
+                          format_func=lambda name: f"{name} ({PITFALLS[name]})", help=help)
+
+
 def offered_optimizers() -> list[str]:
     """adamw-8bit only where bitsandbytes is installed (the run refuses it again without a GPU)."""
     import importlib.util
@@ -452,7 +459,7 @@ _TRAIN_CONFIG_SHOWN = "train_config.shown"  # the config the Train form's widget
 # The Train form's widgets, by RunConfig field (the model and the data have pickers of their own).
 TRAIN_FORM_FIELDS = ("backend", "micro_batch_size", "grad_accum_steps", "epochs", "learning_rate", "seed",
                      "loss_normalization", "dropout", "train_samples", "eval_samples", "max_seq_length",
-                     "num_processes", "memory_budget_mb", "gradient_checkpointing", "precision", "optimizer")
+                     "num_processes", "memory_budget_mb", "gradient_checkpointing", "precision", "optimizer", "pitfalls")
 
 
 def train_config() -> RunConfig:

@@ -73,7 +73,7 @@ def train(job) -> None:
                 # Accumulation, 2 of 3: backward() every micro-batch; the gradients add up in each .grad.
                 precision.scale(loss).backward()
             if job.pitfall("clip-per-micro-batch"): clip_gradients(model, config.max_grad_norm)  # WRONG: k clips
-            if job.pitfall("scheduler-per-micro-batch") and not last_of_window:  # WRONG: the schedule moves k× a step
+            if job.pitfall("scheduler-per-micro-batch") and not last_of_window:  # WRONG: k schedule steps per step
                 lr_scheduler.step()
             logged_loss = loss.item()  # the scaled losses of a window add up to its mean loss
             if job.pitfall("log-undivided-loss"): logged_loss = outputs.loss.item()  # WRONG: not ÷ k

@@ -288,7 +288,7 @@ class RunConfig:
         if isinstance(self.pitfalls, str) or not isinstance(self.pitfalls, (list, tuple)):
             raise GradaccError(f"{label} must be a list of names; got {_shown(self.pitfalls)}.", "pitfalls")
         for name in self.pitfalls:
-            if name not in PITFALLS:
+            if not isinstance(name, str) or name not in PITFALLS:
                 raise GradaccError(f"{label} must be among {', '.join(PITFALLS)}; got {_shown(name)}.", "pitfalls")
         self.pitfalls = list(dict.fromkeys(self.pitfalls))
         if not self.pitfalls:

@@ -250,6 +250,8 @@ def highlighted_html(source: str, roles: list[str], right_rows=()) -> str:
         mark = "✗" if role == WRONG else numbers.get(role)
         badge = f'<span class="ga-badge">{mark}</span>' if mark else '<span class="ga-gap"></span>'
         right = " ga-right" if row in right_rows else ""
+        if right and role == "instrumentation":
+            role = ""  # the right line a wrong one gets wrong is read, not dimmed (logged_loss = loss.item())
         tag = '<span class="ga-tag">✓ the right line</span>' if right else ""
         rows.append(f'<div class="ga-line ga-{role or "plain"}{right}">{badge}<span class="ga-code">{code}</span>'
                     f'{tag}</div>')

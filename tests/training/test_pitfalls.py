@@ -153,3 +153,17 @@ def test_several_pitfalls_on_the_command_line_each_say_what_they_broke(capsys):
     assert len(said) == 2
     assert "log-undivided-loss (transformers #35204): the logged loss was 4.00×" in said[0]
     assert "drop-last-window (Lightning #19987): 8 examples never trained" in said[1]
+
+
+def test_a_pitfall_run_announces_itself_and_names_the_pitfall_as_the_likely_cause():
+    from gradacc.analysis.health import run_warnings
+    from gradacc.training.engine import train
+
+    recorder = ev.Recorder()
+    train(RunConfig(**{**SIZE, "train_samples": 16}, pitfalls=["zero-grad-per-micro-batch"]), recorder)
+    started = recorder.of(ev.RUN_STARTED)[0]
+    assert any(note.startswith("Broken on purpose: zero-grad-per-micro-batch") for note in started["notes"])
+    # Whatever else went badly, the deliberate wrong line is named as its likely cause.
+    events_with_a_bad_f1 = recorder.events + [{"event": ev.EVAL, "eval_f1": 0.0, "majority_f1": 0.5}]
+    warnings_ = run_warnings(events_with_a_bad_f1, started["config"])
+    assert warnings_[-1] == "Likely cause: the wrong line run on purpose (zero-grad-per-micro-batch)."

@@ -168,9 +168,11 @@ def likely_cause(config: RunConfig) -> str | None:
     """The setting most likely to blame, said with the value the model's recipe uses."""
     recipe = config.recipe
     lr = config.learning_rate
-    if config.pitfalls:
-        lines = "lines" if len(config.pitfalls) > 1 else "line"
-        return f"Likely cause: the wrong {lines} run on purpose ({', '.join(config.pitfalls)})."
+    # log-undivided-loss changes only what is logged, never the training: it causes no bad result.
+    training = [name for name in config.pitfalls if name != "log-undivided-loss"]
+    if training:
+        lines = "lines" if len(training) > 1 else "line"
+        return f"Likely cause: the wrong {lines} run on purpose ({', '.join(training)})."
     if lr is not None and lr >= HIGH_LR_FACTOR * recipe.learning_rate:
         kind = "a pretrained model" if is_pretrained(config.model) else config.model
         return f"Likely cause: learning rate {lr:g} is high for {kind}; its recipe uses {recipe.learning_rate:g}."

@@ -167,3 +167,6 @@ def test_a_pitfall_run_announces_itself_and_names_the_pitfall_as_the_likely_caus
     events_with_a_bad_f1 = recorder.events + [{"event": ev.EVAL, "eval_f1": 0.0, "majority_f1": 0.5}]
     warnings_ = run_warnings(events_with_a_bad_f1, started["config"])
     assert warnings_[-1] == "Likely cause: the wrong line run on purpose (zero-grad-per-micro-batch)."
+    # A pitfall that only changes the log is never blamed for the training.
+    config = {**started["config"], "pitfalls": ["log-undivided-loss"]}
+    assert not any(w.startswith("Likely cause") for w in run_warnings(events_with_a_bad_f1, config))

@@ -174,7 +174,7 @@ def test_levers(tmp_path, capsys):
     assert set(result["goals"]) == {"tiny-bert accumulation activations", "tiny-bert checkpointing activations"}
 
 
-@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\(\)`:UserWarning")
+@pytest.mark.filterwarnings(r"ignore:Detected call of `lr_scheduler.step\(\)`:UserWarning")
 def test_pitfalls(tmp_path, capsys):
     from gradacc.config import PITFALLS
 

@@ -4,7 +4,7 @@ import streamlit as st
 
 from gradacc.app import codeview, widgets as ui
 from gradacc.training.backends import DESCRIPTIONS, MODULES
-from gradacc.config import LOSS_NORMALIZATIONS, PITFALLS, RunConfig
+from gradacc.config import LOSS_NORMALIZATIONS, RunConfig
 from gradacc.errors import GradaccError
 
 K = f"{ui.FORM}code."
@@ -53,14 +53,9 @@ roles = codeview.line_roles(code)
 st.markdown("What accumulation adds to a training loop, highlighted: "
             + " · ".join(f"**{number}** {codeview.ROLE_TITLES[role]}" for number, role in codeview.ROLES.items())
             + ". Measuring and reporting (gradacc's instrumentation) is dimmed.")
-wrong = codeview.pitfall_statements(code)
-right_rows = {codeview.right_line(code, name) for name in wrong}
-lines = code.splitlines()
-for name in wrong:
-    right = codeview.right_line(code, name)
-    st.markdown(f":red[**✗ {name}**] ({PITFALLS[name]}): the red line is the mistake"
-                + (f"; the right line, outlined in green: `{lines[right].split('#')[0].strip()}`"
-                   if right is not None else "") + ".")
+notes, right_rows = codeview.pitfall_notes(code)
+for note in notes:
+    st.markdown(note)
 st.html(codeview.highlighted_html(code, roles, right_rows))
 with st.expander("The same code as plain text, to copy"):
     st.code(code, language="python")

@@ -137,6 +137,18 @@ def without_pitfalls(source: str, keep=()) -> str:
     return "\n".join(line for row, line in enumerate(source.splitlines()) if row not in dropped)
 
 
+def pitfall_notes(source: str) -> tuple[list[str], set[int]]:
+    """For each wrong line in ``source``: one Markdown sentence naming its pitfall, its upstream report and the
+    right line it stands beside; and the rows of those right lines (to outline them)."""
+    lines, notes, rows = source.splitlines(), [], set()
+    for name in pitfall_statements(source):
+        row = right_line(source, name)
+        right = f"; the right line, outlined in green: `{lines[row].split('#')[0].strip()}`" if row is not None else ""
+        notes.append(f":red[**✗ {name}**] ({PITFALLS[name]}): the red line is the mistake{right}.")
+        rows |= {row} if row is not None else set()
+    return notes, rows
+
+
 def right_line(source: str, name: str) -> int | None:
     """The row (0-based) of the right line that pitfall ``name``'s wrong line stands beside, or None."""
     wrong = {row for first, last in pitfall_statements(source).values() for row in range(first, last + 1)}

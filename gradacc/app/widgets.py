@@ -14,8 +14,7 @@ import streamlit as st
 from gradacc.app import form
 from gradacc.serving import uploads, warmup
 from gradacc.config import (BACKENDS, BUILTIN_DATASETS, BUILTIN_MODELS, LOSS_NORMALIZATIONS, OPTIMIZERS, PITFALLS,
-                            PRECISIONS,
-                            RunConfig, field_label)
+                            PRECISIONS, RunConfig, field_label)
 from gradacc.training.sources.data import FILE_SUFFIXES, TEXT_COLUMNS
 from gradacc.errors import GradaccError
 from gradacc.serving.limits import Limits

@@ -19,7 +19,8 @@ import sys
 import threading
 
 from gradacc import events, paths
-from gradacc.config import BACKENDS, LOSS_NORMALIZATIONS, OPTIMIZERS, PRECISIONS, TASKS, RunConfig, in_cli_words
+from gradacc.config import (BACKENDS, LOSS_NORMALIZATIONS, OPTIMIZERS, PITFALLS, PRECISIONS, TASKS, RunConfig,
+                            in_cli_words)
 from gradacc.errors import GradaccError
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
@@ -67,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--dropout", type=_value, default=None, help=recipe)
     train.add_argument("--trainer-library-default", action="store_true",
                        help="Trainer backend: keep Trainer's own loss scaling (k× too large on BERT in transformers 5)")
+    train.add_argument("--pitfall", action="append", default=None, dest="pitfalls", metavar="NAME",
+                       help="PyTorch loop only, repeatable: run one deliberately wrong line and say what it broke: "
+                            + ", ".join(PITFALLS))
     train.add_argument("--memory-budget-mb", type=_value, default=None,
                        help="fail like out-of-memory when the run needs more than this (measured before step 1 and "
                             "on every measured micro-batch; a real allocator cap on CUDA)")

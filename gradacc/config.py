@@ -20,6 +20,15 @@ BUILTIN_MODEL_TASKS = {"tiny-bert": CLASSIFICATION, "all-MiniLM-L6-v2": CLASSIFI
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "adamw-fused", "sgd", "adafactor", "adamw-8bit")
 MAX_MEMORY_BUDGET_MB = 10_000_000.0
+# Mistakes the plain PyTorch loop makes on purpose when a run asks for them (one wrong line each, beside the
+# right one in gradacc/training/backends/pytorch_loop.py), with the upstream report of each.
+PITFALLS = {
+    "scheduler-per-micro-batch": "accelerate #963",
+    "clip-per-micro-batch": "accelerate #641",
+    "zero-grad-per-micro-batch": "zero_grad inside the window",
+    "log-undivided-loss": "transformers #35204",
+    "drop-last-window": "Lightning #19987",
+}
 
 
 @dataclass(frozen=True)
@@ -94,6 +103,7 @@ FIELD_LABELS = {
     "precision": "Precision",
     "optimizer": "Optimizer",
     "trainer_library_default": "Trainer library default",
+    "pitfalls": "Pitfalls",
     # Where a run is logged besides gradacc's own store (engine and CLI options, not RunConfig fields).
     "report_to": "Report to",
     "log_dir": "Log dir",
@@ -133,6 +143,7 @@ CLI_FLAGS = {
     "precision": "--precision",
     "optimizer": "--optimizer",
     "trainer_library_default": "--trainer-library-default",
+    "pitfalls": "--pitfall",
     "report_to": "--report-to",
     "log_dir": "--log-dir",
     "run_id": None,  # the CLI makes its own
@@ -201,6 +212,8 @@ class RunConfig:
     # Trainer only: leave Trainer's own loss scaling as the library does it (k× too large on BERT in
     # transformers 5) instead of gradacc's compute_loss_func; shows the pitfall.
     trainer_library_default: bool = False
+    # Plain PyTorch loop only: the PITFALLS names whose wrong line this run executes on purpose (none: the right loop).
+    pitfalls: list[str] = field(default_factory=list)
 
     @property
     def effective_batch(self) -> int:
@@ -267,7 +280,28 @@ class RunConfig:
             raise GradaccError(f"{field_label('trainer_library_default')} must be true or false; "
                                f"got {self.trainer_library_default!r}.", "trainer_library_default")
         self._validate_memory_levers()
+        self._validate_pitfalls()
         return self
+
+    def _validate_pitfalls(self) -> None:
+        label = field_label("pitfalls")
+        if isinstance(self.pitfalls, str) or not isinstance(self.pitfalls, (list, tuple)):
+            raise GradaccError(f"{label} must be a list of names; got {_shown(self.pitfalls)}.", "pitfalls")
+        for name in self.pitfalls:
+            if not isinstance(name, str) or name not in PITFALLS:
+                raise GradaccError(f"{label} must be among {', '.join(PITFALLS)}; got {_shown(name)}.", "pitfalls")
+        self.pitfalls = list(dict.fromkeys(self.pitfalls))
+        if not self.pitfalls:
+            return
+        if self.backend != "pytorch":
+            raise GradaccError(f"{label}: only the plain PyTorch loop has them (backend pytorch); this run's backend "
+                               f"is {self.backend}.", "pitfalls")
+        if self.num_processes > 1:
+            raise GradaccError(f"{label}: one process only (their effects are measured on one process's "
+                               f"gradients); this run has {self.num_processes}.", "pitfalls")
+        if self.precision == "fp16":
+            raise GradaccError(f"{label}: precision fp32 or bf16 only (their effects are measured on unscaled "
+                               "gradients); this run uses fp16.", "pitfalls")
 
     def _validate_memory_levers(self) -> None:
         if self.memory_budget_mb is not None:

@@ -30,12 +30,16 @@ def run_started(*, config: dict, effective_batch: int, total_steps: int, steps_p
 
 
 def step(*, step: int, epoch: int, samples_seen: int, tokens_seen: int, micro_batches: int, loss: float,
-         grad_norm: float | None, lr: float, elapsed_s: float, memory: dict, sync_rounds: int | None = None) -> dict:
-    """``sync_rounds``: DDP gradient all-reduces (one per bucket) in this window; None on one process."""
+         grad_norm: float | None, lr: float, elapsed_s: float, memory: dict, sync_rounds: int | None = None,
+         pitfall: dict | None = None) -> dict:
+    """``sync_rounds``: DDP gradient all-reduces (one per bucket) in this window; None on one process.
+    ``pitfall``: in a run with pitfalls, what the right loop would have done at this step (training.pitfalls):
+    planned_lr, grad_norm_stepped, grad_norm_right and grad_cosine, examples_stepped, examples_seen and examples_trained
+    (all steps so far), loss_right; absent otherwise."""
     return _event(STEP, step=step, epoch=epoch, samples_seen=samples_seen, tokens_seen=tokens_seen,
                   micro_batches=micro_batches, loss=loss, grad_norm=grad_norm, lr=lr, elapsed_s=elapsed_s,
                   samples_per_s=samples_seen / elapsed_s if elapsed_s > 0 else 0.0, sync_rounds=sync_rounds,
-                  **memory)
+                  **memory) | ({"pitfall": pitfall} if pitfall is not None else {})
 
 
 # Every eval event has all of these; a task fills what it has (classification: accuracy and F1, and the F1 of

@@ -17,7 +17,7 @@ st.caption("Not a sketch: this is the `train` function gradacc runs, read from i
 # Start from the Train page's settings (RunConfig's defaults if the visitor has not been there).
 train_config = train_form.train_config()
 inputs.defaults({K + name: getattr(train_config, name)
-             for name in ("backend", "micro_batch_size", "grad_accum_steps", "loss_normalization")})
+             for name in ("backend", "micro_batch_size", "grad_accum_steps", "loss_normalization", "pitfalls")})
 errors = inputs.FieldErrors()
 backend, micro_batch_size, grad_accum_steps, (_, normalization_column) = inputs.accumulation_inputs(
     K, errors, [2, 1, 1, 2])
@@ -25,11 +25,19 @@ with normalization_column:
     loss_normalization = st.radio("Loss normalisation", LOSS_NORMALIZATIONS, key=K + "loss_normalization",
                                   persist_state="session", horizontal=True)
 
+pitfalls = []
+if backend == "pytorch":  # only the plain loop has deliberate wrong lines to show
+    pitfalls = inputs.pitfall_input(K, "Break it on purpose: show the loop with these wrong lines",
+                                help="Each is one real upstream mistake: its line is drawn in red, the right one it "
+                                     "stands beside outlined in green. A Train run with the same choice measures "
+                                     "what it breaks.")
+
 try:
     # The loop's other settings shown in the header: the Train form's epochs, learning rate and seed.
     config = RunConfig(backend=backend, micro_batch_size=micro_batch_size, grad_accum_steps=grad_accum_steps,
                        loss_normalization=loss_normalization, epochs=train_config.epochs,
-                       learning_rate=train_config.learning_rate, seed=train_config.seed).validate()
+                       learning_rate=train_config.learning_rate, seed=train_config.seed,
+                       pitfalls=pitfalls).validate()
 except GradaccError as error:
     errors.show({error.field or "config": error.message}, st.container())
     st.stop()
@@ -45,7 +53,10 @@ roles = codeview.line_roles(code)
 st.markdown("What accumulation adds to a training loop, highlighted: "
             + " · ".join(f"**{number}** {codeview.ROLE_TITLES[role]}" for number, role in codeview.ROLES.items())
             + ". Measuring and reporting (gradacc's instrumentation) is dimmed.")
-st.html(codeview.highlighted_html(code, roles))
+notes, right_rows = codeview.pitfall_notes(code)
+for note in notes:
+    st.markdown(note)
+st.html(codeview.highlighted_html(code, roles, right_rows))
 with st.expander("The same code as plain text, to copy"):
     st.code(code, language="python")
 with st.expander("Helpers this loop calls"):

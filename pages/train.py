@@ -35,6 +35,12 @@ with data_column:
 with settings_column:
     st.subheader("Accumulation and training")
     settings = inputs.training_inputs(K, errors)
+    with st.expander("Break it on purpose"):
+        st.caption("PyTorch loop only. Each choice runs one wrong line from a real upstream report (the Code page "
+                   "shows it in red beside the right one); the run then says what it broke, measured against the "
+                   "right loop in the same run.")
+        settings["pitfalls"] = inputs.pitfall_input(K, field_label("pitfalls"), help="None chosen: the right loop.")
+        errors.slot("pitfalls")
 
 config = RunConfig(backend=backend, model=model, dataset=dataset, task=task, text_column=text_column,
                    label_column=label_column, **settings)

@@ -23,7 +23,7 @@ import os
 from dataclasses import dataclass, field
 
 from gradacc import env as env_numbers
-from gradacc.config import RunConfig
+from gradacc.config import PITFALLS, RunConfig
 
 SCALE_ENV = "GRADACC_DEMO_SCALE"
 # Label prefix of a demo's runs in the store (the Compare page shows them like any other run).
@@ -175,8 +175,60 @@ MEMORY_WALL = Scenario(
     compares=(2, 1),
 )
 
+
+def pitfall_scenario(pitfall: str, name: str, title: str, explanation: str, expect: str, **base) -> Scenario:
+    """The right plain loop, then the same run with one deliberately wrong line (``pitfalls``); the broken run's
+    warnings say what the line broke, measured against the right loop in that same run."""
+    return Scenario(
+        name=name, title=f"{title} ({PITFALLS[pitfall]})",
+        explanation=explanation + f"\n\nThe Code page shows the wrong line in red beside the right one (pick "
+                                  f"**{pitfall}** under *Break it on purpose*).",
+        base={"backend": "pytorch", "dropout": 0.0, "epochs": 1, "train_samples": 2000, "eval_samples": 200,
+              "micro_batch_size": 8, "grad_accum_steps": 4, **base},
+        runs=(DemoRun("right loop", {"pitfalls": []}), DemoRun(f"broken: {pitfall}", {"pitfalls": [pitfall]})),
+        expect=expect)
+
+
+PITFALL_SCHEDULER = pitfall_scenario(
+    "scheduler-per-micro-batch", "pitfall-scheduler", "The LR scheduler stepped every micro-batch",
+    "The same run (m=8, k=4, 63 optimizer steps) twice. The broken loop calls `lr_scheduler.step()` after every "
+    "micro-batch instead of once per optimizer step, as in the Accelerate report: the schedule planned for 63 "
+    "steps runs 4× too fast.\n\n**Look at:** the broken run's warning: the step where its learning rate reached 0, "
+    "measured against the planned schedule; after it the model stops learning.",
+    "The broken run's learning rate reaches 0 about a quarter of the way through; the right run's follows the plan.")
+PITFALL_CLIP = pitfall_scenario(
+    "clip-per-micro-batch", "pitfall-clip", "Gradient clipping every micro-batch",
+    "The same run twice, with a tight max gradient norm (0.1, so clipping engages on tiny-bert's small gradients). "
+    "The broken loop clips after every backward(), so each partial sum of the window is clipped, not the "
+    "window's gradient once.\n\n**Look at:** the broken run's warning: the gradient each step used against the "
+    "right one (the window's gradient clipped once), in norm and in direction.",
+    "The broken run steps with a gradient that points away from the right one.", max_grad_norm=0.1)
+PITFALL_ZERO_GRAD = pitfall_scenario(
+    "zero-grad-per-micro-batch", "pitfall-zero-grad", "zero_grad() inside the accumulation window",
+    "The same run twice. The broken loop calls `optimizer.zero_grad()` before every micro-batch, the habit of a "
+    "loop without accumulation: every window's gradients are wiped but the last micro-batch's, so accumulation is "
+    "silently off and each step sees 8 examples, not 32 (and divided by 4).\n\n**Look at:** the warning's "
+    "examples per step, and the broken run's noisier loss curve.",
+    "Each broken step uses 8 examples, not 32.")
+PITFALL_LOG_LOSS = pitfall_scenario(
+    "log-undivided-loss", "pitfall-log-loss", "The logged loss not divided by k",
+    "The same run twice. The broken loop logs each micro-batch's loss before it is scaled, so a window of 4 logs "
+    "4× its loss; the training itself is the same.\n\n**Look at:** the loss curves 4× apart while the eval "
+    "scores are equal.",
+    "Loss curves 4× apart, the same F1: only the logging is wrong.")
+PITFALL_DROP_LAST = pitfall_scenario(
+    "drop-last-window", "pitfall-drop-last", "The epoch's short last window dropped",
+    "2,040 examples with m=8, k=8: 31 full windows of 64 and a short last one of 56. The broken loop steps only "
+    "when `(index + 1) % k == 0`, so the short window's gradients are computed and never stepped.\n\n**Look at:** "
+    "the loss curves agree up to the step that never happens (the loss curve does not show this bug); the "
+    "warning counts the examples that never trained.",
+    "The broken run trains 56 examples fewer, in one optimizer step fewer.",
+    train_samples=2040, grad_accum_steps=8)
+
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (SAME_CURVE, NAIVE_VS_EXACT, TRAINER_PITFALL,
-                                                      NAIVE_VS_EXACT_LM, MEMORY_WALL)}
+                                                      NAIVE_VS_EXACT_LM, MEMORY_WALL, PITFALL_SCHEDULER,
+                                                      PITFALL_CLIP, PITFALL_ZERO_GRAD, PITFALL_LOG_LOSS,
+                                                      PITFALL_DROP_LAST)}
 
 
 def get(name: str | None) -> Scenario | None:

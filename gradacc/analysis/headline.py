@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from gradacc import events as ev
+from gradacc.config import PITFALLS
 from gradacc.analysis.run_names import DATA_FIELDS, _value, config_differences, field_name
 
 
@@ -83,8 +84,8 @@ def headline(events_a: list[dict], events_b: list[dict]) -> dict:
     }
     figures["loss_claim"] = _loss_claim(figures, a["config"], b["config"])
     figures["memory_claim"] = _memory_claim(figures["activation_ratio"])
-    parts = [figures["loss_claim"], figures["memory_claim"], _time_claim(figures["time_per_step_ratio"]),
-             _eval_claim(figures["eval"])]
+    parts = [_pitfall_claim(a["config"], b["config"]), figures["loss_claim"], figures["memory_claim"],
+             _time_claim(figures["time_per_step_ratio"]), _eval_claim(figures["eval"])]
     figures["headline"] = " · ".join(part for part in parts if part)
     return figures
 
@@ -117,6 +118,20 @@ def _loss_claim(figures: dict, config_a: dict, config_b: dict) -> str:
     what = ", ".join(f"{field_name(n)} {_value(config_a.get(n))} vs {_value(config_b.get(n))}"
                      for n in figures["differences"]) or "nothing in the config"
     return f"Loss curves differ by up to {size} at the same samples seen ({what} differ)"
+
+
+def _pitfall_claim(config_a: dict, config_b: dict) -> str | None:
+    """'Broken on purpose: scheduler-per-micro-batch (accelerate #963)' for pitfalls B runs and A does not
+    ('fixed: ...' the other way round); None when both run the same."""
+    a, b = config_a.get("pitfalls") or [], config_b.get("pitfalls") or []
+
+    def named(names):
+        return ", ".join(f"{name} ({PITFALLS.get(name, 'unknown')})" for name in names)
+
+    parts = [f"broken on purpose: {named(n for n in b if n not in a)}" if set(b) - set(a) else None,
+             f"fixed: {named(n for n in a if n not in b)}" if set(a) - set(b) else None]
+    claim = "; ".join(p for p in parts if p)
+    return claim[:1].upper() + claim[1:] or None
 
 
 def _memory_claim(ratio: float | None) -> str | None:

@@ -6,10 +6,11 @@ event list and the config, so the engine, the store and a test all reach the sam
 
 from __future__ import annotations
 
+import math
 import statistics
 
 from gradacc import events as ev
-from gradacc.config import RunConfig, is_pretrained
+from gradacc.config import PITFALLS, RunConfig, is_pretrained
 
 # A step whose loss is this many times the median of the steps before it is a spike...
 SPIKE_FACTOR = 3.0
@@ -34,7 +35,101 @@ def run_warnings(run_events: list[dict], config: RunConfig | dict) -> list[str]:
     evals = [e for e in run_events if e.get("event") == ev.EVAL]
     found = [w for w in (_no_better_than_majority(evals), _loss_went_up(losses), _spike(losses)) if w]
     cause = likely_cause(config) if found else None
-    return found + ([cause] if cause else [])
+    return pitfall_warnings(run_events, config) + found + ([cause] if cause else [])
+
+
+# ---- pitfalls: what a deliberately wrong line did, against the right loop in the same run ------------------
+# A logged loss, gradient norm or learning rate within this share of the right one's counts as unchanged.
+SAME = 0.01
+
+
+def pitfall_warnings(run_events: list[dict], config: RunConfig | dict) -> list[str]:
+    """One sentence per pitfall the run asked for, with its effect as measured in the run: each step event's
+    ``pitfall`` figures hold what the right loop would have done at that step (see gradacc.training.pitfalls)."""
+    config = RunConfig.from_dict(config) if isinstance(config, dict) else config
+    steps = [e for e in run_events if e.get("event") == ev.STEP and e.get("pitfall")]
+    if not config.pitfalls or not steps:
+        return []
+    started = next((e for e in run_events if e.get("event") == ev.RUN_STARTED), {})
+    found = []
+    for name in config.pitfalls:
+        effect = _PITFALL_EFFECTS[name](steps, started, config)
+        found.append(f"Pitfall {name} ({PITFALLS[name]}): {effect}")
+    return found
+
+
+def _scheduler_effect(steps, started, config) -> str:
+    lrs = [s["lr"] for s in steps]
+    planned = [s["pitfall"]["planned_lr"] for s in steps]
+    total = started.get("total_steps") or len(steps)
+    mean_ratio = statistics.fmean(lrs) / statistics.fmean(planned) if statistics.fmean(planned) else None
+    ratio = f"; the mean learning rate was {mean_ratio:.2f}× the planned schedule's" if mean_ratio is not None else ""
+    zero = next((s for s, lr, plan in zip(steps, lrs, planned) if lr == 0 and plan > 0), None)
+    if zero is not None:
+        return (f"the learning rate reached 0 at optimizer step {zero['step']} of {total}, where the planned schedule "
+                f"was still at {zero['pitfall']['planned_lr']:.3g}{ratio}.")
+    if all(math.isclose(lr, plan, rel_tol=SAME, abs_tol=1e-12) for lr, plan in zip(lrs, planned)):
+        return "the learning rate followed the planned schedule at every step: no effect in this run (k = 1?)."
+    return f"the learning rate ended at {lrs[-1]:.3g}, where the planned schedule was at {planned[-1]:.3g}{ratio}."
+
+
+def _clip_effect(steps, started, config) -> str:
+    if config.max_grad_norm <= 0:
+        return f"{config.max_grad_norm:g} as the max gradient norm clips nothing: no effect in this run."
+    ratios = [s["pitfall"]["grad_norm_stepped"] / s["pitfall"]["grad_norm_right"] for s in steps
+              if s["pitfall"]["grad_norm_right"]]
+    cosines = [s["pitfall"]["grad_cosine"] for s in steps if s["pitfall"].get("grad_cosine") is not None]
+    ratio = statistics.median(ratios) if ratios else 1.0
+    angle = math.degrees(math.acos(max(-1.0, min(1.0, statistics.median(cosines))))) if cosines else 0.0
+    if abs(ratio - 1) < SAME and angle < 1:
+        return (f"clipping never engaged (every partial gradient stayed under the max gradient norm "
+                f"{config.max_grad_norm:g}): no effect in this run.")
+    return (f"gradients clipped every micro-batch: the gradient each optimizer step used was {ratio:.2f}× the norm of "
+            f"the right one (the window's gradient clipped once, to {config.max_grad_norm:g}) and {angle:.0f}° away "
+            f"from it (medians over {len(steps)} steps).")
+
+
+def _zero_grad_effect(steps, started, config) -> str:
+    used = statistics.median(s["pitfall"]["examples_stepped"] for s in steps)
+    seen = statistics.median(s["pitfall"]["examples_seen"] for s in steps)
+    ratios = [s["pitfall"]["grad_norm_stepped"] / s["pitfall"]["grad_norm_right"] for s in steps
+              if s["pitfall"]["grad_norm_right"]]
+    if used == seen:
+        return f"each optimizer step still used all {seen:g} examples of its window: no effect in this run (k = 1?)."
+    norm = f" (its gradient {statistics.median(ratios):.2f}× the right one's norm)" if ratios else ""
+    return (f"each optimizer step used {used:g} examples, not {seen:g}: zero_grad() inside the window kept only the "
+            f"last micro-batch's gradient{norm}; medians over {len(steps)} steps.")
+
+
+def _logged_loss_effect(steps, started, config) -> str:
+    ratios = [s["loss"] / s["pitfall"]["loss_right"] for s in steps if s["pitfall"]["loss_right"]]
+    ratio = statistics.median(ratios) if ratios else 1.0
+    if abs(ratio - 1) < SAME:
+        return "the logged loss equals the right one: no effect in this run (k = 1?)."
+    return (f"the logged loss was {ratio:.2f}× the right one (median over {len(steps)} steps); the training itself "
+            "was unchanged, only the curve is wrong.")
+
+
+def _drop_last_effect(steps, started, config) -> str:
+    planned = (started.get("train_examples") or 0) * (config.epochs or 1)
+    trained = steps[-1]["pitfall"]["examples_trained"]
+    total = started.get("total_steps") or len(steps)
+    if config.max_steps is not None and len(steps) >= config.max_steps:
+        return "the run stopped at its max optimizer steps, so which examples never trained is not counted."
+    if not planned or trained >= planned:
+        return f"every one of the {planned} examples was trained: no short last window in this run."
+    window = config.effective_batch
+    leaks = sum(1 for s in steps if s["pitfall"]["examples_stepped"] > window)
+    carried = (f"; {leaks} later step{'s' if leaks > 1 else ''} also stepped with the epoch before's leftover "
+               "gradients" if leaks else "")
+    which = "the last epoch's" if leaks else "the epoch's"
+    return (f"{planned - trained} examples never trained ({trained} of {planned}: {which} short last window never "
+            f"stepped); {len(steps)} optimizer steps instead of {total}{carried}.")
+
+
+_PITFALL_EFFECTS = {"scheduler-per-micro-batch": _scheduler_effect, "clip-per-micro-batch": _clip_effect,
+                    "zero-grad-per-micro-batch": _zero_grad_effect, "log-undivided-loss": _logged_loss_effect,
+                    "drop-last-window": _drop_last_effect}
 
 
 def _no_better_than_majority(evals: list[dict]) -> str | None:
@@ -73,6 +168,11 @@ def likely_cause(config: RunConfig) -> str | None:
     """The setting most likely to blame, said with the value the model's recipe uses."""
     recipe = config.recipe
     lr = config.learning_rate
+    # log-undivided-loss changes only what is logged, never the training: it causes no bad result.
+    training = [name for name in config.pitfalls if name != "log-undivided-loss"]
+    if training:
+        lines = "lines" if len(training) > 1 else "line"
+        return f"Likely cause: the wrong {lines} run on purpose ({', '.join(training)})."
     if lr is not None and lr >= HIGH_LR_FACTOR * recipe.learning_rate:
         kind = "a pretrained model" if is_pretrained(config.model) else config.model
         return f"Likely cause: learning rate {lr:g} is high for {kind}; its recipe uses {recipe.learning_rate:g}."

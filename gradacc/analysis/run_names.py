@@ -41,6 +41,8 @@ def field_name(name: str) -> str:
 
 
 def _value(value) -> str:
+    if isinstance(value, (list, tuple)):  # pitfalls
+        return ", ".join(map(str, value)) or "none"
     if isinstance(value, float):
         return f"{value:g}"
     if isinstance(value, str) and ("/" in value or "\\" in value):
@@ -67,6 +69,8 @@ def differing_labels(configs: dict[str, dict]) -> dict[str, str]:
                 parts.append("Trainer library default" if value else "gradacc's loss fix")
             elif name in ("backend", "loss_normalization"):
                 parts.append(str(value))
+            elif name == "pitfalls":
+                parts.append(f"broken: {_value(value)}" if value else "right loop")
             elif name == "memory_budget_mb":
                 parts.append(f"budget {value:g} MB" if value else "no memory budget")
             else:

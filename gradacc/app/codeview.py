@@ -14,7 +14,7 @@ from pathlib import Path
 
 from gradacc.serving import warmup
 from gradacc.training.backends import MODULES
-from gradacc.config import RunConfig
+from gradacc.config import PITFALLS, RunConfig
 
 # Settings shown in the header, in this order, with the name people use for them.
 HEADER = (("micro_batch_size", "micro_batch_size", "m"),
@@ -98,9 +98,62 @@ def annotate(source: str, config: RunConfig) -> str:
 
 
 def backend_code(config: RunConfig) -> str:
-    """The header with this run's settings, then the backend's ``train`` with the values filled in."""
+    """The header with this run's settings, then the backend's ``train`` with the values filled in: the loop as this
+    run executes it, so the plain loop's deliberate wrong lines appear only for the pitfalls the config names."""
     module_name = MODULES[config.backend]
-    return settings_header(config, module_name) + "\n\n\n" + annotate(definition_source(module_name, "train"), config)
+    source = without_pitfalls(definition_source(module_name, "train"), keep=config.pitfalls)
+    return settings_header(config, module_name) + "\n\n\n" + annotate(source, config)
+
+
+# ---- pitfalls: the plain loop's deliberate wrong lines, ``if job.pitfall("NAME"): ...  # WRONG: ...`` -------
+
+# The right line each pitfall's wrong line stands beside (how the line starts, in the plain loop).
+RIGHT_LINES = {"scheduler-per-micro-batch": "lr_scheduler.step()", "clip-per-micro-batch": "norm = clip_gradients(",
+               "zero-grad-per-micro-batch": "optimizer.zero_grad()", "log-undivided-loss": "logged_loss = loss.item()",
+               "drop-last-window": "last_of_window = (index + 1) %"}
+
+
+def pitfall_statements(source: str) -> dict[str, tuple[int, int]]:
+    """{pitfall name: (first, last) row, 0-based} of each ``if job.pitfall("NAME")`` statement in ``source``."""
+    try:
+        tree = warmup.parse(source)
+    except SyntaxError:
+        return {}
+    found = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.If):
+            continue
+        for call in ast.walk(node.test):
+            if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "pitfall" \
+                    and call.args and isinstance(call.args[0], ast.Constant) and call.args[0].value in PITFALLS:
+                found[call.args[0].value] = (node.lineno - 1, node.end_lineno - 1)
+    return found
+
+
+def without_pitfalls(source: str, keep=()) -> str:
+    """``source`` without the wrong lines of the pitfalls not in ``keep`` (with none kept: the right loop)."""
+    dropped = {row for name, (first, last) in pitfall_statements(source).items() if name not in keep
+               for row in range(first, last + 1)}
+    return "\n".join(line for row, line in enumerate(source.splitlines()) if row not in dropped)
+
+
+def pitfall_notes(source: str) -> tuple[list[str], set[int]]:
+    """For each wrong line in ``source``: one Markdown sentence naming its pitfall, its upstream report and the
+    right line it stands beside; and the rows of those right lines (to outline them)."""
+    lines, notes, rows = source.splitlines(), [], set()
+    for name in pitfall_statements(source):
+        row = right_line(source, name)
+        right = f"; the right line, outlined in green: `{lines[row].split('#')[0].strip()}`" if row is not None else ""
+        notes.append(f":red[**✗ {name}**] ({PITFALLS[name]}): the red line is the mistake{right}.")
+        rows |= {row} if row is not None else set()
+    return notes, rows
+
+
+def right_line(source: str, name: str) -> int | None:
+    """The row (0-based) of the right line that pitfall ``name``'s wrong line stands beside, or None."""
+    wrong = {row for first, last in pitfall_statements(source).values() for row in range(first, last + 1)}
+    return next((row for row, line in enumerate(source.splitlines())
+                 if row not in wrong and line.strip().startswith(RIGHT_LINES[name])), None)
 
 
 # ---- what to look at: the three things accumulation adds, and the bookkeeping around them --------------
@@ -109,6 +162,7 @@ def backend_code(config: RunConfig) -> str:
 ROLES = {"1": "scale", "2": "backward", "3": "step"}
 ROLE_TITLES = {"scale": "scale the loss", "backward": "backward() every micro-batch",
                "step": "step and zero every k"}
+WRONG = "wrong"  # a pitfall's wrong line: red
 _MARKER = re.compile(r"^\s*# Accumulation(?:, (\d) of 3)?:")
 # Statements inside the "step" block that are the step itself (the rest there is bookkeeping).
 _STEP_ITSELF = re.compile(r"\b(optimizer\.(step|zero_grad)|precision\.step|lr_scheduler\.step|if last_of_window|"
@@ -119,12 +173,13 @@ _TRAINER_SETTINGS = {"gradient_accumulation_steps=": "step", "compute_loss_func=
 _INSTRUMENTATION = re.compile(
     r"\b(meter|report|measuring|activation_bytes|window_loss|micro_batches \+= 1|check_stop|sync_probe|SyncProbe|"
     r"StepReporter|ActivationMeter|activation_meter|WindowTally|window|callback|EventCallback|before_optimizer_step|"
-    r"check_finite|job=job)\b")
+    r"check_finite|job=job|logged_loss)\b")
 
 
 def line_roles(source: str) -> list[str]:
     """One role per line of ``source``: 'scale', 'backward' or 'step' for the three things accumulation adds
-    (their marker comments included), 'instrumentation' for measuring and reporting, '' for the rest."""
+    (their marker comments included), 'wrong' for a pitfall's wrong line, 'instrumentation' for measuring and
+    reporting, '' for the rest."""
     lines = source.splitlines()
     roles = [""] * len(lines)
     try:
@@ -145,6 +200,8 @@ def line_roles(source: str) -> list[str]:
             _mark_statements(lines, roles, statements, comment, role)
         else:
             _mark_trainer_settings(lines, roles, tree)
+    for first, last in pitfall_statements(source).values():
+        roles[first:last + 1] = [WRONG] * (last + 1 - first)
     for index, line in enumerate(lines):
         if not roles[index] and _INSTRUMENTATION.search(line.split("#")[0]):
             roles[index] = "instrumentation"
@@ -189,8 +246,9 @@ def _indent(line: str) -> int:
     return len(line) - len(line.lstrip())
 
 
-def highlighted_html(source: str, roles: list[str]) -> str:
+def highlighted_html(source: str, roles: list[str], right_rows=()) -> str:
     """The loop as HTML: Python colours from pygments, the three roles on a coloured band with their number,
+    a pitfall's wrong line on red with ✗ and the ``right_rows`` it stands beside outlined with ✓,
     instrumentation dimmed, long lines wrapped (never cut off at the right edge)."""
     from pygments import highlight
     from pygments.formatters import HtmlFormatter
@@ -199,10 +257,16 @@ def highlighted_html(source: str, roles: list[str]) -> str:
     lexer, formatter = PythonLexer(stripnl=False, ensurenl=False), HtmlFormatter(nowrap=True, style="friendly")
     numbers = {role: number for number, role in ROLES.items()}
     rows = []
-    for line, role in zip(source.splitlines(), roles + [""] * len(source.splitlines())):
+    for row, (line, role) in enumerate(zip(source.splitlines(), roles + [""] * len(source.splitlines()))):
         code = highlight(line, lexer, formatter).rstrip("\n") or " "
-        badge = f'<span class="ga-badge">{numbers[role]}</span>' if role in numbers else '<span class="ga-gap"></span>'
-        rows.append(f'<div class="ga-line ga-{role or "plain"}">{badge}<span class="ga-code">{code}</span></div>')
+        mark = "✗" if role == WRONG else numbers.get(role)
+        badge = f'<span class="ga-badge">{mark}</span>' if mark else '<span class="ga-gap"></span>'
+        right = " ga-right" if row in right_rows else ""
+        if right and role == "instrumentation":
+            role = ""  # the right line a wrong one gets wrong is read, not dimmed (logged_loss = loss.item())
+        tag = '<span class="ga-tag">✓ the right line</span>' if right else ""
+        rows.append(f'<div class="ga-line ga-{role or "plain"}{right}">{badge}<span class="ga-code">{code}</span>'
+                    f'{tag}</div>')
     return (f"<style>{formatter.get_style_defs('.ga-listing')}{_CSS}</style>"
             f'<div class="ga-listing">{"".join(rows)}</div>')
 
@@ -220,4 +284,7 @@ _CSS = """
 .ga-backward { background: #fdf0e6; } .ga-backward .ga-badge { background: #d9730d; }
 .ga-step { background: #e9f7ec; } .ga-step .ga-badge { background: #2da44e; }
 .ga-instrumentation { opacity: 0.38; }
+.ga-wrong { background: #fde8e8; } .ga-wrong .ga-badge { background: #cf222e; }
+.ga-right { outline: 2px solid #2da44e; outline-offset: -2px; }
+.ga-tag { flex: 0 0 auto; margin-left: 0.5rem; color: #1a7f37; font-family: sans-serif; font-size: 0.75rem; }
 """

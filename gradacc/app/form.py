@@ -145,8 +145,9 @@ def run_label(config: RunConfig) -> str:
     model = config.model.strip()
     if len(model) > RUN_LABEL_MODEL_CHARS:
         model = "…" + model[-(RUN_LABEL_MODEL_CHARS - 1):]
+    broken = f" · broken: {', '.join(config.pitfalls)}" if config.pitfalls else ""
     return (f"{config.backend} m{config.micro_batch_size}×k{config.grad_accum_steps} "
-            f"{config.loss_normalization} · {model}")
+            f"{config.loss_normalization} · {model}{broken}")
 
 
 def table_columns(path: str | Path) -> list[str]:

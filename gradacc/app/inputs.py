@@ -8,8 +8,8 @@ import math
 import streamlit as st
 
 from gradacc.app import form
-from gradacc.config import (BACKENDS, BUILTIN_DATASETS, BUILTIN_MODELS, LOSS_NORMALIZATIONS, OPTIMIZERS, PRECISIONS,
-                            RunConfig, field_label)
+from gradacc.config import (BACKENDS, BUILTIN_DATASETS, BUILTIN_MODELS, LOSS_NORMALIZATIONS, OPTIMIZERS, PITFALLS,
+                            PRECISIONS, RunConfig, field_label)
 from gradacc.errors import GradaccError
 from gradacc.serving import uploads
 from gradacc.serving.limits import Limits
@@ -143,6 +143,12 @@ def memory_inputs(prefix: str, errors: FieldErrors) -> dict:
         errors.slot("optimizer")
     return {"memory_budget_mb": budget, "gradient_checkpointing": checkpointing, "precision": precision,
             "optimizer": optimizer}
+
+
+def pitfall_input(prefix: str, label: str, help: str) -> list[str]:
+    """The plain loop's deliberate wrong lines to run (or show), each named with its upstream report."""
+    return st.multiselect(label, list(PITFALLS), key=prefix + "pitfalls", persist_state="session",
+                          format_func=lambda name: f"{name} ({PITFALLS[name]})", help=help)
 
 
 def offered_optimizers() -> list[str]:

@@ -15,7 +15,8 @@ from gradacc.training.sources import data as data_module
 from gradacc.training import distributed, windows
 from gradacc.training.sources import models
 from gradacc import paths
-from gradacc.config import CAUSAL_LM, RunConfig, optimizer_steps_per_epoch, too_few_examples, total_optimizer_steps
+from gradacc.config import (CAUSAL_LM, PITFALLS, RunConfig, optimizer_steps_per_epoch, too_few_examples,
+                            total_optimizer_steps)
 from gradacc.errors import GradaccError, RunStopped
 from gradacc.events import EventSink
 
@@ -57,6 +58,10 @@ class Job:
     @property
     def causal_lm(self) -> bool:
         return self.config.task == CAUSAL_LM
+
+    def pitfall(self, name: str) -> bool:
+        """Whether this run asked for the pitfall ``name`` (the plain loop's deliberate wrong lines)."""
+        return name in self.config.pitfalls
 
     def check_stop(self) -> None:
         if self.stop.is_set():
@@ -154,6 +159,9 @@ def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, token_lev
     if repeated:
         notes.append(f"{repeated} example(s) from the start of the data are repeated at the end of each epoch so "
                      f"that all {config.num_processes} processes get full micro-batches (as Accelerate does).")
+    if config.pitfalls:
+        notes.append("Broken on purpose: " + ", ".join(f"{name} ({PITFALLS[name]})" for name in config.pitfalls)
+                     + "; the run measures what it breaks against the right loop and says it when it ends.")
     device = pick_device()
     # torch loads with the backends' helpers, here and not when this module is imported: a cold server's run
     # thread does that import (see tests/attack/test_attack_resources.py).

@@ -172,3 +172,23 @@ def test_levers(tmp_path, capsys):
         assert len(row["time_vs_baseline"]["values"]) == measured["rounds"] and row["cuda_peak_bytes"] is None
     assert base["time_vs_baseline"]["values"] == [1.0] * measured["rounds"]
     assert set(result["goals"]) == {"tiny-bert accumulation activations", "tiny-bert checkpointing activations"}
+
+
+@pytest.mark.filterwarnings(r"ignore:Detected call of `lr_scheduler.step\(\)`:UserWarning")
+def test_pitfalls(tmp_path, capsys):
+    from gradacc.config import PITFALLS
+
+    result = bench("pitfalls", tmp_path, capsys, as_json=False)
+    rows = {row["pitfall"]: row for row in result["rows"]}
+    assert list(rows) == list(PITFALLS)
+    for name, row in rows.items():
+        assert row["effect"].startswith(f"Pitfall {name} ({PITFALLS[name]}): ")  # the broken run's own warning
+        for side in ("right", "broken"):
+            assert positive(row[side]["final_loss"]) and positive(row[side]["optimizer_steps"])
+    # --quick: 72 examples, m=4, k=4: 4 full windows and a short one of 8.
+    assert rows["drop-last-window"]["right"]["examples_trained"] == 72
+    assert rows["drop-last-window"]["broken"]["examples_trained"] == 64
+    assert rows["zero-grad-per-micro-batch"]["broken"]["examples_trained"] == 5 * 4  # one micro-batch a step
+    assert rows["scheduler-per-micro-batch"]["broken"]["final_lr"] == 0.0 < rows["scheduler-per-micro-batch"]["right"]["final_lr"]
+    assert all(goal["met"] for goal in result["goals"].values()), result["goals"]
+    assert "examples trained right/broken" in result["printed"]

@@ -226,12 +226,16 @@ class StepReporter:
         self.tokens_seen = 0
         # Set when the model is DDP-wrapped: counts the gradient all-reduces of each window.
         self.sync_probe: distributed.SyncProbe | None = None
+        # Set when the run asks for pitfalls: what the right loop would have done at each step (training.pitfalls).
+        self.pitfall_probe = None
         self.started = time.perf_counter()
 
     def micro_batch(self, batch: dict) -> None:
         if self.job.memory_guard is not None:
             self.job.memory_guard.note_batch(batch)
         self.samples_seen += int(batch["input_ids"].shape[0])
+        if self.pitfall_probe is not None:
+            self.pitfall_probe.micro_batch(int(batch["input_ids"].shape[0]))
         self.tokens_seen += int(batch["attention_mask"].sum())
 
     def step(self, *, step: int, epoch: int, micro_batches: int, loss: float, grad_norm: float | None, lr: float,
@@ -242,7 +246,8 @@ class StepReporter:
                                   micro_batches=micro_batches, loss=loss_sum / self.num_processes,
                                   grad_norm=grad_norm, lr=lr, elapsed_s=time.perf_counter() - self.started,
                                   memory=memory.snapshot(activation_bytes, self.job.device, self.job.config.instrument),
-                                  sync_rounds=self.sync_probe.take() if self.sync_probe else None))
+                                  sync_rounds=self.sync_probe.take() if self.sync_probe else None,
+                                  pitfall=self.pitfall_probe.take() if self.pitfall_probe else None))
         memory.reset_cuda_peak(self.job.device)
 
     def evaluation(self, *, epoch: int, step: int, metrics: dict) -> None:

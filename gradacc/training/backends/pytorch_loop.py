@@ -3,6 +3,10 @@
 Forward, scale the loss, ``backward()``; every k micro-batches (and at the end of the epoch) clip,
 ``optimizer.step()``, ``lr_scheduler.step()``, ``optimizer.zero_grad()``. Nothing hidden.
 
+Lines marked ``# WRONG`` run only when a run asks for that pitfall (``--pitfall NAME``, the Train page's "Break it
+on purpose"): each is a real upstream mistake, one line beside the right one, and gradacc.training.pitfalls
+measures what it did against the right loop in the same run.
+
 On several processes (``accelerate launch`` / ``torchrun``) the model is wrapped in
 ``DistributedDataParallel`` and every micro-batch but the window's last runs inside ``model.no_sync()``:
 gradients add up locally and the ranks all-reduce once per optimizer step instead of once per micro-batch.
@@ -20,6 +24,7 @@ from gradacc.training import distributed
 from gradacc.training.backends.common import (StepReporter, activation_meter, check_finite, clip_gradients, evaluate,
                                               make_optimizer, make_scheduler, to_device)
 from gradacc.training.distributed import SyncProbe
+from gradacc.training.pitfalls import Probe as PitfallProbe
 from gradacc.training.windows import loss_weight
 
 
@@ -39,15 +44,19 @@ def train(job) -> None:
         distributed.init_process_group(job.device)
         model = DistributedDataParallel(model, device_ids=[job.device.index] if job.device.type == "cuda" else None)
     report.sync_probe = SyncProbe.attach(model)  # None unless the model is DDP-wrapped
+    report.pitfall_probe = PitfallProbe.attach(job, model, optimizer)  # None unless the run asks for pitfalls
 
     step, window_loss, micro_batches, activation_bytes = 0, 0.0, 0, None
     for epoch in range(1, config.epochs + 1):
         model.train()
         for index, batch in enumerate(dataloader):
             job.check_stop()
+            if job.pitfall("zero-grad-per-micro-batch"): optimizer.zero_grad()  # WRONG: a step keeps 1 micro-batch
             batch = to_device(batch, job.device)
             report.micro_batch(batch)
             last_of_window = (index + 1) % gradient_accumulation_steps == 0 or index + 1 == len(dataloader)
+            if job.pitfall("drop-last-window"):  # WRONG: the epoch's short last window never steps
+                last_of_window = (index + 1) % gradient_accumulation_steps == 0
             # DDP all-reduces gradients during backward(); inside no_sync() they only add up on this rank.
             # Forward and backward both go inside: DDP decides at forward time whether backward syncs.
             skip_sync = num_processes > 1 and not last_of_window and not job.sync_each_micro_batch
@@ -63,7 +72,12 @@ def train(job) -> None:
                                           gradient_accumulation_steps, num_processes)
                 # Accumulation, 2 of 3: backward() every micro-batch; the gradients add up in each .grad.
                 precision.scale(loss).backward()
-            window_loss += loss.item()
+            if job.pitfall("clip-per-micro-batch"): clip_gradients(model, config.max_grad_norm)  # WRONG: k clips
+            if job.pitfall("scheduler-per-micro-batch") and not last_of_window:  # WRONG: k schedule steps per step
+                lr_scheduler.step()
+            logged_loss = loss.item()  # the scaled losses of a window add up to its mean loss
+            if job.pitfall("log-undivided-loss"): logged_loss = outputs.loss.item()  # WRONG: not ÷ k
+            window_loss += logged_loss
             micro_batches += 1
             activation_bytes = meter.bytes if measuring else activation_bytes
 

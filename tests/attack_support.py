@@ -56,6 +56,8 @@ def sabotage(monkeypatch, fault, after_forwards: int = 0, seed: int | None = Non
     ``seed``: only runs with that seed are sabotaged (other visitors' runs train normally).
     ``counter``: gets ``n``, the training forwards so far of the sabotaged run.
     """
+    import torch
+
     from gradacc.training.sources import models
 
     original = models.tiny_bert
@@ -68,7 +70,8 @@ def sabotage(monkeypatch, fault, after_forwards: int = 0, seed: int | None = Non
             return model
 
         def hook(module, inputs, output):
-            if module.training:
+            # Training forwards only: not the no-grad passes that test whether the run's dropout took.
+            if module.training and torch.is_grad_enabled():
                 calls["n"] += 1
                 if calls["n"] > after_forwards:
                     return fault(output)

@@ -6,6 +6,7 @@
     latency   seconds to the first step event (cold subprocess, warm in-process) and in the browser
     ga-bug    naive ÷k vs exact on a causal LM: distance of the final weights from the full batch, k = 1..16
     levers    peak memory and time of accumulation beside checkpointing, bf16 and a lighter optimizer
+    families  Trainer's library default (#47688) and gradacc check on tiny models of 14 transformers families
 
 Each suite module has ``run(quick, threads) -> dict``, ``figure(result)`` and ``table(result)``.
 """
@@ -18,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-SUITES = ("overhead", "memory", "sweep", "latency", "ga-bug", "levers")
+SUITES = ("overhead", "memory", "sweep", "latency", "ga-bug", "levers", "families")
 DEFAULT_OUT = "bench-out"
 # One intra-op thread by default: on a small shared machine two OpenMP threads wait on each other
 # whenever another process takes a core (we measured 3-30x slower steps under load), which drowns
@@ -27,7 +28,7 @@ DEFAULT_THREADS = 1
 
 
 def add_parser(subcommands) -> None:
-    parser = subcommands.add_parser("bench", help="benchmark suites: overhead, memory, sweep, latency, ga-bug, levers",
+    parser = subcommands.add_parser("bench", help="benchmark suites: overhead, memory, sweep, latency, ga-bug, levers, families",
                                     description=__doc__.split("\n\n")[1],
                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("suite", choices=SUITES)

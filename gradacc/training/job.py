@@ -168,7 +168,9 @@ def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, token_lev
         enable_gradient_checkpointing(loaded.model, config.model)
     model = loaded.model.to(device)
     collate = collate or data_module.collator(loaded.tokenizer, token_level)
-    variation = _dropout_variation(model, collate, [train_examples[i] for i in plan[rank][0]], device, precision)
+    # Two examples show randomness as well as a whole micro-batch, and cost no more than the budget's own probes
+    # (a run too large for its memory is refused after this, before its first micro-batch).
+    variation = _dropout_variation(model, collate, [train_examples[i] for i in plan[rank][0][:2]], device, precision)
     dropout_note = dropouts.note(config.model, config.dropout, variation)
     if dropout_note:
         notes.append(dropout_note)

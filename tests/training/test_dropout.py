@@ -75,6 +75,21 @@ def _with_noise(monkeypatch):
     monkeypatch.setattr(models, "tiny_bert", lambda *args, **kwargs: Noise.wrap(original(*args, **kwargs)))
 
 
+def _without_reachable_dropout(monkeypatch, original):
+    """tiny-bert inside a wrapper that keeps it in eval mode: a dropout of its own, out of gradacc's reach."""
+    import torch
+
+    class AlwaysEval(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, **batch):
+            return self.inner.eval()(**batch)
+
+    monkeypatch.setattr(models, "tiny_bert", lambda *args, **kwargs: AlwaysEval(original(*args, **kwargs)))
+
+
 def _prepared(config):
     from gradacc.training.job import prepare
 
@@ -97,8 +112,6 @@ def test_the_check_refuses_a_model_random_at_dropout_0_instead_of_a_false_verdic
 
 
 def test_a_run_says_when_its_dropout_could_not_be_applied(monkeypatch, one_torch_thread):
-    import torch
-
     original = models.tiny_bert
     deterministic = _prepared(RunConfig(dropout=0.0, **SMALL))
     assert not deterministic.variation.varies and not any("could not be applied" in n for n in deterministic.notes)
@@ -110,20 +123,7 @@ def test_a_run_says_when_its_dropout_could_not_be_applied(monkeypatch, one_torch
     assert any(n.startswith("Dropout 0 could not be applied to model tiny-bert: its output still differs") for n in
                noisy.notes)
 
-    original = models.tiny_bert
-
-    class AlwaysEval(torch.nn.Module):  # a model that keeps its own dropout off, out of gradacc's reach
-        def __init__(self, inner):
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, **batch):
-            return self.inner.eval()(**batch)
-
-    def without_dropout(*args, **kwargs):
-        return AlwaysEval(original(*args, **kwargs))
-
-    monkeypatch.setattr(models, "tiny_bert", without_dropout)
+    _without_reachable_dropout(monkeypatch, original)
     inert = _prepared(RunConfig(dropout=0.1, **SMALL))
     assert "Dropout 0.1 could not be applied to model tiny-bert: its output is the same on every pass in training " \
            "mode (it has no dropout gradacc can set)." in inert.notes
@@ -151,3 +151,14 @@ def test_the_cli_check_gives_the_refusal_in_one_line(monkeypatch, capsys, one_to
     assert code == EXIT_BAD_INPUT and captured.out == ""
     assert captured.err.count("\n") == 1
     assert captured.err.startswith("error: --model tiny-bert: the model's output is not deterministic with dropout 0")
+
+
+def test_the_cli_says_when_the_dropout_could_not_be_applied(monkeypatch, capsys, one_torch_thread):
+    from gradacc.cli import EXIT_OK, main
+
+    _without_reachable_dropout(monkeypatch, models.tiny_bert)
+    code = main(["train", "--max-steps", "1", "--train-samples", "8", "--eval-samples", "8", "-m", "4", "-k", "1",
+                 "--dropout", "0.1"])
+    assert code == EXIT_OK
+    assert "note: Dropout 0.1 could not be applied to model tiny-bert: its output is the same on every pass" in \
+        capsys.readouterr().out

@@ -16,8 +16,8 @@ process. It also reports the gradient all-reduces of the window, with ``no_sync`
 
 The comparison means something only if the model is deterministic at dropout 0: the run's dropout is set on
 every family's config and Dropout modules (``gradacc.training.dropout``), and before any gradient is compared
-the window runs twice in training mode; a model whose output still varies is refused with a reason instead of
-a false verdict.
+two examples of the window go through the model twice in training mode; a model whose output still varies is
+refused with a reason instead of a false verdict.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ EXACT_LIMIT = 1e-5
 
 def library_default_verdict(error: float, k: int) -> str:
     """Trainer's library default in words, from its relative error with equal windows at k accumulation steps:
-    "right", "k× wrong" (the #47688 pitfall: its ÷k skipped) or how many times the gradient it is."""
+    "right", "k× wrong" (the #47688 pitfall: its ÷k skipped) or how far off it is."""
     if error <= EXACT_LIMIT:
         return "right"
     times = 1 + error  # in the direction of the full-batch gradient, g = t·g_full has relative error t - 1

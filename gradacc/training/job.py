@@ -54,7 +54,7 @@ class Job:
     precision: object = None
     # Set when the run has a memory budget or the deployment a limit (``gradacc.training.budget.Guard``).
     memory_guard: object = None
-    # How far two training-mode passes of the first micro-batch differ at the run's dropout
+    # How far two training-mode passes of the first two examples differ at the run's dropout
     # (``gradacc.training.dropout.Variation``); the equivalence check refuses a model that varies at dropout 0.
     variation: object = None
 
@@ -189,7 +189,7 @@ def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, token_lev
 
 
 def _dropout_variation(model, collate, examples: list[dict], device, precision):
-    """Whether the run's dropout took: one micro-batch through the model twice in training mode (see
+    """Whether the run's dropout took: ``examples`` through the model twice in training mode (see
     ``gradacc.training.dropout``); nothing the run draws or trains on changes."""
     from gradacc.training.backends.common import to_device
 

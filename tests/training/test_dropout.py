@@ -4,6 +4,7 @@ LMs alike), and what cannot be set is found: the Train run says so, the equivale
 import threading
 
 import pytest
+from attack_support import add_noise, hide_dropout
 
 from gradacc import paths
 from gradacc.bench import families
@@ -54,42 +55,6 @@ def test_nested_sub_configs_get_the_dropout_too():
     assert composite.text_config.attention_dropout == 0.0
 
 
-class Noise:
-    """A custom module drawing randomness without torch's Dropout: gradacc cannot switch it off."""
-
-    @staticmethod
-    def wrap(model):
-        import torch
-
-        class AddNoise(torch.nn.Module):
-            def forward(self, hidden):
-                return hidden + 0.1 * torch.randn_like(hidden) if self.training else hidden
-
-        embeddings = model.bert.embeddings
-        embeddings.LayerNorm = torch.nn.Sequential(embeddings.LayerNorm, AddNoise())
-        return model
-
-
-def _with_noise(monkeypatch):
-    original = models.tiny_bert
-    monkeypatch.setattr(models, "tiny_bert", lambda *args, **kwargs: Noise.wrap(original(*args, **kwargs)))
-
-
-def _without_reachable_dropout(monkeypatch, original):
-    """tiny-bert inside a wrapper that keeps it in eval mode: a dropout of its own, out of gradacc's reach."""
-    import torch
-
-    class AlwaysEval(torch.nn.Module):
-        def __init__(self, inner):
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, **batch):
-            return self.inner.eval()(**batch)
-
-    monkeypatch.setattr(models, "tiny_bert", lambda *args, **kwargs: AlwaysEval(original(*args, **kwargs)))
-
-
 def _prepared(config):
     from gradacc.training.job import prepare
 
@@ -102,7 +67,7 @@ SMALL = dict(micro_batch_size=2, grad_accum_steps=2, train_samples=8, eval_sampl
 def test_the_check_refuses_a_model_random_at_dropout_0_instead_of_a_false_verdict(monkeypatch, one_torch_thread):
     from gradacc.analysis.equivalence import check
 
-    _with_noise(monkeypatch)
+    add_noise(monkeypatch)
     with pytest.raises(GradaccError) as refused:
         check(RunConfig(backend="pytorch", **SMALL), cases=("equal_windows",))
     message = refused.value.message
@@ -112,18 +77,18 @@ def test_the_check_refuses_a_model_random_at_dropout_0_instead_of_a_false_verdic
 
 
 def test_a_run_says_when_its_dropout_could_not_be_applied(monkeypatch, one_torch_thread):
-    original = models.tiny_bert
     deterministic = _prepared(RunConfig(dropout=0.0, **SMALL))
     assert not deterministic.variation.varies and not any("could not be applied" in n for n in deterministic.notes)
     with_dropout = _prepared(RunConfig(dropout=0.1, **SMALL))
     assert with_dropout.variation.varies and not any("could not be applied" in n for n in with_dropout.notes)
 
-    _with_noise(monkeypatch)  # random at dropout 0
+    add_noise(monkeypatch)  # random at dropout 0
     noisy = _prepared(RunConfig(dropout=0.0, **SMALL))
     assert any(n.startswith("Dropout 0 could not be applied to model tiny-bert: its output still differs") for n in
                noisy.notes)
 
-    _without_reachable_dropout(monkeypatch, original)
+    monkeypatch.undo()
+    hide_dropout(monkeypatch)
     inert = _prepared(RunConfig(dropout=0.1, **SMALL))
     assert "Dropout 0.1 could not be applied to model tiny-bert: its output is the same on every pass in training " \
            "mode (it has no dropout gradacc can set)." in inert.notes
@@ -145,7 +110,7 @@ def test_the_test_leaves_the_random_stream_and_the_mode_as_they_were(one_torch_t
 def test_the_cli_check_gives_the_refusal_in_one_line(monkeypatch, capsys, one_torch_thread):
     from gradacc.cli import EXIT_BAD_INPUT, main
 
-    _with_noise(monkeypatch)
+    add_noise(monkeypatch)
     code = main(["check", "--backend", "pytorch", "-m", "2", "-k", "2", "--max-seq-length", "16"])
     captured = capsys.readouterr()
     assert code == EXIT_BAD_INPUT and captured.out == ""
@@ -156,7 +121,7 @@ def test_the_cli_check_gives_the_refusal_in_one_line(monkeypatch, capsys, one_to
 def test_the_cli_says_when_the_dropout_could_not_be_applied(monkeypatch, capsys, one_torch_thread):
     from gradacc.cli import EXIT_OK, main
 
-    _without_reachable_dropout(monkeypatch, models.tiny_bert)
+    hide_dropout(monkeypatch)
     code = main(["train", "--max-steps", "1", "--train-samples", "8", "--eval-samples", "8", "-m", "4", "-k", "1",
                  "--dropout", "0.1"])
     assert code == EXIT_OK

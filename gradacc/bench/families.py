@@ -115,11 +115,11 @@ def check_family(family: str, home: Path) -> dict:
     return row
 
 
-def run(quick: bool = False, threads: int = 1, families=None) -> dict:
+def run(quick: bool = False, threads: int = 1) -> dict:
     import transformers
 
     started = time.perf_counter()
-    families = list(families or (QUICK_FAMILIES if quick else FAMILIES))
+    families = list(QUICK_FAMILIES if quick else FAMILIES)
     result = report.envelope("families", quick, threads, {
         **SETTINGS, "families": families, "transformers": transformers.__version__, "case": "equal_windows",
         "compared": "accumulated gradient before the first optimizer step vs the full-batch gradient of the window"})

@@ -15,5 +15,6 @@ setup(
     package_dir=APP_FILES,
     package_data={"gradacc.app.streamlit_config": ["config.toml"],
                   "gradacc.training.sources": ["tiny_bert_tokenizer/*.json"],
+                  "gradacc.app": ["trainer_default_by_family.json"],
                   "gradacc.app.live_chart": ["live_chart.js"]},
 )

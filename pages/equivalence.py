@@ -69,3 +69,10 @@ def result():
 
 
 result()
+
+st.subheader("Trainer's default, by model family")
+family_caption, family_rows = equivalence_view.family_table()
+st.caption(family_caption)
+st.dataframe(family_rows, hide_index=True, key="family_table",
+             column_config={name: st.column_config.NumberColumn(format="%.2e")
+                            for name in ("exact", "naive", "Trainer library default")})

@@ -3,6 +3,7 @@
 - ``cli``: ``python -m gradacc`` in-process (a subprocess per case would spend seconds importing torch), with
   the checks every bad-input case must pass: exit code, exactly one ``error:`` line, no traceback.
 - ``sabotage``: make the built-in model's training forward misbehave, for one run only (picked by seed).
+- ``add_noise`` / ``hide_dropout``: a tiny-bert random at dropout 0, or one whose dropout gradacc cannot reach.
 - ``Visitor``: a browserless visitor of a real ``streamlit run app.py`` (``support.StreamlitServer``) that speaks
   Streamlit's websocket protocol (protobuf BackMsg/ForwardMsg), so server-level checks need no browser.
 - ``read_store`` / ``integrity_check``: the server's SQLite file, read from outside.
@@ -56,6 +57,8 @@ def sabotage(monkeypatch, fault, after_forwards: int = 0, seed: int | None = Non
     ``seed``: only runs with that seed are sabotaged (other visitors' runs train normally).
     ``counter``: gets ``n``, the training forwards so far of the sabotaged run.
     """
+    import torch
+
     from gradacc.training.sources import models
 
     original = models.tiny_bert
@@ -68,7 +71,8 @@ def sabotage(monkeypatch, fault, after_forwards: int = 0, seed: int | None = Non
             return model
 
         def hook(module, inputs, output):
-            if module.training:
+            # Training forwards only: not the no-grad passes that test whether the run's dropout took.
+            if module.training and torch.is_grad_enabled():
                 calls["n"] += 1
                 if calls["n"] > after_forwards:
                     return fault(output)
@@ -79,6 +83,45 @@ def sabotage(monkeypatch, fault, after_forwards: int = 0, seed: int | None = Non
 
     monkeypatch.setattr(models, "tiny_bert", faulty_tiny_bert)
     return calls
+
+
+def add_noise(monkeypatch):
+    """tiny-bert with a custom module drawing randomness in training mode without torch's Dropout: gradacc
+    cannot switch it off."""
+    import torch
+
+    from gradacc.training.sources import models
+
+    class AddNoise(torch.nn.Module):
+        def forward(self, hidden):
+            return hidden + 0.1 * torch.randn_like(hidden) if self.training else hidden
+
+    def noisy(build):
+        model = build()
+        embeddings = model.bert.embeddings
+        embeddings.LayerNorm = torch.nn.Sequential(embeddings.LayerNorm, AddNoise())
+        return model
+
+    original = models.tiny_bert
+    monkeypatch.setattr(models, "tiny_bert", lambda *args, **kwargs: noisy(lambda: original(*args, **kwargs)))
+
+
+def hide_dropout(monkeypatch):
+    """tiny-bert inside a wrapper that keeps it in eval mode: its dropout never draws, out of gradacc's reach."""
+    import torch
+
+    from gradacc.training.sources import models
+
+    class AlwaysEval(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, **batch):
+            return self.inner.eval()(**batch)
+
+    original = models.tiny_bert
+    monkeypatch.setattr(models, "tiny_bert", lambda *args, **kwargs: AlwaysEval(original(*args, **kwargs)))
 
 
 def nan_loss(output):

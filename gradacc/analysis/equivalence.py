@@ -13,6 +13,11 @@ Under ``accelerate launch`` / ``torchrun`` with P processes (``config.num_proces
 every rank: the window is m·k·P examples, each rank accumulates its own micro-batches with DDP, and the
 gradient after the sync is compared with the full-batch gradient of the whole window computed in this one
 process. It also reports the gradient all-reduces of the window, with ``no_sync`` and without.
+
+The comparison means something only if the model is deterministic at dropout 0: the run's dropout is set on
+every family's config and Dropout modules (``gradacc.training.dropout``), and before any gradient is compared
+two examples of the window go through the model twice in training mode; a model whose output still varies is
+refused with a reason instead of a false verdict.
 """
 
 from __future__ import annotations
@@ -42,8 +47,12 @@ def window_size(case: str, micro_batch_size: int, grad_accum_steps: int, num_pro
     return full
 
 
-def check(config: RunConfig, samples: int | None = None, cases=CASES) -> dict:
-    """Relative errors for the main window (``samples`` examples, default m·k·processes) and each case."""
+def check(config: RunConfig, samples: int | None = None, cases=CASES, confinement=None) -> dict:
+    """Relative errors for the main window (``samples`` examples, default m·k·processes) and each case.
+
+    ``confinement``: where a local model or data path may lie (``paths.TRUST_USER`` from the command line;
+    None: the app's visitors' folders).
+    """
     config = config.replace(dropout=0.0, max_grad_norm=0.0, epochs=1, max_steps=1, eval_samples=8,
                             instrument=False).validate()
     processes = config.num_processes
@@ -60,13 +69,14 @@ def check(config: RunConfig, samples: int | None = None, cases=CASES) -> dict:
         cases = [case for case in cases if case in ("equal_windows", "short_last_window")]
     results = {case: _case(config.replace(**LANGUAGE_MODEL) if case == "language_model" else config,
                            window_size(case, config.micro_batch_size, config.grad_accum_steps, processes),
-                           token_level=case == "token_level") for case in cases}
-    main = results["equal_windows"] if samples == full and "equal_windows" in results else _case(config, samples)
+                           token_level=case == "token_level", confinement=confinement) for case in cases}
+    main = (results["equal_windows"] if samples == full and "equal_windows" in results
+            else _case(config, samples, confinement=confinement))
     report = {"backend": config.backend, "model": config.model, "micro_batch_size": config.micro_batch_size,
               "grad_accum_steps": config.grad_accum_steps, "num_processes": processes, "samples": samples,
               **main, "cases": results}
     if processes > 1:
-        report["sync_rounds"] = sync_rounds(config)
+        report["sync_rounds"] = sync_rounds(config, confinement)
     return report
 
 
@@ -81,10 +91,23 @@ def rows(report: dict) -> list[dict]:
     return out
 
 
-def _case(config: RunConfig, window: int, token_level: bool = False) -> dict:
+# A relative error below this is float32 rounding of a sum of micro-batch gradients: "matches the full batch".
+EXACT_LIMIT = 1e-5
+
+
+def library_default_verdict(error: float, k: int) -> str:
+    """Trainer's library default in words, from its relative error with equal windows at k accumulation steps:
+    "right", "k× wrong" (the #47688 pitfall: its ÷k skipped) or how far off it is."""
+    if error <= EXACT_LIMIT:
+        return "right"
+    times = 1 + error  # in the direction of the full-batch gradient, g = t·g_full has relative error t - 1
+    return f"{k}× wrong" if abs(times - k) < 0.01 else f"off by {error:.0%}"
+
+
+def _case(config: RunConfig, window: int, token_level: bool = False, confinement=None) -> dict:
     """One window: full-batch reference, then each normalisation through the backend."""
     config = config.replace(train_samples=window)
-    reference = full_batch_gradient(config, token_level)
+    reference = full_batch_gradient(config, token_level, confinement=confinement)
     result = {"window_examples": window, "items": reference["items"], "micro_batch_items": reference["batch_items"]}
     if reference["repeated_examples"]:
         result["repeated_examples"] = reference["repeated_examples"]
@@ -93,12 +116,13 @@ def _case(config: RunConfig, window: int, token_level: bool = False) -> dict:
         variants["library_default"] = {"trainer_library_default": True}
     for name, options in variants.items():
         run = accumulated_gradient(config.replace(loss_normalization=options.get("loss_normalization", "naive")),
-                                   token_level, options.get("trainer_library_default", False))
+                                   token_level, options.get("trainer_library_default", False),
+                                   confinement=confinement)
         result[f"{name}_rel_error"] = relative_error(run["gradient"], reference["gradient"])
     return result
 
 
-def sync_rounds(config: RunConfig) -> dict:
+def sync_rounds(config: RunConfig, confinement=None) -> dict:
     """Gradient all-reduces per optimizer step over two full windows, with ``no_sync`` and without.
 
     Two steps, because DDP puts every gradient in one bucket until its first sync and then rebuilds its
@@ -106,28 +130,33 @@ def sync_rounds(config: RunConfig) -> dict:
     The first step's gradient equals the full-batch gradient either way: no_sync changes the communication only.
     """
     config = config.replace(train_samples=2 * config.effective_batch, max_steps=2, loss_normalization="exact")
-    reference = full_batch_gradient(config, token_level=False, first_windows=1)
+    reference = full_batch_gradient(config, token_level=False, first_windows=1, confinement=confinement)
     report = {}
     for name, sync_each in (("no_sync", False), ("without_no_sync", True)):
-        run = accumulated_gradient(config, token_level=False, sync_each_micro_batch=sync_each)
+        run = accumulated_gradient(config, token_level=False, sync_each_micro_batch=sync_each, confinement=confinement)
         report[name] = run["sync_rounds"]
         report[f"{name}_rel_error"] = relative_error(run["gradient"], reference["gradient"])
     return report
 
 
-def full_batch_gradient(config: RunConfig, token_level: bool, first_windows: int | None = None) -> dict:
+def full_batch_gradient(config: RunConfig, token_level: bool, first_windows: int | None = None,
+                        confinement=None) -> dict:
     """The gradient of the mean loss over the whole window in one forward/backward pass, in this process.
 
     The window is every rank's micro-batches together (on one process, simply all the examples); with
-    ``first_windows``, only the micro-batches of the first that many accumulation windows.
+    ``first_windows``, only the micro-batches of the first that many accumulation windows. Refuses (GradaccError)
+    a model whose output is not deterministic at the config's dropout: two gradients of it differ anyway.
     """
-    from gradacc.training import windows
+    from gradacc.training import dropout as dropouts, windows
     from gradacc.training.backends.common import to_device
     from gradacc.training.engine import quiet_libraries
     from gradacc.training.job import prepare
 
     quiet_libraries()
-    job = prepare(config, lambda event: None, threading.Event(), token_level=token_level, whole_micro_batch=False)
+    job = prepare(config, lambda event: None, threading.Event(), token_level=token_level, whole_micro_batch=False,
+                  confinement=confinement)
+    if job.variation.varies:
+        raise GradaccError(dropouts.refusal(config.model, job.variation), "model")
     plan = windows.shard(len(job.train_examples), config.micro_batch_size, config.num_processes)
     # Global micro-batch order: rank 0's first, rank 1's first, ..., rank 0's second, ...
     micro_batches = [batch for round_ in zip(*plan) for batch in round_]
@@ -145,7 +174,7 @@ def full_batch_gradient(config: RunConfig, token_level: bool, first_windows: int
 
 
 def accumulated_gradient(config: RunConfig, token_level: bool, trainer_library_default: bool = False,
-                         sync_each_micro_batch: bool = False) -> dict:
+                         sync_each_micro_batch: bool = False, confinement=None) -> dict:
     """The gradient a backend holds right before its first optimizer step, and each step's all-reduces."""
     from gradacc.training.engine import train
     from gradacc.events import Recorder
@@ -158,7 +187,8 @@ def accumulated_gradient(config: RunConfig, token_level: bool, trainer_library_d
 
     recorder = Recorder()
     ended = train(config, recorder, before_optimizer_step=capture, token_level=token_level, whole_micro_batch=False,
-                  trainer_library_default=trainer_library_default, sync_each_micro_batch=sync_each_micro_batch)
+                  trainer_library_default=trainer_library_default, sync_each_micro_batch=sync_each_micro_batch,
+                  confinement=confinement)
     if ended["status"] != "completed" or not captured:
         raise GradaccError(f"The equivalence run did not complete: {ended['reason']}", "backend")
     return {"gradient": captured, "sync_rounds": [step["sync_rounds"] for step in recorder.of("step")]}

@@ -5,9 +5,15 @@ The checks themselves run in ``gradacc.serving.checks``.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+from gradacc.analysis.equivalence import EXACT_LIMIT, library_default_verdict
 from gradacc.analysis.equivalence import rows as report_rows  # light: torch is imported only inside check()
 
-EXACT_LOOKS_LIKE = 1e-5  # float32 rounding of a sum of micro-batch gradients stays well below this
+EXACT_LOOKS_LIKE = EXACT_LIMIT  # float32 rounding of a sum of micro-batch gradients stays well below this
+# `python -m gradacc bench families`' rows (see gradacc.bench.families.PAGE_TABLE): measured, not computed here.
+FAMILY_TABLE = Path(__file__).with_name("trainer_default_by_family.json")
 CASE_NAMES = {"equal_windows": "equal windows", "short_last_window": "short last window",
               "token_level": "token-level loss", "language_model": "language model (tiny-gpt)"}
 
@@ -67,3 +73,27 @@ def explanation(report: dict) -> list[str]:
         else:
             sentences.append("Trainer's library default matches the full-batch gradient with equal windows here.")
     return sentences
+
+
+def family_table() -> tuple[str, list[dict]]:
+    """"Trainer's default, by model family": a caption saying where the numbers come from, and one row per family
+    (exact, naive and Trainer's library default errors, and the default's verdict)."""
+    table = json.loads(FAMILY_TABLE.read_text(encoding="utf-8"))
+    settings = table["settings"]
+    k = settings["grad_accum_steps"]
+    caption = (f"Measured by `{table['made_by']}` with transformers {settings['transformers']}: a tiny random model "
+               f"of each family written with save_pretrained, checked on the Trainer backend with m = "
+               f"{settings['micro_batch_size']}, k = {k}, equal windows (dropout set to 0 on every family). Trainer's "
+               "library default skips its own ÷ k for a model whose forward takes **kwargs: a causal LM's loss "
+               "uses num_items_in_batch and comes out right, a classifier head ignores it and gets k× the gradient.")
+    rows = []
+    for row in table["rows"]:
+        if "exact" in row:
+            rows.append({"family": row["family"], "kind": row["kind"], "exact": row["exact"], "naive": row["naive"],
+                         "Trainer library default": row["library_default"],
+                         "Trainer's default": library_default_verdict(row["library_default"], k)})
+        else:
+            rows.append({"family": row["family"], "kind": row["kind"], "exact": None, "naive": None,
+                         "Trainer library default": None,
+                         "Trainer's default": f"not checked: {row.get('refused') or row.get('failed')}"})
+    return caption, rows

@@ -97,7 +97,9 @@ def training_inputs(prefix: str, errors: FieldErrors) -> dict:
                    "learning_rate": number_field(prefix, "learning_rate", errors, whole=False, step=1e-4,
                                                  format="%.1e"),
                    "dropout": number_field(prefix, "dropout", errors, whole=False, step=0.05, format="%.2f",
-                                           help="0 makes the three backends draw the same loss curve.")}
+                                           help="Set on every dropout the model has, whatever its family calls it; "
+                                                "the run says when it could not be applied. 0 makes the three "
+                                                "backends draw the same loss curve.")}
     values["loss_normalization"] = st.radio(field_label("loss_normalization"), LOSS_NORMALIZATIONS,
                                             key=prefix + "loss_normalization", persist_state="session",
                                             format_func=NORMALIZATION_NAMES.get, horizontal=True)

@@ -7,6 +7,7 @@
     ga-bug    naive ÷k vs exact on a causal LM: distance of the final weights from the full batch, k = 1..16
     levers    peak memory and time of accumulation beside checkpointing, bf16 and a lighter optimizer
     pitfalls  each deliberately wrong line of the plain loop against the right loop: loss, F1, lr, examples
+    families  Trainer's library default (#47688) and gradacc check on tiny models of 14 transformers families
 
 Each suite module has ``run(quick, threads) -> dict``, ``figure(result)`` and ``table(result)``.
 """
@@ -19,7 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-SUITES = ("overhead", "memory", "sweep", "latency", "ga-bug", "levers", "pitfalls")
+SUITES = ("overhead", "memory", "sweep", "latency", "ga-bug", "levers", "pitfalls", "families")
 DEFAULT_OUT = "bench-out"
 # One intra-op thread by default: on a small shared machine two OpenMP threads wait on each other
 # whenever another process takes a core (we measured 3-30x slower steps under load), which drowns

@@ -119,6 +119,8 @@ def _cell(value) -> str:
     if value is None:
         return "—"
     if isinstance(value, float):
+        if 0 < abs(value) < 1e-3:  # a rounding-level error is not 0.000
+            return f"{value:.2e}"
         return f"{value:.3f}" if abs(value) < 1000 else f"{value:,.0f}"
     if isinstance(value, int) and abs(value) >= 10_000:
         return f"{value:,}"

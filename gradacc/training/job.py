@@ -13,6 +13,7 @@ from typing import Callable
 
 from gradacc.training.sources import data as data_module
 from gradacc.training import distributed, windows
+from gradacc.training import dropout as dropouts
 from gradacc.training.sources import models
 from gradacc import paths
 from gradacc.config import (CAUSAL_LM, PITFALLS, RunConfig, optimizer_steps_per_epoch, too_few_examples,
@@ -54,6 +55,9 @@ class Job:
     precision: object = None
     # Set when the run has a memory budget or the deployment a limit (``gradacc.training.budget.Guard``).
     memory_guard: object = None
+    # How far two training-mode passes of the first two examples differ at the run's dropout
+    # (``gradacc.training.dropout.Variation``); the equivalence check refuses a model that varies at dropout 0.
+    variation: object = None
 
     @property
     def causal_lm(self) -> bool:
@@ -170,9 +174,17 @@ def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, token_lev
     precision = Precision(config, device)  # refuses fp16 off CUDA before anything is moved to the device
     if config.gradient_checkpointing:
         enable_gradient_checkpointing(loaded.model, config.model)
-    return Job(config=config, model=loaded.model.to(device), precision=precision, tokenizer=loaded.tokenizer,
+    model = loaded.model.to(device)
+    collate = collate or data_module.collator(loaded.tokenizer, token_level)
+    # Two examples show randomness as well as a whole micro-batch, and cost no more than the budget's own probes
+    # (a run too large for its memory is refused after this, before its first micro-batch).
+    variation = _dropout_variation(model, collate, [train_examples[i] for i in plan[rank][0][:2]], device, precision)
+    dropout_note = dropouts.note(config.model, config.dropout, variation)
+    if dropout_note:
+        notes.append(dropout_note)
+    return Job(config=config, model=model, precision=precision, tokenizer=loaded.tokenizer,
                train_examples=train_examples, eval_examples=eval_examples, label_names=text_data.label_names,
-               collate=collate or data_module.collator(loaded.tokenizer, token_level), emit=emit, stop=stop,
+               collate=collate, emit=emit, stop=stop, variation=variation,
                device=device,
                steps_per_epoch=optimizer_steps_per_epoch(len(train_examples), config.micro_batch_size,
                                                          config.grad_accum_steps, config.num_processes),
@@ -182,3 +194,11 @@ def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, token_lev
                before_optimizer_step=before_optimizer_step,
                trainer_library_default=trainer_library_default or config.trainer_library_default,
                sync_each_micro_batch=sync_each_micro_batch)
+
+
+def _dropout_variation(model, collate, examples: list[dict], device, precision):
+    """Whether the run's dropout took: ``examples`` through the model twice in training mode (see
+    ``gradacc.training.dropout``); nothing the run draws or trains on changes."""
+    from gradacc.training.backends.common import to_device
+
+    return dropouts.variation(model, to_device(collate(examples), device), device, precision.autocast)

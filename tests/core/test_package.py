@@ -71,6 +71,9 @@ def test_the_wheel_holds_the_package_the_app_pages_and_the_app_settings(wheel):
         assert wheel.read(shipped.relative_to(ROOT).as_posix()) == shipped.read_bytes()
     # The live charts' script: without it every chart on the Train, Compare and Demos pages stays empty.
     assert wheel.read("gradacc/app/live_chart/live_chart.js") == (ROOT / "gradacc/app/live_chart/live_chart.js").read_bytes()
+    # The Equivalence page's measured table, "Trainer's default, by model family".
+    assert wheel.read("gradacc/app/trainer_default_by_family.json") == \
+        (ROOT / "gradacc/app/trainer_default_by_family.json").read_bytes()
     assert "gradacc/app/streamlit_app.py" in names
     assert not [name for name in names if name.startswith(("tests/", "app.py", "pages/", "setup.py"))]
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gradacc import paths
+from gradacc.training import dropout as dropouts
 from gradacc.training.sources import builtin_data, hub
 from gradacc.config import BUILTIN_MODEL_TASKS, CAUSAL_LM, CLASSIFICATION, MAX_SEQ_LEN, RunConfig
 from gradacc.errors import GradaccError, one_line
@@ -50,6 +51,14 @@ def load(config: RunConfig, num_labels: int, label_names: list[str], token_level
     import torch
 
     torch.manual_seed(config.seed)  # a new classifier head is random: the same seed, the same head
+    loaded = _load(config, num_labels, label_names, token_level, confinement)
+    # Heads and layers that build nn.Dropout with a fixed p, whatever the config says, get the run's too.
+    dropouts.set_in_modules(loaded.model, config.dropout)
+    return loaded
+
+
+def _load(config: RunConfig, num_labels: int, label_names: list[str], token_level: bool,
+          confinement: paths.Confinement | None) -> LoadedModel:
     name = config.model.strip()
     id2label = {i: n for i, n in enumerate(label_names)}
     if config.task == CAUSAL_LM:
@@ -199,10 +208,7 @@ def _load_pretrained_lm(source: str, shown_name: str, config: RunConfig) -> Load
 
     try:
         model_config = AutoConfig.from_pretrained(source, trust_remote_code=False)
-        for attribute in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout", "attention_dropout",
-                          "hidden_dropout_prob", "attention_probs_dropout_prob", "dropout"):
-            if isinstance(getattr(model_config, attribute, None), float):
-                setattr(model_config, attribute, config.dropout)
+        dropouts.set_in_config(model_config, config.dropout)
         model_config.use_cache = False  # training: no key/value cache to keep
         model = AutoModelForCausalLM.from_pretrained(source, config=model_config, trust_remote_code=False,
                                                      use_safetensors=True)
@@ -279,9 +285,7 @@ def _load_pretrained(source: str, shown_name: str, config: RunConfig, num_labels
     try:
         model_config = AutoConfig.from_pretrained(source, trust_remote_code=False, num_labels=num_labels,
                                                   id2label=id2label, label2id={v: k for k, v in id2label.items()})
-        for attribute in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
-            if hasattr(model_config, attribute):
-                setattr(model_config, attribute, config.dropout)
+        dropouts.set_in_config(model_config, config.dropout)  # every family's names for it, not BERT's only
         auto_class = AutoModelForTokenClassification if token_level else AutoModelForSequenceClassification
         model = auto_class.from_pretrained(source, config=model_config, trust_remote_code=False,
                                            use_safetensors=True)

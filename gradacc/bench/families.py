@@ -1,0 +1,201 @@
+"""Transformers issue #47688 by model family: Trainer's library default, and gradacc's check, on models it was
+never shown.
+
+For each family a tiny random model is built in memory from its config class (no download), with that
+family's own default dropout settings, and written with ``save_pretrained`` (its tokenizer too) into a
+temporary folder: the path a person takes with their own model. ``gradacc check`` then runs on it with the
+Trainer backend, one window of m·k examples (equal windows), and reports three relative errors of the
+accumulated gradient against the full-batch gradient: ``exact`` and ``naive`` (gradacc's compute_loss_func)
+and ``library_default`` (no compute_loss_func: what Trainer does on its own).
+
+In transformers 5 Trainer skips its own ÷k for a model whose forward takes ``**kwargs`` and passes it
+``num_items_in_batch``; a head that ignores it (a classifier) gets k× the gradient, a causal LM whose loss
+uses it gets the right one; a forward without ``**kwargs`` gets Trainer's ÷k. The table says which is which.
+
+Encoders and decoder-only classifiers learn builtin-sentiment through tiny-bert's WordPiece tokenizer; causal
+LMs learn builtin-text through tiny-gpt's byte-level BPE; each model's vocabulary is its tokenizer's.
+A family whose check is refused (the model is not deterministic at dropout 0) or fails says why in its row.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from gradacc.analysis.equivalence import EXACT_LIMIT, library_default_verdict
+from gradacc.bench import report
+from gradacc.config import RunConfig
+
+ENCODER, DECODER_CLASSIFIER, CAUSAL_LM = "encoder", "decoder-only classifier", "causal LM"
+# One tiny shape in each family's own words: 2 layers, width 32, 2 heads, feed-forward 64, 128 positions.
+_BERT_LIKE = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                  max_position_embeddings=128)
+_LLAMA_LIKE = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                   intermediate_size=64, max_position_embeddings=128)
+_GPT2 = dict(n_embd=32, n_layer=2, n_head=2, n_inner=64, n_positions=128)
+# name: (kind, config class, model class, shape). Each family's dropout settings are left at its defaults.
+FAMILIES = {
+    "bert": (ENCODER, "BertConfig", "BertForSequenceClassification", _BERT_LIKE),
+    "roberta": (ENCODER, "RobertaConfig", "RobertaForSequenceClassification", _BERT_LIKE),
+    "distilbert": (ENCODER, "DistilBertConfig", "DistilBertForSequenceClassification",
+                   dict(dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=128)),
+    "electra": (ENCODER, "ElectraConfig", "ElectraForSequenceClassification", dict(_BERT_LIKE, embedding_size=32)),
+    "deberta-v2": (ENCODER, "DebertaV2Config", "DebertaV2ForSequenceClassification", _BERT_LIKE),
+    "mpnet": (ENCODER, "MPNetConfig", "MPNetForSequenceClassification", _BERT_LIKE),
+    "gpt2-classifier": (DECODER_CLASSIFIER, "GPT2Config", "GPT2ForSequenceClassification", _GPT2),
+    "llama-classifier": (DECODER_CLASSIFIER, "LlamaConfig", "LlamaForSequenceClassification", _LLAMA_LIKE),
+    "qwen2-classifier": (DECODER_CLASSIFIER, "Qwen2Config", "Qwen2ForSequenceClassification", _LLAMA_LIKE),
+    "gpt2": (CAUSAL_LM, "GPT2Config", "GPT2LMHeadModel", _GPT2),
+    "llama": (CAUSAL_LM, "LlamaConfig", "LlamaForCausalLM", _LLAMA_LIKE),
+    "opt": (CAUSAL_LM, "OPTConfig", "OPTForCausalLM",
+            dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, ffn_dim=64, word_embed_proj_dim=32,
+                 max_position_embeddings=128)),
+    "gpt-neox": (CAUSAL_LM, "GPTNeoXConfig", "GPTNeoXForCausalLM", _BERT_LIKE),
+    "phi": (CAUSAL_LM, "PhiConfig", "PhiForCausalLM", _LLAMA_LIKE),
+}
+# --quick (the tests): one family of each kind, at the full run's settings, so its rows can be compared.
+QUICK_FAMILIES = ("distilbert", "gpt2-classifier", "gpt2")
+SETTINGS = dict(backend="trainer", micro_batch_size=2, grad_accum_steps=4, max_seq_length=32, seed=42)
+# The Equivalence page's table ("Trainer's default, by model family"): a full run's rows, written by
+# `python -m gradacc.bench.families bench-out/families.json` (tests rerun some families and compare).
+PAGE_TABLE = Path(__file__).resolve().parents[1] / "app" / "trainer_default_by_family.json"
+
+
+def build(family: str, folder: Path) -> None:
+    """A tiny random model of ``family`` and its tokenizer, written into ``folder`` with save_pretrained."""
+    import torch
+    import transformers
+
+    from gradacc.training.engine import quiet_libraries
+    from gradacc.training.sources import models
+
+    quiet_libraries()  # no progress bars from save_pretrained
+    kind, config_class, model_class, shape = FAMILIES[family]
+    causal = kind == CAUSAL_LM
+    tokenizer = models.tiny_gpt_tokenizer() if causal else models.tiny_bert_tokenizer()
+    # Special tokens inside the tokenizer's vocabulary (not the family's defaults, e.g. GPT-2's 50256).
+    special = dict(pad_token_id=tokenizer.pad_token_id,
+                   bos_token_id=tokenizer.bos_token_id if causal else tokenizer.cls_token_id,
+                   eos_token_id=tokenizer.eos_token_id if causal else tokenizer.sep_token_id)
+    labels = {} if causal else dict(num_labels=2, id2label={0: "negative", 1: "positive"},
+                                    label2id={"negative": 0, "positive": 1})
+    config = getattr(transformers, config_class)(vocab_size=len(tokenizer), **special, **labels, **shape)
+    torch.manual_seed(SETTINGS["seed"])
+    getattr(transformers, model_class)(config).save_pretrained(str(folder))
+    # Only what every family's forward takes (not all of them know token_type_ids).
+    saved = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer.backend_tokenizer,
+                                                 model_input_names=["input_ids", "attention_mask"],
+                                                 **{name: getattr(tokenizer, name) for name in
+                                                    ("pad_token", "unk_token", "bos_token", "eos_token", "cls_token",
+                                                     "sep_token", "mask_token") if getattr(tokenizer, name)})
+    saved.save_pretrained(str(folder))
+
+
+def check_family(family: str, home: Path) -> dict:
+    """``gradacc check`` on the Trainer backend for one family: the row of the table."""
+    from gradacc import paths
+    from gradacc.analysis import equivalence
+    from gradacc.errors import GradaccError, one_line
+
+    kind = FAMILIES[family][0]
+    row = {"family": family, "kind": kind, "model_class": FAMILIES[family][2]}
+    folder = home / family
+    try:
+        build(family, folder)
+        config = RunConfig(model=str(folder), **SETTINGS)
+        result = equivalence.check(config, cases=("equal_windows",), confinement=paths.TRUST_USER)
+    except GradaccError as error:
+        return {**row, "refused": error.message}
+    except Exception as error:  # noqa: BLE001 - the row says why this family could not be checked
+        return {**row, "failed": one_line(error)}
+    window = result["cases"]["equal_windows"]
+    row.update({name: window[f"{name}_rel_error"] for name in ("exact", "naive", "library_default")})
+    return row
+
+
+def run(quick: bool = False, threads: int = 1) -> dict:
+    import transformers
+
+    started = time.perf_counter()
+    families = list(QUICK_FAMILIES if quick else FAMILIES)
+    result = report.envelope("families", quick, threads, {
+        **SETTINGS, "families": families, "transformers": transformers.__version__, "case": "equal_windows",
+        "compared": "accumulated gradient before the first optimizer step vs the full-batch gradient of the window"})
+    home = Path(tempfile.mkdtemp(prefix="gradacc-families-"))
+    rows = []
+    try:
+        for family in families:
+            report.progress(f"{family}: check on the Trainer backend, m={SETTINGS['micro_batch_size']}, "
+                            f"k={SETTINGS['grad_accum_steps']}")
+            rows.append(check_family(family, home))
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    result["rows"] = rows
+    checked = [r for r in rows if "exact" in r]
+    worst = max((r["exact"] for r in checked), default=float("nan"))
+    result["goals"] = {
+        "exact_on_every_family": report.goal(
+            worst, f"exact ≤ {EXACT_LIMIT:g} on every family", len(checked) == len(rows) and worst <= EXACT_LIMIT),
+        "no_false_verdicts": report.goal(
+            sum(1 for r in checked if r["exact"] > EXACT_LIMIT), "0 families where check calls exact wrong",
+            all(r["exact"] <= EXACT_LIMIT for r in checked)),
+    }
+    return report.finish(result, started)
+
+
+def verdict(row: dict, k: int) -> str:
+    """Trainer's library default on this row, in words; a family not checked: why."""
+    if "exact" not in row:
+        return row.get("refused") or row.get("failed", "")
+    return library_default_verdict(row["library_default"], k)
+
+
+def page_table(result: dict) -> dict:
+    """What the Equivalence page shows of a full run: settings, transformers version, one row per family."""
+    keep = ("family", "kind", "model_class", "exact", "naive", "library_default", "refused", "failed")
+    return {"made_by": "python -m gradacc bench families", "settings": result["settings"],
+            "rows": [{key: row[key] for key in keep if key in row} for row in result["rows"]]}
+
+
+def figure(result: dict):
+    import plotly.graph_objects as go
+
+    rows = [r for r in result["rows"] if "exact" in r]
+    figure = go.Figure()
+    for name, colour in (("exact", "#2ca02c"), ("naive", "#d62728"), ("library_default", "#7f7f7f")):
+        figure.add_trace(go.Bar(x=[r["family"] for r in rows], y=[max(r[name], 1e-12) for r in rows], name=name,
+                                marker_color=colour, customdata=[r[name] for r in rows],
+                                hovertemplate="%{x}: %{customdata:.2e}<extra>" + name + "</extra>"))
+    settings = result["settings"]
+    figure.update_layout(
+        title=f"Trainer (transformers {settings['transformers']}), m={settings['micro_batch_size']}, "
+              f"k={settings['grad_accum_steps']}: relative error of the accumulated gradient",
+        barmode="group", yaxis=dict(title="‖g_acc − g_full‖ / ‖g_full‖ (log)", type="log"),
+        legend=dict(orientation="h", y=-0.25))
+    return figure
+
+
+def table(result: dict) -> tuple[list[str], list[list]]:
+    k = result["settings"]["grad_accum_steps"]
+    headers = ["family", "kind", "exact", "naive", "library default", "Trainer's default"]
+    rows = []
+    for r in result["rows"]:
+        if "exact" in r:
+            rows.append([r["family"], r["kind"], f"{r['exact']:.2e}", f"{r['naive']:.2e}",
+                         f"{r['library_default']:.2e}", verdict(r, k)])
+        else:
+            rows.append([r["family"], r["kind"], "-", "-", "-", verdict(r, k)])
+    return headers, rows
+
+
+if __name__ == "__main__":  # python -m gradacc.bench.families bench-out/families.json: refresh the page's table
+    import json
+    import sys
+
+    full = json.loads(Path(sys.argv[1]).read_text(encoding="utf-8"))
+    if full["quick"] or len(full["rows"]) != len(FAMILIES):
+        sys.exit("error: give the JSON of a full run (python -m gradacc bench families), not --quick")
+    PAGE_TABLE.write_text(json.dumps(page_table(full), indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {PAGE_TABLE}")

@@ -1,0 +1,65 @@
+"""`python -m gradacc bench families` on its quick subset: check on families it was never shown gives no false
+verdict, Trainer's library default is k× wrong on classifier heads and right on causal LMs, and a rerun reproduces
+the rows the Equivalence page shows."""
+
+import json
+
+import pytest
+
+from gradacc.app import equivalence_view
+from gradacc.bench import families
+from gradacc.cli import build_parser
+
+
+@pytest.fixture(scope="module")
+def quick():
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return families.run(quick=True)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_suite_is_a_bench_command():
+    args = build_parser().parse_args(["bench", "families", "--quick"])
+    assert args.suite == "families"
+
+
+def test_no_false_verdicts_and_the_library_default_by_head(quick):
+    k = quick["settings"]["grad_accum_steps"]
+    rows = {row["family"]: row for row in quick["rows"]}
+    assert list(rows) == list(families.QUICK_FAMILIES)
+    kinds = {row["kind"] for row in rows.values()}
+    assert kinds == {families.ENCODER, families.DECODER_CLASSIFIER, families.CAUSAL_LM}
+    for row in rows.values():
+        assert row["exact"] <= families.EXACT_LIMIT, row  # a false verdict would be exact "wrong"
+        if row["kind"] == families.CAUSAL_LM:
+            assert families.verdict(row, k) == "right"
+            assert row["naive"] > 1e-3  # texts of uneven lengths: ÷k weighs tokens wrongly
+        else:
+            assert families.verdict(row, k) == f"{k}× wrong"
+            assert row["library_default"] == pytest.approx(k - 1, rel=0.01)
+    assert all(goal["met"] for goal in quick["goals"].values())
+    headers, table = families.table(quick)
+    assert headers[-1] == "Trainer's default" and len(table) == len(rows)
+
+
+def test_a_rerun_reproduces_the_pages_table(quick):
+    stored = json.loads(equivalence_view.FAMILY_TABLE.read_text(encoding="utf-8"))
+    for name in ("backend", "micro_batch_size", "grad_accum_steps", "max_seq_length", "seed", "case"):
+        assert stored["settings"][name] == quick["settings"][name], name
+    assert set(stored["settings"]["families"]) == set(families.FAMILIES)
+    stored_rows = {row["family"]: row for row in stored["rows"]}
+    for row in quick["rows"]:
+        kept = stored_rows[row["family"]]
+        assert kept["kind"] == row["kind"]
+        assert kept["exact"] <= families.EXACT_LIMIT
+        # Errors at rounding level are noise; the others are reproduced to a part in a thousand.
+        for name in ("naive", "library_default"):
+            if max(kept[name], row[name]) > families.EXACT_LIMIT:
+                assert row[name] == pytest.approx(kept[name], rel=1e-3), (row["family"], name)
+            else:
+                assert row[name] <= families.EXACT_LIMIT

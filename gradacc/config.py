@@ -63,6 +63,20 @@ def recipe_for(model: str | None) -> Recipe:
     return RECIPES.get((model or "").strip(), PRETRAINED_RECIPE)
 
 
+# The recipes' learning rates are AdamW's; these optimizers take the same rate, the others (SGD, Adafactor) their own.
+ADAMW_LIKE = ("adamw", "adamw-fused", "adamw-8bit")
+
+
+def shares_learning_rate(optimizer: str, other: str) -> bool:
+    """Whether a learning rate tuned for ``optimizer`` suits ``other`` (same update rule, another kernel)."""
+    return optimizer == other or (optimizer in ADAMW_LIKE and other in ADAMW_LIKE)
+
+
+def default_dataset(model: str | None) -> str:
+    """The built-in data a built-in model trains on: builtin-text for a causal LM, builtin-sentiment otherwise."""
+    return "builtin-text" if BUILTIN_MODEL_TASKS.get((model or "").strip()) == CAUSAL_LM else "builtin-sentiment"
+
+
 def is_pretrained(model: str | None) -> bool:
     """Every model but the tiny ones (tiny-bert, tiny-gpt) starts from trained weights."""
     return (model or "").strip() not in ("tiny-bert", "tiny-gpt")

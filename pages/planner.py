@@ -6,7 +6,7 @@ import streamlit as st
 from gradacc.analysis import planner
 from gradacc.app import charts, inputs, server, train_form
 from gradacc import units
-from gradacc.config import RunConfig
+from gradacc.config import RunConfig, field_label, shares_learning_rate
 from gradacc.errors import GradaccError, one_line
 from gradacc.serving import warmup
 
@@ -102,28 +102,43 @@ def advice(row: dict) -> str:
             f"{row['seconds_per_example'] * 1000:,.2f} ms per example")
 
 
-fitting = [row for row in plan["rows"] if row["fits"]]
+optimizer = train_form.train_config().optimizer  # the Train form's: the planner keeps it unless allowed
+change_optimizer = st.checkbox(f"Let the planner change the optimizer (the Train form uses {optimizer})",
+                               key=K + "change_optimizer", persist_state="session",
+                               help="A lighter optimizer keeps less state, but it trains differently and needs a "
+                                    "learning rate of its own.")
+allowed = planner.allowed_rows(plan, optimizer, change_optimizer)
+fitting = [row for row in allowed if row["fits"]]
+top = planner.pick(plan, optimizer, change_optimizer)
 chosen = None
-if fitting:
-    fastest_column, lightest_column = st.columns(2)
-    fastest_column.success("Fastest that fits: " + advice(plan["fastest"]))
-    lightest = plan["cheapest_memory"]
+if plan["rows"] and not fitting and not plan["reason"]:
+    errors.show({"budget_mb": f"Nothing with {optimizer} fits {field_label('budget_mb')} {budget_mb:g}: let the "
+                              "planner change the optimizer, or raise the budget."}, general)
+if top:
+    pick_column, lightest_column = st.columns(2)
+    pick_column.success(f"Pick: {advice(top['row'])}. {top['why']}")
+    lightest = min(fitting, key=lambda row: row["least_bytes"])
     lightest_column.info("Least memory that fits: " + advice(lightest)
                          + f"; needs only {units.format_bytes(lightest['least_bytes'])} at m = 1")
-    labels = {planner.setting_label(row): row for row in fitting}
+    ordered = [top["row"], *(row for row in fitting if row is not top["row"])]
+    labels = {planner.setting_label(row): row for row in ordered}
     chosen = labels[st.selectbox("Setting to use", list(labels), key=K + "setting",
-                                 help="The settings that fit, fastest first (time per example from a short timed "
-                                      "run: differences of a few per cent are noise).")]
+                                 help="The pick first, then the others that fit, fastest first (time per example "
+                                      "from a short timed run: differences of a few per cent are noise).")]
     m_metric, k_metric, effective_metric, peak_metric = st.columns(4)
     m_metric.metric("Micro-batch size (m)", chosen["micro_batch_size"])
     k_metric.metric("Accumulation steps (k)", chosen["grad_accum_steps"])
     effective_metric.metric("Effective batch", chosen["micro_batch_size"] * chosen["grad_accum_steps"])
     peak_metric.metric("Predicted peak", units.format_bytes(chosen["predicted_peak_bytes"]))
     if st.button("Use these settings on the Train page", key="use_plan"):
-        train_form.suggest_train_settings(micro_batch_size=chosen["micro_batch_size"],
-                                  grad_accum_steps=chosen["grad_accum_steps"],
-                                  max_seq_length=measurement["max_seq_length"], model=measurement["model"],
-                                  **planner.levers_of(chosen))
+        levers = planner.levers_of(chosen)
+        if shares_learning_rate(optimizer, levers["optimizer"]):
+            del levers["optimizer"]  # the same rule (adamw-fused stays fused)
+        train_form.carry_train_settings(limits, model=measurement["model"],
+                                        max_seq_length=measurement["max_seq_length"],
+                                        micro_batch_size=chosen["micro_batch_size"],
+                                        grad_accum_steps=chosen["grad_accum_steps"],
+                                        memory_budget_mb=float(budget_mb), **levers)
         st.switch_page("pages/train.py")
 
 st.caption(f"Every setting, for a budget of {budget_mb:,.0f} MB and an effective batch of {target} (fastest first; "

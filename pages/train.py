@@ -4,6 +4,7 @@ import streamlit as st
 
 from gradacc.app import charts, form, inputs, pacing, runview, server, train_form, warmup_status
 from gradacc import units
+from gradacc.analysis import health
 from gradacc.app.live_chart import live_chart
 from gradacc.training.backends import DESCRIPTIONS
 from gradacc.config import BACKENDS, RunConfig, field_label
@@ -68,6 +69,9 @@ examples.metric("Training examples", train_examples if train_examples is not Non
 
 general = st.container()
 errors.show(problems, general)
+lr_warning = None if problems else health.learning_rate_warning(config.resolved())
+if lr_warning:  # said before Start; the run's end warnings name the same cause afterwards
+    general.warning(lr_warning, icon="⚠️")
 
 # The run this session watches: the last it started, or the one in the URL after a reload.
 run_id = st.session_state.get("run_id") or st.query_params.get("run")

@@ -10,7 +10,7 @@ import math
 import statistics
 
 from gradacc import events as ev
-from gradacc.config import PITFALLS, RunConfig, is_pretrained
+from gradacc.config import PITFALLS, RunConfig, is_pretrained, shares_learning_rate
 
 # A step whose loss is this many times the median of the steps before it is a spike...
 SPIKE_FACTOR = 3.0
@@ -164,6 +164,31 @@ def _spike(losses: list[float]) -> str | None:
     return None
 
 
+def learning_rate_is_high(config: RunConfig) -> bool:
+    """A learning rate HIGH_LR_FACTOR or more times the model's recipe: the likeliest cause of a spike or collapse.
+    The recipes' rates are AdamW's, so only an AdamW-like optimizer is measured against them (SGD wants more)."""
+    lr = config.learning_rate
+    return (lr is not None and shares_learning_rate("adamw", config.optimizer)
+            and lr >= HIGH_LR_FACTOR * config.recipe.learning_rate)
+
+
+def _high_learning_rate(config: RunConfig) -> str:
+    kind = "a pretrained model" if is_pretrained(config.model) else config.model
+    return f"learning rate {config.learning_rate:g} is high for {kind}; its recipe uses {config.recipe.learning_rate:g}"
+
+
+def learning_rate_warning(config: RunConfig) -> str | None:
+    """Said before Start: a learning rate far above the model's recipe (what ``likely_cause`` names after a bad
+    run), or the recipe's rate, which is AdamW's, handed to an optimizer that needs its own."""
+    if learning_rate_is_high(config):
+        return (f"The {_high_learning_rate(config)}: a run this far above it usually spikes or collapses "
+                "(F1 no better than always guessing one class).")
+    if config.learning_rate == config.recipe.learning_rate and not shares_learning_rate("adamw", config.optimizer):
+        return (f"Learning rate {config.learning_rate:g} is {config.model}'s recipe for AdamW; {config.optimizer} "
+                "needs a learning rate of its own: set one before Start.")
+    return None
+
+
 def likely_cause(config: RunConfig) -> str | None:
     """The setting most likely to blame, said with the value the model's recipe uses."""
     recipe = config.recipe
@@ -173,9 +198,8 @@ def likely_cause(config: RunConfig) -> str | None:
     if training:
         lines = "lines" if len(training) > 1 else "line"
         return f"Likely cause: the wrong {lines} run on purpose ({', '.join(training)})."
-    if lr is not None and lr >= HIGH_LR_FACTOR * recipe.learning_rate:
-        kind = "a pretrained model" if is_pretrained(config.model) else config.model
-        return f"Likely cause: learning rate {lr:g} is high for {kind}; its recipe uses {recipe.learning_rate:g}."
+    if learning_rate_is_high(config):
+        return f"Likely cause: {_high_learning_rate(config)}."
     if config.trainer_library_default and config.backend == "trainer" and config.grad_accum_steps > 1:
         return (f"Likely cause: Trainer's library default on this model scales the loss and gradients "
                 f"{config.grad_accum_steps}× too large; gradacc's compute_loss_func fixes it.")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from gradacc.config import field_label
+from gradacc.config import field_label, shares_learning_rate
 from gradacc.errors import GradaccError
 from gradacc.units import MB
 
@@ -173,6 +173,72 @@ def plan_levers(measured: list[dict], budget_mb: float, target_effective_batch: 
             "fastest": fitting[0] if fitting else None,
             "cheapest_memory": min(fitting, key=lambda row: row["least_bytes"]) if fitting else None,
             "reason": reason, "largest_held_out_error": max(abs(row["held_out_error"]) for row in rows)}
+
+
+# Timings closer than this share (a short timed run) are noise: the pick then takes the setting with fewer levers.
+TIME_NOISE = 0.10
+
+
+def lever_count(row: dict, optimizer: str) -> int:
+    """Levers a setting pulls besides accumulation: checkpointing, a lower precision, another optimizer."""
+    return (bool(row["gradient_checkpointing"]) + (row["precision"] != "fp32")
+            + (not shares_learning_rate(optimizer, row["optimizer"])))
+
+
+def allowed_rows(plan: dict, optimizer: str, change_optimizer: bool) -> list[dict]:
+    """The plan's rows the pick may choose from: only ``optimizer``'s (the Train form's) unless the user allows
+    another one, since another optimizer needs its own learning rate."""
+    return [row for row in plan["rows"] if change_optimizer or shares_learning_rate(optimizer, row["optimizer"])]
+
+
+def pick(plan: dict, optimizer: str = "adamw", change_optimizer: bool = False) -> dict | None:
+    """The setting to use and why, or None when no allowed setting fits.
+
+    Accumulation costs no time per example; checkpointing recomputes the forward pass and another precision or
+    optimizer changes the training. So among the allowed settings that fit, the fastest wins only when it is more
+    than TIME_NOISE faster than a setting with fewer levers; otherwise the one with fewest levers (accumulation
+    alone, where it fits) is picked. Returns {"row", "why"}: ``why`` is one sentence for the page."""
+    fitting = [row for row in allowed_rows(plan, optimizer, change_optimizer) if row["fits"]]
+    if not fitting:
+        return None
+    fastest = min(row["seconds_per_example"] for row in fitting)
+    close = [row for row in fitting if row["seconds_per_example"] <= fastest * (1 + TIME_NOISE)]
+    chosen = min(close, key=lambda row: (lever_count(row, optimizer), row["seconds_per_example"]))
+    return {"row": chosen, "why": _why(chosen, fitting, plan["rows"], optimizer)}
+
+
+def _why(chosen: dict, fitting: list[dict], rows: list[dict], optimizer: str) -> str:
+    levers = lever_count(chosen, optimizer)
+    mk = f"m = {chosen['micro_batch_size']}, k = {chosen['grad_accum_steps']}"
+    slower = [row for row in fitting if lever_count(row, optimizer) > levers
+              and row["seconds_per_example"] > chosen["seconds_per_example"]]
+    costs = "; ".join(f"{setting_label(row)} fits too but takes "
+                      f"{row['seconds_per_example'] / chosen['seconds_per_example'] - 1:+.0%} time per example"
+                      for row in sorted(slower, key=lambda row: row["seconds_per_example"])[:2])
+    if levers == 0:
+        why = f"Accumulation alone fits ({mk}): no lever that costs time or changes the training is needed"
+        return why + (f" ({costs})." if costs else ".")
+    plain = [row for row in rows if lever_count(row, optimizer) < levers
+             and shares_learning_rate(optimizer, row["optimizer"])]
+    if not any(row["fits"] for row in plain):
+        why = (f"Accumulation alone does not fit: without {_levers_named(chosen, optimizer)} not even a "
+               f"micro-batch of 1 fits the budget; with it, {mk}")
+    else:
+        fewer = min((row for row in plain if row["fits"]), key=lambda row: row["seconds_per_example"])
+        why = (f"{_levers_named(chosen, optimizer).capitalize()} is "
+               f"{1 - chosen['seconds_per_example'] / fewer['seconds_per_example']:.0%} faster per example than "
+               f"{setting_label(fewer)} (more than the timing's noise), at {mk}")
+    if not shares_learning_rate(optimizer, chosen["optimizer"]):
+        why += (f". {chosen['optimizer']} does not take {optimizer}'s learning rate: the Train page asks for one "
+                "of its own")
+    return why + "."
+
+
+def _levers_named(row: dict, optimizer: str) -> str:
+    named = (["checkpointing"] if row["gradient_checkpointing"] else []) + \
+        ([row["precision"]] if row["precision"] != "fp32" else []) + \
+        ([row["optimizer"]] if not shares_learning_rate(optimizer, row["optimizer"]) else [])
+    return " and ".join(named)
 
 
 def measurement_of(measured: list[dict], levers: dict) -> dict:

@@ -100,6 +100,10 @@ def describe_moves(model: str, moves: dict) -> str:
     return f"Set to {kind}: {shown}. Fields you changed keep your values."
 
 
+def describe_dataset_move(model: str, dataset: str) -> str:
+    return f"Dataset set to {dataset}, the built-in data for {model}."
+
+
 def task_errors(config: RunConfig) -> dict[str, str]:
     """A model, task and built-in dataset that cannot go together, said before Start (no torch needed)."""
     from gradacc.config import BUILTIN_MODEL_TASKS, CAUSAL_LM

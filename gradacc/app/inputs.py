@@ -9,7 +9,7 @@ import streamlit as st
 
 from gradacc.app import form
 from gradacc.config import (BACKENDS, BUILTIN_DATASETS, BUILTIN_MODELS, LOSS_NORMALIZATIONS, OPTIMIZERS, PITFALLS,
-                            PRECISIONS, RunConfig, field_label)
+                            PRECISIONS, RunConfig, default_dataset, field_label)
 from gradacc.errors import GradaccError
 from gradacc.serving import uploads
 from gradacc.serving.limits import Limits
@@ -187,13 +187,23 @@ def follow_recipe(prefix: str, model: str, limits: Limits) -> None:
     moves = form.recipe_moves(previous, model, values, limits)
     for name, value in moves.items():
         st.session_state[f"{FORM}{prefix}.{name}"] = value
-    if moves:
-        st.session_state[f"{FORM}{prefix}.recipe_note"] = form.describe_moves(model, moves)
+    note = [form.describe_moves(model, moves)] if moves else []
+    # The built-in data follows the task the same way: builtin-text for tiny-gpt, builtin-sentiment back.
+    dataset_key = f"{FORM}{prefix}.dataset_choice"
+    if st.session_state.get(dataset_key) == default_dataset(previous) != default_dataset(model):
+        st.session_state[dataset_key] = default_dataset(model)
+        note.append(form.describe_dataset_move(model, default_dataset(model)))
+    if note:
+        st.session_state[recipe_note_key(prefix)] = " ".join(note)
+
+
+def recipe_note_key(prefix: str) -> str:
+    return f"{FORM}{prefix}.recipe_note"
 
 
 def recipe_note(prefix: str) -> None:
-    """The sentence ``follow_recipe`` left, once, where the page wants it."""
-    note = st.session_state.pop(f"{FORM}{prefix}.recipe_note", None)
+    """The sentence ``follow_recipe`` (or a hand-off from another page) left, once, where the page wants it."""
+    note = st.session_state.pop(recipe_note_key(prefix), None)
     if note:
         st.info(note, icon="🧪")
 

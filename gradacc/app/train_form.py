@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import streamlit as st
 
-from gradacc.app.inputs import FORM, _model_widget_values, defaults
-from gradacc.config import RunConfig
+from gradacc.app import form
+from gradacc.app.inputs import FORM, _model_widget_values, defaults, recipe_note_key
+from gradacc.config import BUILTIN_DATASETS, RunConfig, default_dataset
 from gradacc.serving.limits import Limits
 
 
@@ -31,6 +32,28 @@ def train_config() -> RunConfig:
 def suggest_train_settings(**changes) -> None:
     """Another page's advice for the Train form (the planner's m and k); the form shows it when it next draws."""
     st.session_state[TRAIN_CONFIG] = train_config().replace(**changes)
+
+
+def carry_train_settings(limits: Limits, **changes) -> None:
+    """Another page's settings for the Train form, carried whole (the planner's model, m, k, budget and levers).
+
+    A new model brings what choosing it on the Train page brings: the fields still at the old model's recipe move
+    to the new one's, the built-in data follows its task, and the form says so. ``changes`` win over the recipe."""
+    current = train_config()
+    model = changes.get("model", current.model)
+    if model != current.model:
+        moves = form.recipe_moves(current.model, model,
+                                  {name: getattr(current, name) for name in form.PAGE_RECIPE_FIELDS}, limits)
+        moves = {name: value for name, value in moves.items() if name not in changes}
+        note = [form.describe_moves(model, moves)] if moves else []
+        if current.dataset == default_dataset(current.model) != default_dataset(model) and "dataset" not in changes:
+            changes["dataset"] = default_dataset(model)
+            note.append(form.describe_dataset_move(model, changes["dataset"]))
+        changes = moves | changes
+        st.session_state[f"{TRAIN_FORM}recipe_model"] = model  # the Train page's follow_recipe: already followed
+        if note:
+            st.session_state[recipe_note_key("train")] = " ".join(note)
+    st.session_state[TRAIN_CONFIG] = current.replace(**changes)
 
 
 def prepare_train_form(limits: Limits) -> None:
@@ -55,6 +78,8 @@ def prepare_train_form(limits: Limits) -> None:
             st.session_state[TRAIN_FORM + field] = getattr(shared, field)
     if shared.model != shown.model:
         st.session_state.update(_model_widget_values("train", shared.model))
+    if shared.dataset != shown.dataset and shared.dataset in BUILTIN_DATASETS:
+        st.session_state[f"{TRAIN_FORM}dataset_choice"] = shared.dataset
 
 
 def keep_train_config(config: RunConfig) -> None:

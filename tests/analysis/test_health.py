@@ -56,3 +56,17 @@ def test_the_engine_puts_warnings_on_a_forced_divergence():
     ended = train(config, recorder)
     assert ended["status"] == ev.COMPLETED and ended["warnings"], ended
     assert any("Likely cause: learning rate 2" in w for w in ended["warnings"])
+
+
+def test_the_learning_rate_warning_before_start_names_what_the_run_end_warnings_would():
+    from gradacc.config import RunConfig
+
+    high = RunConfig(model="all-MiniLM-L6-v2", learning_rate=1e-3).resolved()
+    assert health.likely_cause(high) == "Likely cause: learning rate 0.001 is high for a pretrained model; its recipe uses 0.0002."
+    assert health.learning_rate_warning(high).startswith("The learning rate 0.001 is high for a pretrained model")
+    assert health.learning_rate_warning(RunConfig(learning_rate=4e-3).resolved()) is None
+    # The recipe's rate is AdamW's: another optimizer is told to take its own; adamw-fused shares it.
+    sgd = health.learning_rate_warning(RunConfig(optimizer="sgd").resolved())
+    assert sgd == "Learning rate 0.005 is tiny-bert's recipe for AdamW; sgd needs a learning rate of its own: set one before Start."
+    assert health.learning_rate_warning(RunConfig(optimizer="adamw-fused").resolved()) is None
+    assert health.learning_rate_warning(RunConfig(optimizer="sgd", learning_rate=0.05).resolved()) is None

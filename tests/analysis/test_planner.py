@@ -97,3 +97,35 @@ def test_the_lever_planner_hits_the_target_exactly_and_checks_its_line_on_a_held
     assert by_levers["fp32"]["micro_batch_size"] == 4 and by_levers["bf16"]["micro_batch_size"] == 16
     assert plan["cheapest_memory"]["precision"] == "bf16"
     assert plan["fastest"] in plan["rows"]
+
+
+CHECKPOINTED = {"gradient_checkpointing": True, "precision": "fp32", "optimizer": "adamw"}
+SGD = {"gradient_checkpointing": False, "precision": "fp32", "optimizer": "sgd"}
+
+
+def test_the_pick_keeps_the_optimizer_and_prefers_accumulation_to_a_lever_that_costs_time():
+    # SGD is the fastest and fits m = 64; AdamW fits with accumulation (m = 16, k = 4); checkpointing is slower.
+    measured = [setting(HEAVY, 10, 2, 0.0010), setting(CHECKPOINTED, 10, 0.5, 0.0014), setting(SGD, 5, 1, 0.0008)]
+    plan = planner.plan_levers(measured, 50, 64)
+    top = planner.pick(plan, optimizer="adamw")
+    assert planner.levers_of(top["row"]) == HEAVY and top["row"]["grad_accum_steps"] == 4
+    assert top["why"].startswith("Accumulation alone fits (m = 16, k = 4)")
+    assert "checkpointing on · fp32 · adamw fits too but takes +40% time per example" in top["why"]
+    # adamw-fused takes AdamW's learning rate: the same candidates.
+    assert planner.pick(plan, optimizer="adamw-fused")["row"] is top["row"]
+    # Allowed to change the optimizer, SGD (20% faster, beyond the noise) wins, and the pick says it needs its own rate.
+    allowed = planner.pick(plan, optimizer="adamw", change_optimizer=True)
+    assert allowed["row"]["optimizer"] == "sgd" and "20% faster per example than checkpointing off" in allowed["why"]
+    assert "sgd does not take adamw's learning rate" in allowed["why"]
+    # Within the timing's noise, fewer levers win even when allowed.
+    close = planner.plan_levers([setting(HEAVY, 10, 2, 0.0010), setting(SGD, 5, 1, 0.00095)], 50, 64)
+    assert planner.pick(close, "adamw", change_optimizer=True)["row"]["optimizer"] == "adamw"
+
+
+def test_a_lever_is_picked_when_accumulation_alone_does_not_fit():
+    measured = [setting(HEAVY, 10, 8, 0.0010), setting(CHECKPOINTED, 10, 1, 0.0014), setting(SGD, 2, 1, 0.0008)]
+    plan = planner.plan_levers(measured, 16, 64)  # AdamW without checkpointing needs 18 MB at m = 1
+    top = planner.pick(plan, optimizer="adamw")
+    assert planner.levers_of(top["row"]) == CHECKPOINTED
+    assert top["why"].startswith("Accumulation alone does not fit: without checkpointing not even a micro-batch")
+    assert planner.pick(planner.plan_levers(measured[:1], 16, 64), "adamw") is None

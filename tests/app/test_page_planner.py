@@ -1,19 +1,25 @@
 """The Memory planner page: measure every lever setting once, rank those that fit, hand one to the Train page."""
 
+import pytest
 from app_support import chart, error_after, metric, open_app, set_numbers
 
+from gradacc import config as config_module
 from gradacc.analysis import planner
+from gradacc.app import inputs
 
 # Short sequences keep the 12 measurements (4 model loads) to a few seconds.
 LENGTH = 32
 
 
-def measured_page(values: dict):
+def measured_page(values: dict, model: str | None = None, change_optimizer: bool = True):
     at = open_app("planner")
     assert "Press **Measure**" in at.info[0].value
+    if model:
+        at.selectbox(key="form.planner.model_choice").set_value(model).run()
     set_numbers(at, "planner", {"max_seq_length": LENGTH})
     at.button(key="measure").click().run()
     assert not at.exception, [e.value for e in at.exception]
+    at.checkbox(key="form.planner.change_optimizer").set_value(change_optimizer).run()
     return set_numbers(at, "planner", values)
 
 
@@ -30,9 +36,9 @@ def test_ranks_every_lever_setting_that_fits_and_checks_the_line_on_a_held_out_m
     for m, k in zip(table[fits]["m"], table[fits]["k"]):
         assert m * k == 64 and int(m) & (int(m) - 1) == 0  # a power of two, the target exactly
     fastest = at.success[0].value
-    assert fastest.startswith("Fastest that fits: **") and "adamw" not in fastest
+    assert fastest.startswith("Pick: **") and "adamw" not in fastest.split("**")[1]
     assert at.info[0].value.startswith("Least memory that fits: **")
-    # The chosen setting (the fastest by default) is the one the metrics, chart and check describe.
+    # The chosen setting (the pick by default) is the one the metrics, chart and check describe.
     assert at.selectbox(key="form.planner.setting").value in fastest
     m, k = int(metric(at, "Micro-batch size (m)")), int(metric(at, "Accumulation steps (k)"))
     assert f"m = {m}, k = {k}" in fastest and int(metric(at, "Effective batch")) == 64
@@ -101,3 +107,41 @@ def test_the_plan_reaches_the_code_page_and_later_train_edits_are_kept(app_home)
     assert at.number_input(key="form.train.epochs").value == 5
     assert at.number_input(key="form.train.micro_batch_size").value == m
     assert not at.exception
+
+
+@pytest.fixture
+def model_folder(tmp_path, monkeypatch):
+    """A small BERT saved with save_pretrained: to gradacc a pretrained model, with the pretrained recipe."""
+    from gradacc.training.sources.models import tiny_bert, tiny_bert_tokenizer
+
+    folder = tmp_path / "models" / "small-bert"
+    tiny_bert(2, {0: "negative", 1: "positive"}, seed=0, dropout=0.1).save_pretrained(str(folder))
+    tiny_bert_tokenizer().save_pretrained(str(folder))
+    monkeypatch.setenv("GRADACC_MODEL_DIRS", str(folder.parent))
+    return str(folder)
+
+
+def test_in_a_fresh_session_the_plan_reaches_the_train_page_whole_with_the_models_recipe(app_home, model_folder):
+    at = open_app("planner")
+    at.selectbox(key="form.planner.model_choice").set_value(inputs.OTHER_MODEL).run()
+    at.text_input(key="form.planner.model_custom").input(model_folder).run()
+    set_numbers(at, "planner", {"max_seq_length": LENGTH})
+    at.button(key="measure").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    set_numbers(at, "planner", {"budget_mb": 50.0, "target_effective_batch": 64})
+    pick = at.success[0].value
+    assert pick.startswith("Pick: **") and "· adamw**" in pick  # the Train form's optimizer, not a lighter one
+    assert set(at.dataframe[0].value["optimizer"]) == {"adamw", "sgd", "adafactor"}  # all shown, adamw picked
+    m, k = int(metric(at, "Micro-batch size (m)")), int(metric(at, "Accumulation steps (k)"))
+    at.button(key="use_plan").click().run()
+    assert not at.exception and at.title[0].value == "Gradient accumulation, live"
+    config = at.session_state["train_config"]
+    recipe = config_module.PRETRAINED_RECIPE
+    assert (config.model, config.micro_batch_size, config.grad_accum_steps) == (model_folder, m, k)
+    assert (config.learning_rate, config.epochs, config.max_seq_length) == (recipe.learning_rate, recipe.epochs, LENGTH)
+    assert config.memory_budget_mb == 50.0 and config.optimizer == "adamw"
+    assert at.text_input(key="form.train.model_custom").value == model_folder
+    assert at.number_input(key="form.train.learning_rate").value == recipe.learning_rate
+    assert at.number_input(key="form.train.memory_budget_mb").value == 50.0
+    assert any(i.value.startswith("Set to the recipe for a pretrained model: Learning rate 5e-05") for i in at.info)
+    assert not at.error and not at.warning

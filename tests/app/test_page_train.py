@@ -11,6 +11,8 @@ import pytest
 from app_support import (APP, LONG_RUN, SMALL_RUN, alerts, chart, charts, completed, error_after, live_charts, metric,
                          open_app, points, run_until, set_numbers)
 from streamlit.testing.v1 import AppTest
+
+from gradacc.analysis import health
 from support import ROOT
 
 RUN_TIMEOUT_S = 90  # the first run in the process also imports torch and transformers
@@ -174,6 +176,8 @@ def test_pages_paint_without_importing_torch_or_transformers():
         import gradacc.serving.warmup
         gradacc.serving.warmup.start = lambda: None  # the background import would load torch on purpose
         from streamlit.testing.v1 import AppTest
+
+from gradacc.analysis import health
         at = AppTest.from_file({str(ROOT / 'app.py')!r}, default_timeout=60).run()
         for page in ("compare", "equivalence", "planner", "code", "train"):
             at.switch_page(f"pages/{{page}}.py").run()
@@ -233,6 +237,25 @@ def test_choosing_another_model_moves_untouched_fields_to_its_recipe(app_home):
     note = next(e.value for e in at.info if "recipe" in e.value)
     assert note.startswith("Set to all-MiniLM-L6-v2's recipe: Learning rate 0.0002")
     assert "Fields you changed keep your values." in note
+
+
+def test_the_built_in_data_follows_the_model_and_a_far_too_high_learning_rate_is_said_before_start(app_home):
+    at = open_app()
+    assert at.selectbox(key="form.train.dataset_choice").value == "builtin-sentiment"
+    at.selectbox(key="form.train.model_choice").set_value("tiny-gpt").run()
+    assert at.selectbox(key="form.train.dataset_choice").value == "builtin-text"
+    assert any("Dataset set to builtin-text, the built-in data for tiny-gpt." in i.value for i in at.info)
+    assert not at.error and not at.button(key="start").disabled
+    at.selectbox(key="form.train.model_choice").set_value("tiny-bert").run()
+    assert at.selectbox(key="form.train.dataset_choice").value == "builtin-sentiment"
+    assert not at.warning
+    at.number_input(key="form.train.learning_rate").set_value(5.0).run()
+    assert [w.value for w in at.warning] == [health.learning_rate_warning(
+        at.session_state["train_config"].resolved())]
+    assert at.warning[0].value.startswith("The learning rate 5 is high for tiny-bert; its recipe uses 0.005")
+    assert not at.button(key="start").disabled  # a warning, not a refusal: the visitor may want to see it fail
+    at.number_input(key="form.train.learning_rate").set_value(5e-3).run()
+    assert not at.warning
 
 
 def test_two_sessions_watching_one_run_build_its_figures_once_per_event_batch(app_home):

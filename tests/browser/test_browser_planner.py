@@ -23,7 +23,11 @@ def test_measure_rank_the_levers_and_use_one_on_the_train_page(page, artifacts):
     st_ui.set_number(page, "Memory budget (MB)", 20)
     expect(page.get_by_text("Every setting, for a budget of 20 MB and an effective batch of 64")).to_be_visible()
 
-    fastest = st_ui.alert(page, re.compile(r"^Fastest that fits: .*: m = \d+, k = \d+,"))
+    # The pick keeps the Train form's optimizer (AdamW) until the visitor lets it change.
+    expect(st_ui.alert(page, re.compile(r"^Pick: .* · adamw: m = \d+, k = \d+,"))).to_be_visible()
+    page.get_by_text("Let the planner change the optimizer").click()
+    st_ui.wait_for_app(page)
+    fastest = st_ui.alert(page, re.compile(r"^Pick: .*: m = \d+, k = \d+,"))
     expect(fastest).to_be_visible()
     m, k = map(int, re.search(r"m = (\d+), k = (\d+)", fastest.inner_text()).groups())
     assert m * k == 64 and m & (m - 1) == 0, (m, k)  # a power of two, the target exactly

@@ -3,6 +3,7 @@
     train   one run; progress and a summary, or JSON events (one per line) with --json
     check   the gradient-equivalence errors, naive vs exact
     compare the headline of two runs from their --metrics-out files
+    export-html  a demo or runs as one self-contained web page that replays them (offline; a static Space)
     bench   benchmark suites (see gradacc.bench)
     app     the Streamlit app (what follows goes to ``streamlit run``, e.g. --server.port 8502)
 
@@ -110,6 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("run_b", metavar="B.jsonl", help="described against A (\"activations 4× smaller\")")
     compare.add_argument("--json", action="store_true", help="the figures as JSON keys, plus 'headline'")
 
+    export = commands.add_parser("export-html", help="a demo (its last completed runs) or stored runs / --metrics-out "
+                                                     "files as one self-contained HTML page replaying them")
+    export.add_argument("sources", nargs="+", metavar="RUN_OR_DEMO",
+                        help="a demo name, or run ids from this machine's store and --metrics-out files")
+    export.add_argument("--out", required=True, help="the HTML file to write, e.g. demo.html")
+
     try:
         from gradacc import bench
     except ImportError:
@@ -192,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
             return _check(args)
         if args.command == "compare":
             return _compare(args)
+        if args.command == "export-html":
+            return _export_html(args)
         return args.run(args)
     except GradaccError as error:
         print(f"error: {in_cli_words(error.message, error.field)}", file=sys.stderr)
@@ -338,6 +347,26 @@ def _compare(args) -> int:
         print(json.dumps(figures))
     else:
         print(figures["headline"])
+    return EXIT_OK
+
+
+def _export_html(args) -> int:
+    from pathlib import Path
+
+    from gradacc.app import web_page
+    from gradacc.serving.store import RunStore
+
+    out = Path(args.out)
+    if out.is_dir() or not out.parent.is_dir():
+        raise GradaccError(f"--out {args.out!r} must be a file in a folder that exists.")
+    title, runs, explanation, compares = web_page.resolve(args.sources, RunStore())
+    page = web_page.page_html(title, runs, explanation, compares)
+    try:
+        out.write_text(page, encoding="utf-8")
+    except OSError as error:
+        raise GradaccError(f"--out {args.out!r} could not be written: {error.strerror or error}.") from None
+    print(f"Wrote {out} ({len(page) / 1e6:.1f} MB): {title}, {len(runs)} runs; open it in any browser, no network "
+          "needed.")
     return EXIT_OK
 
 

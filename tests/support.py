@@ -141,3 +141,34 @@ def load_script(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def recorded_run(m: int = 8, k: int = 4, steps: int = 6, seconds_per_step: float = 0.2, start: float = 1000.0,
+                 **config_changes) -> list[dict]:
+    """A run's events as the factories build them, with recorded times: run_started at ``start``, a step every
+    ``seconds_per_step``, one eval and run_ended after the last step (for replays and exports, no training)."""
+    from gradacc import events as ev
+    from gradacc.config import RunConfig
+
+    config = RunConfig(micro_batch_size=m, grad_accum_steps=k, **config_changes).validate()
+    batch = config.effective_batch
+    found = [ev.run_started(config=config.to_dict(), effective_batch=batch, total_steps=steps, steps_per_epoch=steps,
+                            train_examples=batch * steps, eval_examples=10, static_memory={"total": 1}, device="cpu")]
+    for step in range(1, steps + 1):
+        found.append(ev.step(step=step, epoch=1, samples_seen=step * batch, tokens_seen=0, micro_batches=k,
+                             loss=0.7 / step, grad_norm=1.0, lr=1e-3, elapsed_s=step * seconds_per_step,
+                             memory={"activation_bytes": 1000 * m, "rss_bytes": 1, "cuda_peak_bytes": None}))
+    found.append(ev.eval_(epoch=1, step=steps, eval_loss=0.3, eval_accuracy=0.9, eval_f1=0.88))
+    found.append(ev.run_ended(status="completed", reason=None, steps=steps, wall_s=steps * seconds_per_step))
+    times = [start] + [start + step * seconds_per_step for step in range(1, steps + 1)] + \
+        [start + steps * seconds_per_step] * 2
+    return [event | {"time": time} for event, time in zip(found, times)]
+
+
+def write_events(path, events: list[dict]) -> str:
+    """A --metrics-out file of ``events``."""
+    import json
+    from pathlib import Path
+
+    Path(path).write_text("".join(json.dumps(event) + "\n" for event in events))
+    return str(path)

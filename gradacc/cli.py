@@ -359,8 +359,8 @@ def _export_html(args) -> int:
     out = Path(args.out)
     if out.is_dir() or not out.parent.is_dir():
         raise GradaccError(f"--out {args.out!r} must be a file in a folder that exists.")
-    title, runs, explanation, compares = web_page.resolve(args.sources, RunStore())
-    page = web_page.page_html(title, runs, explanation, compares)
+    title, runs, scenario, compares = web_page.resolve(args.sources, RunStore())
+    page = web_page.demo_page(scenario, runs) if scenario else web_page.page_html(title, runs, compares=compares)
     try:
         out.write_text(page, encoding="utf-8")
     except OSError as error:

@@ -4,7 +4,7 @@ states its result. ``?demo=NAME`` opens one, so a speaker can prepare links."""
 import streamlit as st
 
 from gradacc.analysis import demos
-from gradacc.app import comparison, inputs, pacing, runview, server, warmup_status
+from gradacc.app import comparison, inputs, pacing, runview, server, warmup_status, web_page
 from gradacc.errors import GradaccError
 
 CHOICE = "demo.choice"
@@ -90,6 +90,13 @@ def demo_view():
         snapshots = [snapshots[first], snapshots[second],
                      *(run for index, run in enumerate(snapshots) if index not in scenario.compares)]
     comparison.draw(snapshots, key="demo")
+    if not any(run.is_live for run in current) and len(current) == len(scenario.runs):
+        # Built when clicked, from the runs as stored: a speaker's offline copy, or a free static Space.
+        runs = [(demo_run.label, run.events) for demo_run, run in zip(scenario.runs, current)]
+        st.download_button("Download as a web page", data=lambda: web_page.demo_page(scenario, runs),
+                           file_name=f"gradacc-{name}.html", mime="text/html", on_click="ignore", key="demo.web_page",
+                           help="One HTML file that replays these runs at their pace with the explanation and the "
+                                "headline; it needs no network (plotly is inside).")
 
 
 demo_view()

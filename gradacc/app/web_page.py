@@ -104,25 +104,32 @@ def _markdown(text: str) -> str:
 # ---- what to export: a demo, stored runs, --metrics-out files (the CLI and the Demos page) --------------------
 
 def demo_runs(scenario: demos.Scenario, stored: list[dict], events_of) -> list[tuple[str, list[dict]]]:
-    """The newest stored run of each of the demo's runs (``stored``: RunStore.list_runs, newest first), finished."""
+    """The newest ended run of each of the demo's runs (``stored``: RunStore.list_runs, newest first); a failed one
+    counts (memory-wall's first run fails on purpose)."""
+    from gradacc.serving.store import LIVE_STATUSES
+
     found = []
     for run in scenario.runs:
         label = scenario.run_label(run.label)
-        match = next((r for r in stored if r.get("label") == label and r["status"] == ev.COMPLETED), None)
+        match = next((r for r in stored if r.get("label") == label and r["status"] not in LIVE_STATUSES), None)
         if match is None:
-            raise GradaccError(f"RUN_OR_DEMO {scenario.name!r}: the demo has no completed run {run.label!r} here; "
+            raise GradaccError(f"RUN_OR_DEMO {scenario.name!r}: the demo has no finished run {run.label!r} here; "
                                "run it on the Demos page first.")
         found.append((run.label, events_of(match["run_id"])))
     return found
 
 
-def resolve(sources: list[str], store) -> tuple[str, list[tuple[str, list[dict]]], str, tuple[int, int]]:
-    """(title, [(label, events)], explanation, compares) for the CLI's RUN_OR_DEMO arguments: one demo name, or
+def demo_page(scenario: demos.Scenario, runs: list[tuple[str, list[dict]]]) -> str:
+    """A finished demo's page: its title, explanation and expectation, its runs replayed, its headline."""
+    return page_html(scenario.title, runs, f"{scenario.explanation}\n\nExpect: {scenario.expect}", scenario.compares)
+
+
+def resolve(sources: list[str], store) -> tuple[str, list[tuple[str, list[dict]]], demos.Scenario | None, tuple]:
+    """(title, [(label, events)], the demo or None, compares) for the CLI's RUN_OR_DEMO arguments: one demo name, or
     stored run ids and --metrics-out files in any mix. GradaccError in the argument's words otherwise."""
     if len(sources) == 1 and demos.get(sources[0]):
         scenario = demos.get(sources[0])
-        return scenario.title, demo_runs(scenario, store.list_runs(), store.events), \
-            f"{scenario.explanation}\n\nExpect: {scenario.expect}", scenario.compares
+        return scenario.title, demo_runs(scenario, store.list_runs(), store.events), scenario, scenario.compares
     runs, configs = [], {}
     for source in sources:
         if demos.get(source):
@@ -138,7 +145,7 @@ def resolve(sources: list[str], store) -> tuple[str, list[tuple[str, list[dict]]
         configs[source] = (started or {}).get("config") or {}
         runs.append((source, events))
     labels = differing_labels(configs) if len(runs) > 1 else {source: Path(source).stem for source in configs}
-    return "gradacc runs", [(labels.get(source) or source, events) for source, events in runs], "", (0, 1)
+    return "gradacc runs", [(labels.get(source) or source, events) for source, events in runs], None, (0, 1)
 
 
 _TEMPLATE = """<!DOCTYPE html>

@@ -6,6 +6,7 @@ from app_support import APP, SCRIPT_TIMEOUT_S, alerts, charts, run_until
 from streamlit.testing.v1 import AppTest
 
 from gradacc.analysis import demos
+from gradacc.app import server
 
 
 @pytest.fixture
@@ -81,3 +82,11 @@ def test_each_demo_button_runs_its_scenario_to_a_headline(demo_home, name):
     assert len(loss_chart["data"]) == drawn
     assert len({str(trace.get("line", {}).get("dash")) for trace in loss_chart["data"]}) == drawn
     assert not at.button(key="demo.run").disabled  # ended: it can be run again
+    # Its offline copy: the page the download button builds replays every run that trained.
+    from gradacc.app import web_page
+
+    assert at.get("download_button")[0].proto.label == "Download as a web page"
+    runs = [(run.label, server.run_manager().get(run_id).events)
+            for run, run_id in zip(scenario.runs, at.session_state[f"demo.runs.{name}"])]
+    page = web_page.demo_page(scenario, runs)
+    assert f"<h1>{scenario.title}</h1>" in page and page.count("<script>") == 2

@@ -65,7 +65,7 @@ def test_bad_input_is_one_line_naming_the_argument(store, tmp_path, capsys):
     assert_one_error_line(*cli(capsys, "export-html", "no-such-run", "--out", out), 2,
                           "RUN_OR_DEMO 'no-such-run' is not a demo", "a stored run id or an events file")
     assert_one_error_line(*cli(capsys, "export-html", "memory-wall", "--out", out), 2,
-                          "RUN_OR_DEMO 'memory-wall': the demo has no completed run", "run it on the Demos page")
+                          "RUN_OR_DEMO 'memory-wall': the demo has no finished run", "run it on the Demos page")
     events = write_events(tmp_path / "a.jsonl", recorded_run())
     assert_one_error_line(*cli(capsys, "export-html", events, "--out", str(tmp_path / "none" / "x.html")), 2,
                           "--out")

@@ -21,8 +21,8 @@ SMALL_RUN = {"train_samples": 64, "eval_samples": 32, "epochs": 1, "micro_batch_
 LONG_RUN = {"train_samples": 2000, "eval_samples": 32, "epochs": 5, "micro_batch_size": 8, "grad_accum_steps": 1}
 
 
-def open_app(page: str | None = None) -> AppTest:
-    """A new browser session on the app; ``page`` is a file name in pages/ without .py."""
+def open_app(page: str | None = "train") -> AppTest:
+    """A new browser session on the app; ``page`` is a file name in pages/ without .py (None: the landing page)."""
     at = AppTest.from_file(APP, default_timeout=SCRIPT_TIMEOUT_S).run()
     if page:
         at.switch_page(f"pages/{page}.py").run()

@@ -69,6 +69,11 @@ def limits() -> Limits:
         st.stop()
 
 
+# What gradacc shows, in one sentence: the landing page says it to a first-time visitor.
+PITCH = ("gradacc trains a model live and shows that k micro-batches of m examples, accumulated, give the same "
+         "loss curve as one batch of m × k, with a fraction of the memory, and what breaks when it is done wrong.")
+
+
 def owner_id() -> str:
     """This browser session's id: runs it starts are its own to stop."""
     if "owner" not in st.session_state:

@@ -17,9 +17,11 @@ def main() -> None:
     server.run_manager()  # the first visitor creates it: marks interrupted runs, starts warming up
 
     navigation = st.navigation([
-        # First in the menu: the page a speaker opens (/demos?demo=same-curve).
+        # The landing page: what gradacc shows, one click to each demo or to Train.
+        st.Page("pages/home.py", title="Start here", icon="🧮", default=True),
+        # The page a speaker opens (/demos?demo=same-curve).
         st.Page("pages/demos.py", title="Demos", icon="🎬", url_path="demos"),
-        st.Page("pages/train.py", title="Train", icon="🏋️", default=True),
+        st.Page("pages/train.py", title="Train", icon="🏋️", url_path="train"),
         st.Page("pages/compare.py", title="Compare runs", icon="📊"),
         st.Page("pages/equivalence.py", title="Equivalence", icon="⚖️"),
         st.Page("pages/planner.py", title="Memory planner", icon="🧠"),

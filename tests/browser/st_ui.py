@@ -10,7 +10,7 @@ from playwright.sync_api import Locator, Page, expect
 RERUN_TIMEOUT_MS = 30_000
 
 
-def open_app(page: Page, path: str = "/") -> None:
+def open_app(page: Page, path: str = "/train") -> None:
     page.goto(path)
     wait_for_app(page)
     expect_no_exception(page)

@@ -1,0 +1,26 @@
+"""The landing page: what gradacc shows in one sentence, and one click to each demo or to Train.
+
+A run link from before this page existed (``/?run=ID``) still opens that run on Train."""
+
+import streamlit as st
+
+from gradacc.analysis import demos
+from gradacc.app import server
+
+server.owner_id()  # this session's id, as on every page that can start runs
+if st.query_params.get("run"):
+    st.switch_page("pages/train.py", query_params={"run": st.query_params["run"]})
+
+st.title("gradacc: gradient accumulation, live")
+st.markdown(f"#### {server.PITCH}")
+demo_column, train_column = st.columns(2, gap="large")
+with demo_column:
+    st.subheader("Watch a demo")
+    st.caption("One click opens it; press **Run this demo** there: two runs side by side, about half a minute.")
+    for scenario in demos.SCENARIOS.values():
+        st.page_link("pages/demos.py", label=scenario.title, icon="🎬", query_params={"demo": scenario.name})
+with train_column:
+    st.subheader("Or train your own")
+    st.caption("Pick a model, m and k, press Start: loss, memory and F1 live, on this machine's CPU.")
+    st.page_link("pages/train.py", label="Train", icon="🏋️")
+    st.page_link("pages/planner.py", label="Memory planner: which m and k fit a budget", icon="🧠")

@@ -39,7 +39,8 @@ st.caption("Runs, in this order: " + " · ".join(
     for label, config in configs) + f". Expect: {scenario.expect}")
 
 runs_key = f"demo.runs.{name}"
-run_ids = st.session_state.get(runs_key) or []
+run_ids = st.session_state.get(runs_key) or runview.live_demo_run_ids(manager.runs(), scenario)
+st.session_state[runs_key] = run_ids  # a demo someone else is running is watched here until it ends, and after
 runs = [run for run in (manager.get(run_id) for run_id in run_ids) if run is not None]
 live = any(run.is_live for run in runs)
 

@@ -145,3 +145,16 @@ def tensorboard_zip(run) -> bytes:
     from gradacc.export.trackers import tensorboard_zip as zip_events
 
     return zip_events(run.events, run.run_id)
+
+
+def live_demo_run_ids(runs, scenario) -> list[str]:
+    """The ids of a demo's newest runs, in the scenario's order, while one of them is still queued or running
+    (``runs``: the manager's, newest first); [] otherwise. A visitor who opens the demo's link while a speaker
+    runs it watches these runs live instead of being asked to start them again."""
+    newest = {}
+    for run in runs:
+        newest.setdefault(run.label, run)
+    found = [newest.get(scenario.run_label(demo_run.label)) for demo_run in scenario.runs]
+    if any(run is None for run in found) or not any(run.is_live for run in found):
+        return []
+    return [run.run_id for run in found]

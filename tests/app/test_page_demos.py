@@ -90,3 +90,28 @@ def test_each_demo_button_runs_its_scenario_to_a_headline(demo_home, name):
             for run, run_id in zip(scenario.runs, at.session_state[f"demo.runs.{name}"])]
     page = web_page.demo_page(scenario, runs)
     assert f"<h1>{scenario.title}</h1>" in page and page.count("<script>") == 2
+
+
+def test_a_demo_link_opened_while_that_demo_runs_shows_it_running(demo_home):
+    # The speaker's runs, queued (as the store holds a run another process is running or about to run).
+    from gradacc.serving.store import RunStore
+
+    scenario = demos.SCENARIOS["same-curve"]
+    open_demos()  # the server starts (marking runs it finds queued as interrupted) before the speaker's runs
+    store = RunStore(demo_home / "runs.sqlite3")
+    for index, (label, config) in enumerate(scenario.configs()):
+        store.create_run(f"20250101-12000{index}-speakr", "the-speaker", config.to_dict(),
+                         label=scenario.run_label(label))
+    at = open_demos("same-curve")
+    shown = [m.value for m in at.markdown]
+    assert [label for label in shown if label.startswith("**")] == ["**m=32, k=1**", "**m=8, k=4**"], shown
+    assert at.button(key="demo.run").disabled  # watched, not started again
+    assert not any("Press **Run this demo**" in i.value for i in at.info)
+    # Another demo's link is not that demo.
+    other = open_demos("naive-vs-exact")
+    assert not other.button(key="demo.run").disabled
+    assert any("Press **Run this demo**" in i.value for i in other.info)
+    # A demo whose runs all ended is not adopted by a newcomer: they start their own.
+    for index, _ in enumerate(scenario.runs):
+        store.set_status(f"20250101-12000{index}-speakr", "completed")
+    assert not open_demos("same-curve").button(key="demo.run").disabled

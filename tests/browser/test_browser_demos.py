@@ -14,8 +14,16 @@ def test_the_same_curve_demo_runs_from_its_link_to_its_headline(page, artifacts)
     st_ui.open_app(page, "/demos?demo=same-curve")
     expect(page.get_by_role("heading", name="Same curve, a quarter of the activations")).to_be_visible()
     st_ui.click(page, "Run this demo")
+    # A second browser on the same link while the demo runs watches it: the runs' panels, no second start.
+    second = page.context.browser.new_context(viewport=page.viewport_size, base_url=page.url.split("/demos")[0])
+    onlooker = second.new_page()
+    st_ui.open_app(onlooker, "/demos?demo=same-curve")
+    expect(onlooker.locator("[class*='st-key-demo-run-']")).to_have_count(2)
+    expect(st_ui.button(onlooker, "Run this demo")).to_be_disabled()
     headline = st_ui.alert(page, re.compile(r"Loss curves identical \(max difference"))
     expect(headline).to_be_visible(timeout=DEMO_TIMEOUT_MS)
+    expect(st_ui.alert(onlooker, re.compile(r"Loss curves identical"))).to_be_visible(timeout=DEMO_TIMEOUT_MS)
+    second.close()
     text = headline.inner_text()
     # m=8, k=4 against m=32, k=1: fewer activations, more time per step, the same F1.
     assert re.search(r"activations \d\.\d× smaller", text), text

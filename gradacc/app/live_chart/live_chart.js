@@ -52,7 +52,13 @@ export default function (component) {
     parentElement.appendChild(chart);
     // Fit the chart to its column whenever that changes: a window resize, the sidebar, or an expander opening
     // (a chart drawn while hidden has no width to take).
-    new ResizeObserver(() => { if (window.Plotly && chart.data) window.Plotly.Plots.resize(chart); }).observe(chart);
+    // Only a displayed chart can be resized: one in a closed expander or a page being left has no size (plotly
+    // would log "Resize must be passed a displayed plot div element").
+    new ResizeObserver(() => {
+      if (window.Plotly && chart.data && chart.isConnected && chart.offsetParent !== null) {
+        window.Plotly.Plots.resize(chart).catch(() => {});
+      }
+    }).observe(chart);
   }
   if (!data || chart.dataset.revision === String(data.revision)) return;  // nothing new to draw
   chart.dataset.revision = String(data.revision);

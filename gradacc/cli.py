@@ -404,4 +404,12 @@ def _check(args) -> int:
               f"{', '.join(map(str, rounds['without_no_sync']))} without; exact error "
               f"{rounds['no_sync_rel_error']:.2e} and {rounds['without_no_sync_rel_error']:.2e}")
         print("(DDP all-reduces every gradient in one bucket until its first sync, then rebuilds its buckets)")
+    if "by_micro_batch" in report:
+        print(f"{report['model']}, exact normalisation, the same effective batch "
+              f"{report['micro_batch_size'] * report['grad_accum_steps']} split into micro-batches of m:")
+        for row in report["by_micro_batch"]:
+            print(f"  m={row['micro_batch_size']:<4} k={row['grad_accum_steps']:<4} relative error {row['rel_error']:.2e}")
+        if report["model"] == "bow-batchnorm":
+            print("BatchNorm normalises with each micro-batch's own statistics: accumulation is not the big batch "
+                  "(k=1 is the big batch itself).")
     return EXIT_OK

@@ -12,10 +12,15 @@ BACKENDS = ("pytorch", "accelerate", "trainer")
 LOSS_NORMALIZATIONS = ("exact", "naive")
 CLASSIFICATION, CAUSAL_LM = "classification", "causal-lm"
 TASKS = (CLASSIFICATION, CAUSAL_LM)
-BUILTIN_MODELS = ("tiny-bert", "all-MiniLM-L6-v2", "tiny-gpt")
+# bow-batchnorm and bow-layernorm: a bag-of-embeddings classifier with BatchNorm (statistics over the micro-batch,
+# which couples its examples: accumulation is not the big batch) or LayerNorm (per example: it is).
+BUILTIN_MODELS = ("tiny-bert", "all-MiniLM-L6-v2", "tiny-gpt", "bow-batchnorm", "bow-layernorm")
 BUILTIN_DATASETS = ("builtin-sentiment", "builtin-text")
 # What each built-in model is for: a run that names no task gets its model's.
-BUILTIN_MODEL_TASKS = {"tiny-bert": CLASSIFICATION, "all-MiniLM-L6-v2": CLASSIFICATION, "tiny-gpt": CAUSAL_LM}
+BUILTIN_MODEL_TASKS = {"tiny-bert": CLASSIFICATION, "all-MiniLM-L6-v2": CLASSIFICATION, "tiny-gpt": CAUSAL_LM,
+                       "bow-batchnorm": CLASSIFICATION, "bow-layernorm": CLASSIFICATION}
+# Models made here from random weights (the rest start from trained ones).
+FROM_SCRATCH_MODELS = ("tiny-bert", "tiny-gpt", "bow-batchnorm", "bow-layernorm")
 # Memory levers beside accumulation (gradacc.training.backends.common applies them; the device decides what runs).
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "adamw-fused", "sgd", "adafactor", "adamw-8bit")
@@ -53,6 +58,9 @@ RECIPES = {
     # A causal LM from scratch on builtin-text (measured in the issue-12 report: eval loss falls clearly in
     # about 20 s at m=8, k=4); dropout 0, since the LM scenarios compare curves.
     "tiny-gpt": Recipe(learning_rate=5e-3, warmup_ratio=0.1, epochs=1, max_seq_length=64, dropout=0.0),
+    # Two small MLPs over mean word embeddings, the same recipe for both so only the norm differs.
+    "bow-batchnorm": Recipe(learning_rate=5e-3, warmup_ratio=0.1, epochs=2, max_seq_length=64, dropout=0.0),
+    "bow-layernorm": Recipe(learning_rate=5e-3, warmup_ratio=0.1, epochs=2, max_seq_length=64, dropout=0.0),
 }
 # Any other model (a local folder or a hub id) is a pretrained checkpoint: fine-tune it gently.
 PRETRAINED_RECIPE = Recipe(learning_rate=5e-5, warmup_ratio=0.1, epochs=2, max_seq_length=128, dropout=0.1)
@@ -64,8 +72,8 @@ def recipe_for(model: str | None) -> Recipe:
 
 
 def is_pretrained(model: str | None) -> bool:
-    """Every model but the tiny ones (tiny-bert, tiny-gpt) starts from trained weights."""
-    return (model or "").strip() not in ("tiny-bert", "tiny-gpt")
+    """Every model but the ones made here (tiny-bert, tiny-gpt, the bag-of-embeddings) starts from trained weights."""
+    return (model or "").strip() not in FROM_SCRATCH_MODELS
 
 MAX_MICRO_BATCH = 4096
 MAX_ACCUM_STEPS = 4096

@@ -21,6 +21,7 @@ from gradacc.errors import GradaccError, one_line
 TINY_BERT = "tiny-bert"
 TINY_GPT = "tiny-gpt"
 MINILM = "all-MiniLM-L6-v2"
+BAG_OF_EMBEDDINGS = ("bow-batchnorm", "bow-layernorm")
 # tiny-bert's WordPiece tokenizer ships in the package: training one is not deterministic (tokenizers#1794,
 # continuing-subword ids follow hash order), and a fresh one moved the default run's F1 between 0.85 and 0.92.
 # `python scripts/train_tiny_bert_tokenizer.py` retrains it from the built-in corpus.
@@ -68,6 +69,13 @@ def _load(config: RunConfig, num_labels: int, label_names: list[str], token_leve
     if name == TINY_BERT:
         return LoadedModel(tiny_bert(num_labels, id2label, config.seed, config.dropout, token_level),
                            tiny_bert_tokenizer(), name)
+    if name in BAG_OF_EMBEDDINGS:
+        if token_level:
+            raise GradaccError(f"Model {name} classifies whole texts; it has no token-level head.", "model")
+        from gradacc.training.sources.bag_of_embeddings import bag_of_embeddings
+
+        tokenizer = tiny_bert_tokenizer()
+        return LoadedModel(bag_of_embeddings(name, tokenizer, num_labels, config.seed, config.dropout), tokenizer, name)
     if name == MINILM:
         return _from_folder(minilm_path(), config, num_labels, id2label, token_level)
     if paths.model_is_local(name):

@@ -10,13 +10,15 @@ from gradacc.errors import GradaccError
 
 BACKENDS = ("pytorch", "accelerate", "trainer")
 LOSS_NORMALIZATIONS = ("exact", "naive")
-CLASSIFICATION, CAUSAL_LM = "classification", "causal-lm"
-TASKS = (CLASSIFICATION, CAUSAL_LM)
+CLASSIFICATION, CAUSAL_LM, CONTRASTIVE = "classification", "causal-lm", "contrastive"
+# contrastive: a sentence-transformers model learns (query, positive) pairs with in-batch negatives.
+TASKS = (CLASSIFICATION, CAUSAL_LM, CONTRASTIVE)
 # bow-batchnorm and bow-layernorm: a bag-of-embeddings classifier with BatchNorm (statistics over the micro-batch,
 # which couples its examples: accumulation is not the big batch) or LayerNorm (per example: it is).
 BUILTIN_MODELS = ("tiny-bert", "all-MiniLM-L6-v2", "tiny-gpt", "bow-batchnorm", "bow-layernorm")
-BUILTIN_DATASETS = ("builtin-sentiment", "builtin-text")
+BUILTIN_DATASETS = ("builtin-sentiment", "builtin-text", "builtin-pairs")
 # What each built-in model is for: a run that names no task gets its model's.
+# all-MiniLM-L6-v2 is a sentence-transformers model too: with --task contrastive it trains as one.
 BUILTIN_MODEL_TASKS = {"tiny-bert": CLASSIFICATION, "all-MiniLM-L6-v2": CLASSIFICATION, "tiny-gpt": CAUSAL_LM,
                        "bow-batchnorm": CLASSIFICATION, "bow-layernorm": CLASSIFICATION}
 # Models made here from random weights (the rest start from trained ones).
@@ -112,6 +114,7 @@ FIELD_LABELS = {
     "optimizer": "Optimizer",
     "trainer_library_default": "Trainer library default",
     "pitfalls": "Pitfalls",
+    "gradcache_mini_batch": "GradCache mini-batch",
     # Where a run is logged besides gradacc's own store (engine and CLI options, not RunConfig fields).
     "report_to": "Report to",
     "log_dir": "Log dir",
@@ -152,6 +155,7 @@ CLI_FLAGS = {
     "optimizer": "--optimizer",
     "trainer_library_default": "--trainer-library-default",
     "pitfalls": "--pitfall",
+    "gradcache_mini_batch": "--gradcache-mini-batch",
     "report_to": "--report-to",
     "log_dir": "--log-dir",
     "run_id": None,  # the CLI makes its own
@@ -222,6 +226,9 @@ class RunConfig:
     trainer_library_default: bool = False
     # Plain PyTorch loop only: the PITFALLS names whose wrong line this run executes on purpose (none: the right loop).
     pitfalls: list[str] = field(default_factory=list)
+    # Contrastive task only: None trains with MultipleNegativesRankingLoss on each micro-batch; a number trains
+    # with CachedMultipleNegativesRankingLoss (GradCache), embedding mini-batches of this many texts.
+    gradcache_mini_batch: int | None = None
 
     @property
     def effective_batch(self) -> int:
@@ -289,6 +296,7 @@ class RunConfig:
                                f"got {self.trainer_library_default!r}.", "trainer_library_default")
         self._validate_memory_levers()
         self._validate_pitfalls()
+        self._validate_contrastive()
         return self
 
     def _validate_pitfalls(self) -> None:
@@ -310,6 +318,22 @@ class RunConfig:
         if self.precision == "fp16":
             raise GradaccError(f"{label}: precision fp32 or bf16 only (their effects are measured on unscaled "
                                "gradients); this run uses fp16.", "pitfalls")
+
+    def _validate_contrastive(self) -> None:
+        if self.gradcache_mini_batch is not None:
+            if self.task != CONTRASTIVE:
+                raise GradaccError(f"{field_label('gradcache_mini_batch')} is for the contrastive task only; "
+                                   f"leave it empty for {self.task or 'this task'}.", "gradcache_mini_batch")
+            self.gradcache_mini_batch = _integer("gradcache_mini_batch", self.gradcache_mini_batch, 1,
+                                                 self.micro_batch_size)
+        if self.task != CONTRASTIVE:
+            return
+        if self.num_processes > 1:
+            raise GradaccError("Task contrastive runs on one process: its in-batch negatives are the micro-batch's "
+                               "own.", "num_processes")
+        if self.memory_budget_mb is not None:
+            raise GradaccError(f"{field_label('memory_budget_mb')} is not measured for the contrastive task yet; "
+                               "leave it empty.", "memory_budget_mb")
 
     def _validate_memory_levers(self) -> None:
         if self.memory_budget_mb is not None:

@@ -60,6 +60,13 @@ def check(config: RunConfig, samples: int | None = None, cases=CASES, confinemen
     ``confinement``: where a local model or data path may lie (``paths.TRUST_USER`` from the command line;
     None: the app's visitors' folders).
     """
+    if config.task == "contrastive":  # in-batch negatives: the three ways to a big batch, not naive vs exact
+        from gradacc.analysis import contrastive
+
+        if samples is not None:
+            raise GradaccError(f"{field_label('samples')} is not used by the contrastive check: it compares whole "
+                               "batches of m×k pairs.", "samples")
+        return contrastive.check(config, confinement)
     config = config.replace(dropout=0.0, max_grad_norm=0.0, epochs=1, max_steps=1, eval_samples=8,
                             instrument=False).validate()
     processes = config.num_processes
@@ -222,7 +229,9 @@ def accumulated_gradient(config: RunConfig, token_level: bool, trainer_library_d
                   confinement=confinement)
     if ended["status"] != "completed" or not captured:
         raise GradaccError(f"The equivalence run did not complete: {ended['reason']}", "backend")
-    return {"gradient": captured, "sync_rounds": [step["sync_rounds"] for step in recorder.of("step")]}
+    steps = recorder.of("step")
+    return {"gradient": captured, "sync_rounds": [step["sync_rounds"] for step in steps],
+            "activation_bytes": steps[0]["activation_bytes"] if steps else None}
 
 
 def _gradients(model) -> dict:

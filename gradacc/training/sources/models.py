@@ -15,7 +15,7 @@ from pathlib import Path
 from gradacc import paths
 from gradacc.training import dropout as dropouts
 from gradacc.training.sources import builtin_data, hub
-from gradacc.config import BUILTIN_MODEL_TASKS, CAUSAL_LM, CLASSIFICATION, MAX_SEQ_LEN, RunConfig
+from gradacc.config import BUILTIN_MODEL_TASKS, CAUSAL_LM, CLASSIFICATION, CONTRASTIVE, MAX_SEQ_LEN, RunConfig
 from gradacc.errors import GradaccError, one_line
 
 TINY_BERT = "tiny-bert"
@@ -64,6 +64,8 @@ def _load(config: RunConfig, num_labels: int, label_names: list[str], token_leve
     id2label = {i: n for i, n in enumerate(label_names)}
     if config.task == CAUSAL_LM:
         return _load_causal_lm(name, config, confinement)
+    if config.task == CONTRASTIVE:
+        return _load_contrastive(name, config, confinement)
     if name == TINY_GPT:
         raise GradaccError(f"Task classification does not fit {TINY_GPT}, a language model: use the causal-lm task.", "task")
     if name == TINY_BERT:
@@ -230,6 +232,28 @@ def _load_pretrained_lm(source: str, shown_name: str, config: RunConfig) -> Load
     if tokenizer.pad_token is None:
         raise GradaccError(f"The tokenizer of {shown_name!r} has neither a padding nor an end-of-text token.", "model")
     return LoadedModel(model, tokenizer, shown_name)
+
+
+# ---- the contrastive task: a sentence-transformers model and its in-batch-negatives loss --------------------
+
+def _load_contrastive(name: str, config: RunConfig, confinement) -> LoadedModel:
+    """all-MiniLM-L6-v2 (a sentence-transformers model, from its package) or a local folder: a
+    sentence-transformers model, or a transformers encoder that gets mean pooling."""
+    from gradacc.training.contrastive import ContrastiveModel, load_sentence_transformer, make_loss
+
+    if name == MINILM:
+        folder = minilm_path()
+    elif paths.model_is_local(name):
+        folder = paths.visitors_unless(confinement).model_path(name)
+    else:
+        raise GradaccError(f"Task contrastive trains {MINILM} or a local sentence-transformers folder; got {name!r}.",
+                           "model")
+    check_model_folder(folder)
+    encoder = load_sentence_transformer(str(folder), name, config.dropout)
+    tokenizer = encoder.tokenizer
+    if tokenizer is None or tokenizer.pad_token is None:
+        raise GradaccError(f"The tokenizer of {name!r} has no padding token, which batching needs.", "model")
+    return LoadedModel(ContrastiveModel(encoder, make_loss(encoder, config.gradcache_mini_batch)), tokenizer, name)
 
 
 # ---- pretrained models: packaged, local folder, hub ------------------------------------------------

@@ -21,6 +21,8 @@ BUILTIN_DATASETS = ("builtin-sentiment", "builtin-text", "builtin-pairs")
 # all-MiniLM-L6-v2 is a sentence-transformers model too: with --task contrastive it trains as one.
 BUILTIN_MODEL_TASKS = {"tiny-bert": CLASSIFICATION, "all-MiniLM-L6-v2": CLASSIFICATION, "tiny-gpt": CAUSAL_LM,
                        "bow-batchnorm": CLASSIFICATION, "bow-layernorm": CLASSIFICATION}
+# Built-in models the contrastive task trains (as sentence-transformers models).
+CONTRASTIVE_MODELS = ("all-MiniLM-L6-v2",)
 # Models made here from random weights (the rest start from trained ones).
 FROM_SCRATCH_MODELS = ("tiny-bert", "tiny-gpt", "bow-batchnorm", "bow-layernorm")
 # Memory levers beside accumulation (gradacc.training.backends.common applies them; the device decides what runs).

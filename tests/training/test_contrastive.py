@@ -2,7 +2,7 @@
 
 import pytest
 
-from gradacc import paths
+from support import tiny_sentence_encoder
 from gradacc.analysis.equivalence import check
 from gradacc.config import RunConfig
 from gradacc.errors import GradaccError
@@ -14,20 +14,7 @@ EXACT_TOLERANCE = 1e-5
 
 @pytest.fixture(scope="module")
 def encoder_dir(tmp_path_factory):
-    """A tiny random BERT encoder (save_pretrained, safetensors) with tiny-bert's tokenizer: sentence-transformers
-    gives it mean pooling."""
-    import torch
-    from transformers import BertConfig, BertModel
-
-    from gradacc.training.sources.models import tiny_bert_tokenizer
-
-    folder = tmp_path_factory.mktemp("encoders") / "tiny-encoder"
-    tokenizer = tiny_bert_tokenizer()
-    torch.manual_seed(0)
-    BertModel(BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                         intermediate_size=64, pad_token_id=tokenizer.pad_token_id)).save_pretrained(str(folder))
-    tokenizer.save_pretrained(str(folder))
-    return folder
+    return tiny_sentence_encoder(tmp_path_factory.mktemp("encoders") / "tiny-encoder")
 
 
 def contrastive(encoder_dir, **changes) -> RunConfig:

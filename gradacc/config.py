@@ -23,6 +23,8 @@ BUILTIN_MODEL_TASKS = {"tiny-bert": CLASSIFICATION, "all-MiniLM-L6-v2": CLASSIFI
                        "bow-batchnorm": CLASSIFICATION, "bow-layernorm": CLASSIFICATION}
 # Built-in models the contrastive task trains (as sentence-transformers models).
 CONTRASTIVE_MODELS = ("all-MiniLM-L6-v2",)
+# Models that cannot train on a micro-batch of one example (BatchNorm): the memory probes, which measure one, refuse them.
+SINGLE_EXAMPLE_UNMEASURABLE = ("bow-batchnorm",)
 # Models made here from random weights (the rest start from trained ones).
 FROM_SCRATCH_MODELS = ("tiny-bert", "tiny-gpt", "bow-batchnorm", "bow-layernorm")
 # Memory levers beside accumulation (gradacc.training.backends.common applies them; the device decides what runs).
@@ -338,6 +340,9 @@ class RunConfig:
                                "leave it empty.", "memory_budget_mb")
 
     def _validate_memory_levers(self) -> None:
+        if self.memory_budget_mb is not None and self.model in SINGLE_EXAMPLE_UNMEASURABLE:
+            raise GradaccError(f"{field_label('memory_budget_mb')} cannot be measured for {self.model}: the budget probes "
+                               "one example alone, which BatchNorm cannot train on; leave it empty.", "memory_budget_mb")
         if self.memory_budget_mb is not None:
             value = self.memory_budget_mb
             if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) \

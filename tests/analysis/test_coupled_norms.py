@@ -36,3 +36,15 @@ def test_batchnorm_refuses_a_micro_batch_of_one_in_words():
                             eval_samples=4, max_seq_length=16, epochs=1), Recorder())
     assert ended["status"] == "failed" and ended["field"] == "micro_batch_size"
     assert "BatchNorm needs two examples" in ended["reason"]
+
+
+def test_the_memory_probes_refuse_the_norm_models_in_words():
+    from gradacc.analysis.planner import measure_levers
+    from gradacc.errors import GradaccError
+
+    with pytest.raises(GradaccError, match="budget probes one example alone") as refused:
+        RunConfig(model="bow-batchnorm", memory_budget_mb=5.0).validate()
+    assert refused.value.field == "memory_budget_mb"
+    with pytest.raises(GradaccError, match="cannot be planned") as refused:
+        measure_levers("bow-layernorm", 32)
+    assert refused.value.field == "model"

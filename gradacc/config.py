@@ -64,9 +64,11 @@ RECIPES = {
     # A causal LM from scratch on builtin-text (measured in the issue-12 report: eval loss falls clearly in
     # about 20 s at m=8, k=4); dropout 0, since the LM scenarios compare curves.
     "tiny-gpt": Recipe(learning_rate=5e-3, warmup_ratio=0.1, epochs=1, max_seq_length=64, dropout=0.0),
-    # Two small MLPs over mean word embeddings, the same recipe for both so only the norm differs.
-    "bow-batchnorm": Recipe(learning_rate=5e-3, warmup_ratio=0.1, epochs=2, max_seq_length=64, dropout=0.0),
-    "bow-layernorm": Recipe(learning_rate=5e-3, warmup_ratio=0.1, epochs=2, max_seq_length=64, dropout=0.0),
+    # Two small MLPs over mean word embeddings, the same recipe for both so only the norm differs. Measured on the
+    # built-in data, m=8, k=4, seed 42: eval F1 after 3 epochs at 2e-2 BatchNorm 0.874, LayerNorm 0.907 (about 1 s);
+    # at 5e-3 and 2 epochs 0.733 and 0.704.
+    "bow-batchnorm": Recipe(learning_rate=2e-2, warmup_ratio=0.1, epochs=3, max_seq_length=64, dropout=0.0),
+    "bow-layernorm": Recipe(learning_rate=2e-2, warmup_ratio=0.1, epochs=3, max_seq_length=64, dropout=0.0),
 }
 # Any other model (a local folder or a hub id) is a pretrained checkpoint: fine-tune it gently.
 PRETRAINED_RECIPE = Recipe(learning_rate=5e-5, warmup_ratio=0.1, epochs=2, max_seq_length=128, dropout=0.1)

@@ -31,7 +31,7 @@ DEFAULT_THREADS = 1
 
 
 def add_parser(subcommands) -> None:
-SUITES = ("overhead", "memory", "sweep", "latency", "ga-bug", "levers", "pitfalls", "coupled")
+    parser = subcommands.add_parser("bench", help="benchmark suites: " + ", ".join(SUITES),
                                     description=__doc__.split("\n\n")[1],
                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("suite", choices=SUITES)

@@ -1,6 +1,8 @@
 """The Demos page: every scenario from the registry, ?demo=NAME links, and each "Run this demo" button runs
 its scenario to a headline (shrunk with GRADACC_DEMO_SCALE so the suite stays fast)."""
 
+import html
+
 import pytest
 from app_support import APP, SCRIPT_TIMEOUT_S, alerts, charts, run_until
 from streamlit.testing.v1 import AppTest
@@ -98,7 +100,7 @@ def test_each_demo_button_runs_its_scenario_to_a_headline(demo_home, name):
     runs = [(run.label, server.run_manager().get(run_id).events)
             for run, run_id in zip(scenario.runs, at.session_state[f"demo.runs.{name}"])]
     page = web_page.demo_page(scenario, runs)
-    assert f"<h1>{scenario.title}</h1>" in page and page.count("<script>") == 2
+    assert f"<h1>{html.escape(scenario.title)}</h1>" in page and page.count("<script>") == 2
 
 
 def test_a_demo_link_opened_while_that_demo_runs_shows_it_running(demo_home):

@@ -176,10 +176,8 @@ def test_pages_paint_without_importing_torch_or_transformers():
         import gradacc.serving.warmup
         gradacc.serving.warmup.start = lambda: None  # the background import would load torch on purpose
         from streamlit.testing.v1 import AppTest
-
-from gradacc.analysis import health
         at = AppTest.from_file({str(ROOT / 'app.py')!r}, default_timeout=60).run()
-        for page in ("compare", "equivalence", "planner", "code", "train"):
+        for page in ("home", "compare", "equivalence", "planner", "code", "train"):
             at.switch_page(f"pages/{{page}}.py").run()
             assert not at.exception, (page, [e.value for e in at.exception])
         heavy = [name for name in ("torch", "transformers", "accelerate") if name in sys.modules]

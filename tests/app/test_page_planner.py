@@ -84,6 +84,9 @@ def test_use_these_settings_carries_m_k_and_the_levers_to_the_train_page(app_hom
     assert (config.gradient_checkpointing, config.precision, config.optimizer) == (True, "bf16", "sgd")
     assert at.number_input(key="form.train.micro_batch_size").value == m
     assert at.number_input(key="form.train.grad_accum_steps").value == k
+    # SGD was allowed, but not with AdamW's learning rate: the Train page asks for one before Start.
+    assert [w.value for w in at.warning] == ["Learning rate 0.005 is tiny-bert's recipe for AdamW; sgd needs a "
+                                             "learning rate of its own: set one before Start."]
     assert at.toggle(key="form.train.gradient_checkpointing").value is True
     assert at.radio(key="form.train.precision").value == "bf16"
     assert at.selectbox(key="form.train.optimizer").value == "sgd"

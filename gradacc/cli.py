@@ -99,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--max-seq-length", type=_value, default=128)
     plan.add_argument("--memory-budget-mb", type=_value, required=True)
     plan.add_argument("--target-effective-batch", type=_value, required=True)
+    plan.add_argument("--optimizer", choices=OPTIMIZERS, default=RunConfig.optimizer,
+                      help="the optimizer the run will use: the pick keeps it (another needs its own learning rate)")
+    plan.add_argument("--change-optimizer", action="store_true", help="let the pick use another optimizer")
     plan.add_argument("--json", action="store_true")
 
     check = commands.add_parser("check", help="gradient equivalence: naive vs exact normalisation")
@@ -408,8 +411,9 @@ def _plan(args) -> int:
     planner.check_plan_inputs(float(args.memory_budget_mb), args.target_effective_batch)  # before measuring
     result = planner.plan_levers(planner.measure_levers(args.model, args.max_seq_length), float(args.memory_budget_mb),
                                  args.target_effective_batch)
+    top = planner.pick(result, args.optimizer, args.change_optimizer)
     if args.json:
-        print(json.dumps(result, default=str))
+        print(json.dumps(result | {"pick": top}, default=str))
         return EXIT_OK
     print(f"{args.model} at {args.max_seq_length} tokens, budget {result['budget_mb']:g} MB, effective batch "
           f"{result['target_effective_batch']}; fastest first (seconds per example from a short timed run)")
@@ -425,6 +429,12 @@ def _plan(args) -> int:
         if row is not None:
             print(f"{name.replace('_', ' ')}: {planner.setting_label(row)}, m={row['micro_batch_size']}, "
                   f"k={row['grad_accum_steps']}")
+    if top is not None:
+        row = top["row"]
+        print(f"pick: {planner.setting_label(row)}, m={row['micro_batch_size']}, k={row['grad_accum_steps']}. "
+              f"{top['why']}")
+    elif result["fastest"] is not None:
+        print(f"pick: nothing with {args.optimizer} fits; --change-optimizer lets the pick use another one")
     if result["reason"]:
         print(in_cli_words(result["reason"], "budget_mb"))  # the page's label, the flag here
     print(f"activation line checked on a micro-batch of {planner.HELD_OUT_SIZE} it was not fitted on: largest error "

@@ -241,8 +241,7 @@ def _why(chosen: dict, fitting: list[dict], rows: list[dict], optimizer: str) ->
                f"{1 - chosen['seconds_per_example'] / fewer['seconds_per_example']:.0%} faster per example than "
                f"{setting_label(fewer)} (more than the timing's noise), at {mk}")
     if not shares_learning_rate(optimizer, chosen["optimizer"]):
-        why += (f". {chosen['optimizer']} does not take {optimizer}'s learning rate: the Train page asks for one "
-                "of its own")
+        why += f". {chosen['optimizer']} does not take {optimizer}'s learning rate: set one of its own"
     return why + "."
 
 

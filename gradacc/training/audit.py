@@ -1,0 +1,702 @@
+"""Audit a user's own accumulation: their ``Trainer`` (a callback) or their ``accelerator.accumulate`` loop.
+
+On the run's first optimizer step with k > 1 the audit recomputes, on the same micro-batches and the same
+weights, the gradient of the window's mean loss over its items (``reference``) and compares it with the
+gradient the run accumulated and is about to apply:
+
+    relative error = ‖g_run − g_reference‖ / ‖g_reference‖      (analysis.equivalence.relative_error)
+
+and says what the error means: ≈ k − 1 is a k× gradient (a head that ignores ``num_items_in_batch``,
+transformers #47688), a plain scale j/k a short window divided by the configured k, a residual that is no
+scale at all micro-batches weighted equally instead of by their items. It also counts, over that window,
+the learning-rate scheduler's steps (accelerate #963), the clipping calls, DDP's gradient syncs, and (for
+Trainer) compares the loss Trainer logs with the window's mean loss.
+
+The reference costs one forward+backward of one window, once: in one pass over the whole window when no
+dropout is active (falling back to one pass per micro-batch when that runs out of memory), else one pass
+per micro-batch replayed from the window's random state, so the dropout masks are the run's own and the
+comparison stays exact. Gradients, buffers and every random state are put back before the run goes on:
+the user's run continues bit-identical to a run without the audit.
+
+``gradacc.audit`` is the public face of this module (importable without torch).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+
+from gradacc.analysis.equivalence import _gradients, relative_error
+from gradacc.training.windows import loss_weight
+
+logger = logging.getLogger("gradacc.audit")
+
+# Relative error counted as exact: float32 recomputation in another batch shape differs by ~1e-7.
+EXACT = 1e-4
+EXACT_MIXED_PRECISION = 2e-2
+# How far a measured scale may be from k (or j/k) and still be named as that cause.
+SCALE_TOLERANCE = 0.02
+
+
+# ---- the fix gradacc ships for #47688 heads ------------------------------------------------------------
+
+def token_mean_loss(outputs, labels, num_items_in_batch=None):
+    """A Trainer ``compute_loss_func``: cross-entropy summed over the labelled items ÷ ``num_items_in_batch``.
+
+    Trainer counts ``num_items_in_batch`` over the whole accumulation window (on all ranks), so each
+    micro-batch's share comes out weighted by its items and the window's gradient is that of its mean loss,
+    whatever k or the window's length. For heads whose logits line up with their labels (sequence and token
+    classification); a ``*ForCausalLM`` head already uses ``num_items_in_batch`` itself.
+    """
+    import torch.nn.functional as F
+
+    logits = outputs["logits"]
+    summed = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=-100,
+                             reduction="sum")
+    if num_items_in_batch is None:  # evaluation without a count: the batch's own mean
+        num_items_in_batch = (labels != -100).sum()
+    return summed / num_items_in_batch
+
+
+# ---- shared pieces: items, states, the reference ----------------------------------------------------------
+
+def batch_items(batch: dict, shifts_labels: bool = False) -> int:
+    """Items a micro-batch adds to the loss: its labels other than -100 (a causal LM's from the second token)."""
+    labels = batch["labels"]
+    if labels.dim() > 1 and shifts_labels:
+        labels = labels[..., 1:]
+    return int((labels != -100).sum())
+
+
+def dropout_active(model) -> bool:
+    import torch
+
+    return any(isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.p > 0 and module.training
+               for module in model.modules())
+
+
+@dataclass
+class RandomState:
+    """Every random state a training loop draws from, taken and put back whole."""
+
+    states: dict = field(default_factory=dict)
+
+    @classmethod
+    def take(cls) -> "RandomState":
+        import numpy as np
+        import torch
+
+        states = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            states["cuda"] = torch.cuda.get_rng_state_all()
+        return cls(states)
+
+    def put_back(self) -> None:
+        import numpy as np
+        import torch
+
+        random.setstate(self.states["python"])
+        np.random.set_state(self.states["numpy"])
+        torch.set_rng_state(self.states["torch"])
+        if "cuda" in self.states:
+            torch.cuda.set_rng_state_all(self.states["cuda"])
+
+
+@contextlib.contextmanager
+def set_aside(model):
+    """Gradients and buffers (BatchNorm statistics) put aside and back, and random states restored: what
+    runs inside leaves the user's run as it found it."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = [p.grad for p in params]
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    rng = RandomState.take()
+    for p in params:
+        p.grad = None
+    try:
+        yield
+    finally:
+        for p, grad in zip(params, grads):
+            p.grad = grad
+        for b, saved in buffers:
+            b.data.copy_(saved)
+        rng.put_back()
+
+
+def concatenate(batches: list[dict]) -> dict:
+    """One batch of all the micro-batches, right-padded to the longest (labels with -100, the rest with 0;
+    attention masks keep the padding out)."""
+    import torch
+    import torch.nn.functional as F
+
+    joined = {}
+    for key in batches[0]:
+        values = [b[key] for b in batches]
+        if not all(torch.is_tensor(v) for v in values):
+            return {}
+        width = max(v.shape[-1] for v in values) if values[0].dim() > 1 else None
+        if width is not None:
+            values = [F.pad(v, (0, width - v.shape[-1]), value=-100 if key == "labels" else 0) for v in values]
+        joined[key] = torch.cat(values)
+    return joined
+
+
+def reference_gradient(model, batches: list[dict], loss_fn, items: list[int], window_items: int,
+                       replay: RandomState | None = None, autocast=contextlib.nullcontext) -> dict:
+    """The gradient of the mean loss over the window's items (``window_items``, on all ranks) from this
+    rank's ``batches``, at the model's current weights, with the run's own gradients set aside.
+
+    ``loss_fn(model, batch)`` is the mean loss over a batch's items. ``replay``: the random state the window
+    started from; the micro-batches are then replayed one by one from it (the run's dropout masks). Else one
+    pass over the concatenated window, or one per micro-batch when that runs out of memory. Returns
+    ``gradient`` (name → flat tensor, not yet summed over ranks), ``loss`` (this rank's share of the window's
+    mean loss) and ``mode``.
+    """
+    import torch
+
+    def per_micro_batch():
+        total = 0.0
+        for batch, n in zip(batches, items):
+            with autocast():
+                loss = loss_fn(model, batch) * (n / window_items)
+            loss.backward()
+            total += float(loss.detach())
+        return total
+
+    with set_aside(model):
+        if replay is not None:
+            replay.put_back()
+            loss, mode = per_micro_batch(), "replayed per micro-batch (dropout on: the run's own masks)"
+        else:
+            joined = concatenate(batches) if len(batches) > 1 else batches[0]
+            try:
+                if not joined:
+                    raise ValueError("micro-batches that cannot be concatenated")
+                with autocast():
+                    loss = loss_fn(model, joined) * (sum(items) / window_items)
+                loss.backward()
+                loss, mode = float(loss.detach()), "one pass over the window"
+            except (torch.OutOfMemoryError, ValueError):
+                model.zero_grad(set_to_none=True)
+                loss, mode = per_micro_batch(), "per micro-batch (the one-pass window did not fit)"
+        gradient = _gradients(model)
+    return {"gradient": gradient, "loss": loss, "mode": mode}
+
+
+def sum_over_ranks(gradient: dict, loss: float) -> tuple[dict, float]:
+    """The ranks' shares of the reference added up (one all-reduce), on one process as they are."""
+    from gradacc.training import distributed
+
+    if not distributed.is_distributed():
+        return gradient, loss
+    import torch
+    import torch.distributed as dist
+
+    names = sorted(gradient)
+    flat = torch.cat([gradient[n] for n in names] + [torch.tensor([loss], device=gradient[names[0]].device)])
+    dist.all_reduce(flat)
+    out, start = {}, 0
+    for n in names:
+        out[n] = flat[start:start + gradient[n].numel()]
+        start += gradient[n].numel()
+    return out, float(flat[-1])
+
+
+@contextlib.contextmanager
+def counting_clips(counter: "Tally"):
+    """Gradient clipping counted by the micro-batch it ran after: ``torch.nn.utils.clip_grad_norm_`` (a loop's
+    own) and ``clip_grads_with_norm_`` (what Accelerate's, and so Trainer's, clipping calls). One clip may go
+    through both: a set of micro-batch counts counts it once. A call with an infinite norm only measures."""
+    import math
+
+    import torch.nn.utils as utils
+
+    originals = {name: getattr(utils, name) for name in ("clip_grad_norm_", "clip_grads_with_norm_")}
+
+    def counted(original):
+        def clip(parameters, max_norm, *args, **kwargs):
+            if math.isfinite(float(max_norm)):
+                counter.clipped_after.add(counter.backwards)
+            return original(parameters, max_norm, *args, **kwargs)
+
+        return clip
+
+    for name, original in originals.items():
+        setattr(utils, name, counted(original))
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(utils, name, original)
+
+
+@dataclass
+class Tally:
+    """What the audited window did, counted as it ran."""
+
+    backwards: int = 0                                   # micro-batches back-propagated so far
+    clipped_after: set = field(default_factory=set)      # micro-batch counts after which clipping ran
+    scheduler_steps: int = 0
+    synced_micro_batches: int | None = None              # DDP: micro-batches whose backward all-reduced
+    logged_loss: float = 0.0                             # Trainer: what it adds to the loss it logs
+
+
+# ---- the verdict ----------------------------------------------------------------------------------------
+
+def judge(applied: dict, reference: dict, *, k: int, micro_batches: int, tolerance: float, who: str) -> dict:
+    """The relative error of ``applied`` against ``reference`` and what it means, with the fix in ``who``'s
+    terms (``trainer`` or ``accelerate``)."""
+    import torch
+
+    error = relative_error(applied, reference)
+    names = sorted(reference)
+    a = torch.cat([applied[n] for n in names]).double()
+    r = torch.cat([reference[n] for n in names]).double()
+    scale = float(a @ r / (r @ r))
+    residual = float(torch.linalg.vector_norm(a - scale * r) / torch.linalg.vector_norm(r))
+    result = {"rel_error": error, "scale": scale, "residual": residual}
+
+    def near(value: float) -> bool:
+        return residual <= SCALE_TOLERANCE and abs(scale - value) <= SCALE_TOLERANCE * value
+
+    if error <= tolerance:
+        return {**result, "gradient": "exact", "meaning": "the gradient of the window's mean loss", "fix": None}
+    if k > 1 and near(k):
+        meaning = (f"k× too large: {scale:.3g}× the gradient of the window's mean loss (relative error ≈ k − 1 = "
+                   f"{k - 1})")
+        if who == "trainer":
+            meaning += ("; the model's forward takes **kwargs, so Trainer skips its own ÷k, but its loss head "
+                        "ignores num_items_in_batch (transformers #47688)")
+            fix = ("pass compute_loss_func=gradacc.audit.token_mean_loss to Trainer (it divides the summed loss by "
+                   "num_items_in_batch, the window's items)")
+        else:
+            meaning += "; the loss was back-propagated without Accelerate's ÷k"
+            fix = "call accelerator.backward(loss) (it divides by k), not loss.backward()"
+        return {**result, "gradient": "k× too large", "meaning": meaning, "fix": fix}
+    if k > 1 and micro_batches < k and near(micro_batches / k):
+        return {**result, "gradient": "short window ÷ configured k",
+                "meaning": (f"{scale:.3g}× the gradient of the window's mean loss: a short window of {micro_batches} "
+                            f"micro-batches divided by the configured k={k}"),
+                "fix": ("weight each micro-batch's mean loss by its items ÷ the window's items × k before "
+                        "accelerator.backward (gradacc's exact weights), or drop the last partial window")}
+    if k > 1 and near(1 / k):
+        return {**result, "gradient": "k× too small",
+                "meaning": f"{scale:.3g}× the gradient of the window's mean loss: divided by k twice",
+                "fix": ("pass the micro-batch's plain mean loss to accelerator.backward (it divides by k itself)"
+                        if who == "accelerate" else "do not divide the loss by k yourself: Trainer does")}
+    if residual > SCALE_TOLERANCE:
+        fix = ("pass compute_loss_func=gradacc.audit.token_mean_loss to Trainer" if who == "trainer" else
+               "multiply each micro-batch's mean loss by its items ÷ the window's items × k before accelerator.backward")
+        return {**result, "gradient": "weighted by micro-batch, not by item",
+                "meaning": (f"not a plain scale of the window's mean-loss gradient (residual {residual:.2g}): "
+                            "micro-batches holding different numbers of items (tokens) were weighted equally, "
+                            "as a mean per micro-batch ÷ k does"),
+                "fix": fix}
+    return {**result, "gradient": "scaled", "meaning": f"{scale:.3g}× the gradient of the window's mean loss",
+            "fix": "divide the window's summed loss by its number of items, once"}
+
+
+def verdict(gradient: dict, tally: Tally, *, k: int, micro_batches: int, expected_scheduler_steps: int,
+            clipping: bool, who: str, reference_loss: float | None = None, mode: str = "",
+            seconds: float = 0.0) -> dict:
+    """One report: the gradient's finding plus the scheduler, clipping, sync and logged-loss checks."""
+    problems, checks = [], {}
+    if gradient["gradient"] != "exact":
+        problems.append(f"gradient {gradient['gradient']}")
+    steps = tally.scheduler_steps
+    checks["scheduler"] = {"steps": steps, "expected": expected_scheduler_steps,
+                           "ok": steps in (0, expected_scheduler_steps)}
+    if not checks["scheduler"]["ok"]:
+        problems.append(f"scheduler stepped {steps}× per optimizer step (expected {expected_scheduler_steps}): "
+                        "the schedule runs that much too fast; step it after optimizer.step() only when "
+                        "accelerator.sync_gradients (or prepare it with accelerator.prepare)")
+    clips = len(tally.clipped_after)
+    checks["clipping"] = {"micro_batches_clipped_after": sorted(tally.clipped_after), "ok": None}
+    if clipping or clips:
+        ok = tally.clipped_after == {tally.backwards}
+        checks["clipping"]["ok"] = ok
+        if not ok:
+            problems.append(f"clipping ran {clips}× in a window of {micro_batches} micro-batches (expected once, "
+                            "after the last): clip only when accelerator.sync_gradients, right before optimizer.step()")
+    if tally.synced_micro_batches is not None:
+        ok = tally.synced_micro_batches <= 1
+        checks["sync"] = {"synced_micro_batches": tally.synced_micro_batches, "ok": ok}
+        if not ok:
+            problems.append(f"gradients all-reduced in {tally.synced_micro_batches} of {micro_batches} micro-batches "
+                            "(expected once per window): run the forward and backward inside "
+                            "accelerator.accumulate(model)")
+    if who == "trainer" and reference_loss:
+        ratio = tally.logged_loss / reference_loss
+        ok = abs(ratio - 1) <= 1e-3 * max(1, k)
+        checks["logged_loss"] = {"logged": tally.logged_loss, "window_mean": reference_loss, "ratio": ratio, "ok": ok}
+        if not ok:
+            problems.append(f"logged loss {ratio:.3g}× the window's mean loss")
+    report = {"event": "gradacc_audit", "who": who, "k": k, "micro_batches": micro_batches, **gradient,
+              "checks": checks, "problems": problems, "ok": not problems, "reference": mode,
+              "audit_seconds": seconds}
+    report["line"] = summary_line(report)
+    return report
+
+
+def summary_line(report: dict) -> str:
+    if report["ok"]:
+        return (f"gradacc audit: exact — the step applies the gradient of the window's mean loss (relative error "
+                f"{report['rel_error']:.1e}, k={report['k']}); scheduler, clipping and logged loss in step")
+    line = f"gradacc audit: {'; '.join(report['problems'])}"
+    if report["gradient"] != "exact":
+        line += f" — relative error {report['rel_error']:.3g}: {report['meaning']}. Fix: {report['fix']}"
+    return line
+
+
+def _publish(report: dict, json_path) -> None:
+    logger.warning(report["line"])
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as file:
+            json.dump(report, file, default=str)
+
+
+# ---- Trainer ----------------------------------------------------------------------------------------------
+
+def _trainer_from_stack():
+    """The Trainer that calls this callback: Trainer hands callbacks no handle on itself, so the audit finds it
+    in the calling frames (``self`` of ``Trainer.train``'s inner loop)."""
+    from transformers import Trainer
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, Trainer):
+            return candidate
+        frame = frame.f_back
+    return None
+
+
+def _callback_base():
+    from transformers import TrainerCallback
+
+    return TrainerCallback
+
+
+class _TrainerAudit:
+    """The state of one audit of one Trainer run (see ``AccumulationAudit``)."""
+
+    def __init__(self, trainer, loss_fn, json_path):
+        self.trainer = trainer
+        self.loss_fn = loss_fn or (lambda model, batch: model(**batch).loss)
+        self.json_path = json_path
+        self.tally = Tally()
+        self.batches: list[dict] = []
+        self.applied: dict | None = None
+        self.rng_at_start: RandomState | None = None
+        self.reference: dict | None = None
+        self.seconds = 0.0
+        self._restore = []
+        self._clips = None
+
+    def start(self):
+        """The first window begins (its micro-batches already fetched): watch it."""
+        trainer, tally = self.trainer, self.tally
+        self.rng_at_start = RandomState.take()
+        step = trainer.training_step
+        scheduler_step = trainer.lr_scheduler.step
+
+        def training_step(model, inputs, num_items_in_batch=None):
+            self.batches.append(dict(inputs))
+            loss = step(model, inputs, num_items_in_batch)
+            tally.backwards += 1
+            tally.logged_loss += float(loss)
+            if tally.backwards == trainer.current_gradient_accumulation_steps:
+                # The window's last micro-batch: the accumulated gradient, before Trainer clips it.
+                self.applied = _gradients(trainer.model)
+            return loss
+
+        def count_scheduler_step(*args, **kwargs):
+            tally.scheduler_steps += 1
+            return scheduler_step(*args, **kwargs)
+
+        self._restore = [_patch(trainer, "training_step", training_step),
+                         _patch(trainer.lr_scheduler, "step", count_scheduler_step)]
+        self._clips = counting_clips(tally)
+        self._clips.__enter__()
+
+    def measure(self):
+        """Before the optimizer step: the reference gradient on the same micro-batches and weights."""
+        started = time.perf_counter()
+        trainer = self.trainer
+        model = trainer.model
+        shifts = bool(getattr(trainer, "_loss_shifts_labels", False))
+        device = next(model.parameters()).device
+        batches = [trainer._prepare_inputs(b) for b in self.batches]
+        items = [batch_items(b, shifts) for b in batches]
+        window = sum(_sum_over_ranks_int(items, device))
+        replay = self.rng_at_start if dropout_active(model) else None
+        self.reference = reference_gradient(model, batches, self.loss_fn, items, window, replay=replay,
+                                            autocast=trainer.compute_loss_context_manager)
+        self.reference["gradient"], self.reference["loss"] = sum_over_ranks(self.reference["gradient"],
+                                                                           self.reference["loss"])
+        self.seconds = time.perf_counter() - started
+
+    def finish(self, state):
+        for restore in self._restore:
+            restore()
+        self._restore = []
+        if self._clips is not None:
+            self._clips.__exit__(None, None, None)
+        if self.reference is None or self.applied is None:
+            return None
+        args = self.trainer.args
+        tolerance = EXACT_MIXED_PRECISION if (args.bf16 or args.fp16) else EXACT
+        gradient = judge(self.applied, self.reference["gradient"], k=args.gradient_accumulation_steps,
+                         micro_batches=len(self.batches), tolerance=tolerance, who="trainer")
+        report = verdict(gradient, self.tally, k=args.gradient_accumulation_steps, micro_batches=len(self.batches),
+                         expected_scheduler_steps=1, clipping=args.max_grad_norm > 0, who="trainer",
+                         reference_loss=self.reference["loss"], mode=self.reference["mode"], seconds=self.seconds)
+        state.log_history.append({"gradacc_audit": report, "step": state.global_step})
+        _publish(report, self.json_path)
+        return report
+
+
+def _patch(owner, name: str, replacement):
+    """Set ``owner.name`` on the instance for the audited window; returns what puts it back as it was (the
+    class's method, or an instance attribute the user had set)."""
+    missing = object()
+    before = owner.__dict__.get(name, missing)
+    setattr(owner, name, replacement)
+
+    def restore():
+        if before is missing:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, before)
+
+    return restore
+
+
+def _sum_over_ranks_int(items: list[int], device) -> list[float]:
+    from gradacc.training import distributed
+
+    total = distributed.sum_over_ranks([float(sum(items))], device)[0]
+    return [total]
+
+
+def accumulation_audit_class():
+    """``AccumulationAudit``, built on first use (transformers is imported then, not with gradacc.audit)."""
+    base = _callback_base()
+
+    class AccumulationAudit(base):
+        """A ``TrainerCallback`` that audits the run's first optimizer step (with gradient_accumulation_steps > 1):
+        ``trainer.add_callback(AccumulationAudit())``. The verdict goes to the log, to ``state.log_history``
+        (an entry ``{"gradacc_audit": report}``), to ``self.report`` and, with ``json_path``, to a JSON file.
+
+        ``loss_fn(model, batch)``: the mean loss over a batch's items (default: the model's own ``.loss``).
+        """
+
+        def __init__(self, json_path=None, loss_fn=None):
+            self.json_path = json_path
+            self.loss_fn = loss_fn
+            self.report: dict | None = None
+            self._audit: _TrainerAudit | None = None
+            self._done = False
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            if self._done or self._audit is not None or args.gradient_accumulation_steps <= 1:
+                return
+            trainer = _trainer_from_stack()
+            if trainer is None:
+                logger.warning("gradacc audit: no Trainer found calling the callback; nothing audited")
+                self._done = True
+                return
+            self._audit = _TrainerAudit(trainer, self.loss_fn, self.json_path)
+            self._audit.start()
+
+        def on_pre_optimizer_step(self, args, state, control, **kwargs):
+            if self._audit is not None and self._audit.reference is None:
+                self._audit.measure()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if self._audit is not None:
+                self.report = self._audit.finish(state)
+                self._audit, self._done = None, True
+
+        def on_train_end(self, args, state, control, **kwargs):
+            if self._audit is not None:  # stopped inside the first window
+                self._audit.finish(state)
+                self._audit, self._done = None, True
+
+    return AccumulationAudit
+
+
+# ---- Accelerate -------------------------------------------------------------------------------------------
+
+class AccelerateAudit:
+    """A context manager around the first window of a user's ``accelerator.accumulate`` loop.
+
+    ``batches``: that window's micro-batches on this rank, the ones the loop inside will run (build them
+    before entering: with dropout on, the audit replays them from the random state at entry).
+    ``loss_fn(model, batch)``: the mean loss over a batch's items (default: the model's own ``.loss``).
+    The loop inside runs as written; the block should end after the window's optimizer and scheduler steps.
+    ``report`` holds the verdict after the block (on every rank).
+    """
+
+    def __init__(self, accelerator, model, optimizer, batches, loss_fn=None, lr_scheduler=None, json_path=None):
+        self.accelerator = accelerator
+        self.model = model
+        self.optimizer = optimizer
+        self.batches = list(batches)
+        self.loss_fn = loss_fn or (lambda model, batch: model(**batch).loss)
+        self.lr_scheduler = lr_scheduler
+        self.json_path = json_path
+        self.tally = Tally()
+        self.report: dict | None = None
+        self._applied = None
+        self._reference = None
+        self._seconds = 0.0
+        self._restore = []
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self):
+        from gradacc.training.distributed import SyncProbe
+
+        accelerator, tally = self.accelerator, self.tally
+        self._rng = RandomState.take()
+        backward = accelerator.backward
+        step = self.optimizer.step
+        probe = None
+        with contextlib.suppress(RuntimeError):  # a comm hook of the user's own: syncs not counted
+            probe = SyncProbe.attach(self.model)
+        if probe is not None:
+            tally.synced_micro_batches = 0
+
+        def audited_backward(loss, **kwargs):
+            result = backward(loss, **kwargs)
+            tally.backwards += 1
+            if probe is not None and probe.take():
+                tally.synced_micro_batches += 1
+            if accelerator.sync_gradients:
+                self._applied = _gradients(self.model)  # after the window's last backward (and sync), before clipping
+            return result
+
+        def audited_step(*args, **kwargs):
+            if accelerator.sync_gradients and self._reference is None:
+                self._measure()
+            return step(*args, **kwargs)
+
+        self._restore = [_patch(accelerator, "backward", audited_backward),
+                         _patch(self.optimizer, "step", audited_step)]
+        if self.lr_scheduler is not None:
+            inner = getattr(self.lr_scheduler, "scheduler", self.lr_scheduler)  # the torch scheduler itself
+            inner_step = inner.step
+
+            def counted(*args, **kwargs):
+                tally.scheduler_steps += 1
+                return inner_step(*args, **kwargs)
+
+            self._restore.append(_patch(inner, "step", counted))
+        self._stack.enter_context(counting_clips(tally))
+        return self
+
+    def _measure(self):
+        started = time.perf_counter()
+        model = self.accelerator.unwrap_model(self.model)  # no DDP collectives in the reference
+        device = next(model.parameters()).device
+        batches = [{key: value.to(device) if hasattr(value, "to") else value for key, value in b.items()}
+                   for b in self.batches]
+        shifts = model.__class__.__name__.endswith("ForCausalLM")
+        items = [batch_items(b, shifts) for b in batches]
+        window = sum(_sum_over_ranks_int(items, device))
+        replay = self._rng if dropout_active(model) else None
+        reference = reference_gradient(model, batches, self.loss_fn, items, window, replay=replay,
+                                       autocast=self.accelerator.autocast)
+        reference["gradient"], reference["loss"] = sum_over_ranks(reference["gradient"], reference["loss"])
+        self._reference = reference
+        self._seconds = time.perf_counter() - started
+
+    def __exit__(self, *exc):
+        for restore in self._restore:
+            restore()
+        self._restore = []
+        self._stack.close()
+        if exc[0] is not None or self._reference is None or self._applied is None:
+            return False
+        accelerator = self.accelerator
+        k = accelerator.gradient_accumulation_steps
+        tolerance = EXACT if accelerator.mixed_precision == "no" else EXACT_MIXED_PRECISION
+        gradient = judge(self._applied, self._reference["gradient"], k=k, micro_batches=self.tally.backwards,
+                         tolerance=tolerance, who="accelerate")
+        expected = _expected_scheduler_steps(self.lr_scheduler, accelerator.num_processes)
+        self.report = verdict(gradient, self.tally, k=k, micro_batches=self.tally.backwards,
+                              expected_scheduler_steps=expected, clipping=False, who="accelerate",
+                              mode=self._reference["mode"], seconds=self._seconds)
+        self.report["num_processes"] = accelerator.num_processes
+        if accelerator.is_main_process:
+            _publish(self.report, self.json_path)
+        return False
+
+
+def _expected_scheduler_steps(lr_scheduler, num_processes: int) -> int:
+    """A prepared scheduler steps the torch one once per process per optimizer step unless batches are split
+    (Accelerate's design: schedules sized in per-process steps); an unprepared one, once."""
+    from accelerate.scheduler import AcceleratedScheduler
+
+    if isinstance(lr_scheduler, AcceleratedScheduler) and lr_scheduler.step_with_optimizer \
+            and not lr_scheduler.split_batches:
+        return num_processes
+    return 1
+
+
+def audit_accelerate(accelerator, model, optimizer, batches, loss_fn=None, lr_scheduler=None,
+                     json_path=None) -> AccelerateAudit:
+    """``with audit_accelerate(accelerator, model, optimizer, batches, loss_fn, lr_scheduler) as audit:`` around
+    the first window of your ``accelerator.accumulate`` loop; ``audit.report`` after it."""
+    return AccelerateAudit(accelerator, model, optimizer, batches, loss_fn, lr_scheduler, json_path)
+
+
+# ---- a stock Trainer, for the command line ------------------------------------------------------------------
+
+def audit_stock_trainer(config, steps: int = 1, window_timer=None, confinement=None) -> dict:
+    """The audit of a stock ``transformers.Trainer`` (its defaults, no ``compute_loss_func``) on ``config``'s
+    model and data: ``steps`` optimizer steps of micro-batch m and k, the first audited. ``window_timer``: a
+    TrainerCallback added beside the audit (the benchmark's clock). ``confinement``: where local paths may lie
+    (``job.prepare``'s)."""
+    import tempfile
+    import threading
+
+    from transformers import PrinterCallback, Trainer, TrainingArguments
+
+    from gradacc.config import field_label
+    from gradacc.errors import GradaccError
+    from gradacc.training.backends.trainer_loop import _Samples
+    from gradacc.training.engine import quiet_libraries
+    from gradacc.training.job import prepare
+
+    m, k = config.micro_batch_size, config.grad_accum_steps
+    if not isinstance(k, bool) and isinstance(k, int) and k < 2:
+        raise GradaccError(f"{field_label('grad_accum_steps')} must be at least 2 for an audit of accumulation "
+                           f"(k micro-batches per optimizer step); got {k}.", "grad_accum_steps")
+    config = config.replace(backend="trainer", train_samples=m * k * steps, epochs=1, max_steps=steps,
+                            eval_samples=8, instrument=False).validate()
+    quiet_libraries()
+    job = prepare(config, lambda event: None, threading.Event(), confinement=confinement)
+    audit = accumulation_audit_class()()
+    with tempfile.TemporaryDirectory(prefix="gradacc-audit-") as output_dir:
+        args = TrainingArguments(output_dir=output_dir, per_device_train_batch_size=m, gradient_accumulation_steps=k,
+                                 max_steps=steps, learning_rate=config.learning_rate, seed=config.seed,
+                                 report_to="none", save_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
+                                 use_cpu=job.device.type == "cpu")
+        trainer = Trainer(model=job.model, args=args, train_dataset=_Samples(job.train_examples),
+                          data_collator=job.collate, callbacks=[audit] + ([window_timer] if window_timer else []))
+        trainer.remove_callback(PrinterCallback)
+        quiet = logging.getLogger("gradacc.audit")
+        quiet.disabled = True  # the command prints the verdict itself
+        try:
+            trainer.train()
+        finally:
+            quiet.disabled = False
+    if audit.report is None:
+        raise GradaccError("The audit saw no optimizer step: the data has fewer examples than one micro-batch.",
+                           "micro_batch_size")
+    return {**audit.report, "model": config.model, "dataset": config.dataset, "micro_batch_size": m}

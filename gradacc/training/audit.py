@@ -128,8 +128,8 @@ def set_aside(model):
 
 
 def concatenate(batches: list[dict]) -> dict:
-    """One batch of all the micro-batches, right-padded to the longest (labels with -100, the rest with 0;
-    attention masks keep the padding out)."""
+    """One batch of all the micro-batches, right-padded to the longest (labels with -100, the rest with 0; the
+    attention mask keeps the padding out). ValueError, with the reason, for micro-batches it cannot join."""
     import torch
     import torch.nn.functional as F
 
@@ -137,9 +137,11 @@ def concatenate(batches: list[dict]) -> dict:
     for key in batches[0]:
         values = [b[key] for b in batches]
         if not all(torch.is_tensor(v) for v in values):
-            return {}
+            raise ValueError(f"{key!r} is not a tensor")
         width = max(v.shape[-1] for v in values) if values[0].dim() > 1 else None
-        if width is not None:
+        if width is not None and any(v.shape[-1] != width for v in values):
+            if "attention_mask" not in batches[0]:
+                raise ValueError("micro-batches of different lengths without an attention mask")
             values = [F.pad(v, (0, width - v.shape[-1]), value=-100 if key == "labels" else 0) for v in values]
         joined[key] = torch.cat(values)
     return joined
@@ -172,17 +174,21 @@ def reference_gradient(model, batches: list[dict], loss_fn, items: list[int], wi
             replay.put_back()
             loss, mode = per_micro_batch(), "replayed per micro-batch (dropout on: the run's own masks)"
         else:
-            joined = concatenate(batches) if len(batches) > 1 else batches[0]
             try:
-                if not joined:
-                    raise ValueError("micro-batches that cannot be concatenated")
-                with autocast():
-                    loss = loss_fn(model, joined) * (sum(items) / window_items)
-                loss.backward()
-                loss, mode = float(loss.detach()), "one pass over the window"
-            except (torch.OutOfMemoryError, ValueError):
-                model.zero_grad(set_to_none=True)
-                loss, mode = per_micro_batch(), "per micro-batch (the one-pass window did not fit)"
+                joined = concatenate(batches) if len(batches) > 1 else batches[0]
+            except ValueError as reason:
+                joined, why = None, str(reason)
+            if joined is not None:
+                try:
+                    with autocast():
+                        loss = loss_fn(model, joined) * (sum(items) / window_items)
+                    loss.backward()
+                    loss, mode = float(loss.detach()), "one pass over the window"
+                except torch.OutOfMemoryError:
+                    model.zero_grad(set_to_none=True)
+                    joined, why = None, "the whole window did not fit in memory"
+            if joined is None:
+                loss, mode = per_micro_batch(), f"per micro-batch ({why})"
         gradient = _gradients(model)
     return {"gradient": gradient, "loss": loss, "mode": mode}
 
@@ -308,9 +314,10 @@ def verdict(gradient: dict, tally: Tally, *, k: int, micro_batches: int, expecte
     if gradient["gradient"] != "exact":
         problems.append(f"gradient {gradient['gradient']}")
     steps = tally.scheduler_steps
+    # No step seen: no scheduler given to the audit (or none in the loop): nothing to judge.
     checks["scheduler"] = {"steps": steps, "expected": expected_scheduler_steps,
-                           "ok": steps in (0, expected_scheduler_steps)}
-    if not checks["scheduler"]["ok"]:
+                           "ok": None if steps == 0 else steps == expected_scheduler_steps}
+    if checks["scheduler"]["ok"] is False:
         problems.append(f"scheduler stepped {steps}× per optimizer step (expected {expected_scheduler_steps}): "
                         "the schedule runs that much too fast; step it after optimizer.step() only when "
                         "accelerator.sync_gradients (or prepare it with accelerator.prepare)")
@@ -344,8 +351,10 @@ def verdict(gradient: dict, tally: Tally, *, k: int, micro_batches: int, expecte
 
 def summary_line(report: dict) -> str:
     if report["ok"]:
+        checked = [name.replace("_", " ") for name, check in report["checks"].items() if check["ok"] is not None]
         return (f"gradacc audit: exact — the step applies the gradient of the window's mean loss (relative error "
-                f"{report['rel_error']:.1e}, k={report['k']}); scheduler, clipping and logged loss in step")
+                f"{report['rel_error']:.1e}, k={report['k']})"
+                + (f"; {', '.join(checked)}: once per window, as they should" if checked else ""))
     line = f"gradacc audit: {'; '.join(report['problems'])}"
     if report["gradient"] != "exact":
         line += f" — relative error {report['rel_error']:.3g}: {report['meaning']}. Fix: {report['fix']}"

@@ -36,6 +36,37 @@ def main_check(*args: str) -> dict:
     return {"code": code, "stdout": out.getvalue()}
 
 
+def audited_accelerate_loop(sync_each_batch: bool) -> dict:
+    """A hand-written ``accelerator.accumulate`` loop (k=2, DDP on 2 ranks) with gradacc.audit around its window."""
+    import torch
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+    from accelerate.utils import GradientAccumulationPlugin
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from gradacc.audit import audit_accelerate
+
+    AcceleratorState._reset_state(reset_partial_state=False)
+    GradientState._reset_state()
+    plugin = GradientAccumulationPlugin(num_steps=2, sync_each_batch=sync_each_batch)
+    accelerator = Accelerator(gradient_accumulation_plugin=plugin, cpu=True)
+    torch.manual_seed(0)  # the same weights on both ranks
+    model = BertForSequenceClassification(BertConfig(
+        vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+        max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+    model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    generator = torch.Generator().manual_seed(1 + distributed.rank())  # each rank its own micro-batches
+    window = [{"input_ids": torch.randint(1, 64, (4, 6 + 2 * i), generator=generator),
+               "labels": torch.randint(0, 2, (4,), generator=generator)} for i in range(2)]
+    with audit_accelerate(accelerator, model, optimizer, window) as audit:
+        for batch in window:
+            with accelerator.accumulate(model):
+                accelerator.backward(model(**batch).loss)
+                optimizer.step()
+                optimizer.zero_grad()
+    return audit.report
+
+
 def work() -> dict:
     seen = {"rank": distributed.rank(), "runs": {}, "uneven_runs": {}, "checks": {}}
     for backend in BACKENDS:
@@ -46,6 +77,7 @@ def work() -> dict:
     for backend in ("accelerate", "trainer"):
         seen["checks"][backend] = check(RunConfig(backend=backend, micro_batch_size=4, grad_accum_steps=2,
                                                   max_seq_length=32, num_processes=2), cases=("equal_windows",))
+    seen["audits"] = {"accumulate": audited_accelerate_loop(False), "sync_each_batch": audited_accelerate_loop(True)}
     seen["cli_check"] = main_check("--backend", "pytorch", "-m", "4", "-k", "2", "--max-seq-length", "32", "--json")
     return seen
 

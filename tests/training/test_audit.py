@@ -166,7 +166,7 @@ def test_a_correct_accelerate_loop_is_exact():
     assert report["checks"]["scheduler"]["steps"] == 1 and report["checks"]["clipping"]["ok"]
 
 
-@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step()` before")  # the user's mistake, as torch sees it
+@pytest.mark.filterwarnings(r"ignore:Detected call of `lr_scheduler\.step\(\)` before")  # the user's mistake, as torch sees it
 def test_a_scheduler_stepped_and_clipping_run_per_micro_batch_are_each_named():
     report = accelerate_loop(k=4, scheduler_per_micro_batch=True, clip_per_micro_batch=True, prepared_loader=True)
     assert report["checks"]["scheduler"] == {"steps": 4, "expected": 1, "ok": False}

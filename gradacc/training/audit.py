@@ -258,12 +258,17 @@ def judge(applied: dict, reference: dict, *, k: int, micro_batches: int, toleran
     terms (``trainer`` or ``accelerate``)."""
     import torch
 
+    import math
+
     error = relative_error(applied, reference)
-    names = sorted(reference)
-    a = torch.cat([applied[n] for n in names]).double()
-    r = torch.cat([reference[n] for n in names]).double()
-    scale = float(a @ r / (r @ r))
-    residual = float(torch.linalg.vector_norm(a - scale * r) / torch.linalg.vector_norm(r))
+    # The best scale s of the reference and what no scale explains, from per-tensor dot products (no copies):
+    # s = a·r / r·r, residual = ‖a − s·r‖ / ‖r‖ with ‖a − s·r‖² = a·a − 2s·a·r + s²·r·r.
+    ar = aa = rr = 0.0
+    for name, r in reference.items():
+        a = applied[name]
+        ar, aa, rr = ar + float(torch.dot(a, r)), aa + float(torch.dot(a, a)), rr + float(torch.dot(r, r))
+    scale = ar / rr
+    residual = math.sqrt(max(0.0, aa - 2 * scale * ar + scale * scale * rr) / rr)
     result = {"rel_error": error, "scale": scale, "residual": residual}
 
     def near(value: float) -> bool:
@@ -307,7 +312,7 @@ def judge(applied: dict, reference: dict, *, k: int, micro_batches: int, toleran
 
 
 def verdict(gradient: dict, tally: Tally, *, k: int, micro_batches: int, expected_scheduler_steps: int,
-            clipping: bool, who: str, reference_loss: float | None = None, mode: str = "",
+            clipping: bool, who: str, reference_loss: float | None = None, mode: str = "", reference_seconds: float = 0.0,
             seconds: float = 0.0) -> dict:
     """One report: the gradient's finding plus the scheduler, clipping, sync and logged-loss checks."""
     problems, checks = [], {}
@@ -342,9 +347,9 @@ def verdict(gradient: dict, tally: Tally, *, k: int, micro_batches: int, expecte
         checks["logged_loss"] = {"logged": tally.logged_loss, "window_mean": reference_loss, "ratio": ratio, "ok": ok}
         if not ok:
             problems.append(f"logged loss {ratio:.3g}× the window's mean loss")
-    report = {"event": "gradacc_audit", "who": who, "k": k, "micro_batches": micro_batches, **gradient,
+    report = {"who": who, "k": k, "micro_batches": micro_batches, **gradient,
               "checks": checks, "problems": problems, "ok": not problems, "reference": mode,
-              "audit_seconds": seconds}
+              "reference_seconds": reference_seconds, "audit_seconds": seconds}
     report["line"] = summary_line(report)
     return report
 
@@ -420,7 +425,9 @@ class _TrainerAudit:
             tally.logged_loss += float(loss)
             if tally.backwards == trainer.current_gradient_accumulation_steps:
                 # The window's last micro-batch: the accumulated gradient, before Trainer clips it.
+                copied = time.perf_counter()
                 self.applied = _gradients(trainer.model)
+                self.seconds += time.perf_counter() - copied
             return loss
 
         def count_scheduler_step(*args, **kwargs):
@@ -445,9 +452,10 @@ class _TrainerAudit:
         replay = self.rng_at_start if dropout_active(model) else None
         self.reference = reference_gradient(model, batches, self.loss_fn, items, window, replay=replay,
                                             autocast=trainer.compute_loss_context_manager)
+        self.reference["seconds"] = time.perf_counter() - started
         self.reference["gradient"], self.reference["loss"] = sum_over_ranks(self.reference["gradient"],
                                                                            self.reference["loss"])
-        self.seconds = time.perf_counter() - started
+        self.seconds += time.perf_counter() - started
 
     def finish(self, state):
         for restore in self._restore:
@@ -459,11 +467,14 @@ class _TrainerAudit:
             return None
         args = self.trainer.args
         tolerance = EXACT_MIXED_PRECISION if (args.bf16 or args.fp16) else EXACT
+        judged = time.perf_counter()
         gradient = judge(self.applied, self.reference["gradient"], k=args.gradient_accumulation_steps,
                          micro_batches=len(self.batches), tolerance=tolerance, who="trainer")
+        self.seconds += time.perf_counter() - judged
         report = verdict(gradient, self.tally, k=args.gradient_accumulation_steps, micro_batches=len(self.batches),
                          expected_scheduler_steps=1, clipping=args.max_grad_norm > 0, who="trainer",
-                         reference_loss=self.reference["loss"], mode=self.reference["mode"], seconds=self.seconds)
+                         reference_loss=self.reference["loss"], mode=self.reference["mode"],
+                         reference_seconds=self.reference["seconds"], seconds=self.seconds)
         state.log_history.append({"gradacc_audit": report, "step": state.global_step})
         _publish(report, self.json_path)
         return report
@@ -586,7 +597,9 @@ class AccelerateAudit:
             if probe is not None and probe.take():
                 tally.synced_micro_batches += 1
             if accelerator.sync_gradients:
+                copied = time.perf_counter()
                 self._applied = _gradients(self.model)  # after the window's last backward (and sync), before clipping
+                self._seconds += time.perf_counter() - copied
             return result
 
         def audited_step(*args, **kwargs):
@@ -620,9 +633,10 @@ class AccelerateAudit:
         replay = self._rng if dropout_active(model) else None
         reference = reference_gradient(model, batches, self.loss_fn, items, window, replay=replay,
                                        autocast=self.accelerator.autocast)
+        reference["seconds"] = time.perf_counter() - started
         reference["gradient"], reference["loss"] = sum_over_ranks(reference["gradient"], reference["loss"])
         self._reference = reference
-        self._seconds = time.perf_counter() - started
+        self._seconds += time.perf_counter() - started
 
     def __exit__(self, *exc):
         for restore in self._restore:
@@ -634,12 +648,15 @@ class AccelerateAudit:
         accelerator = self.accelerator
         k = accelerator.gradient_accumulation_steps
         tolerance = EXACT if accelerator.mixed_precision == "no" else EXACT_MIXED_PRECISION
+        judged = time.perf_counter()
         gradient = judge(self._applied, self._reference["gradient"], k=k, micro_batches=self.tally.backwards,
                          tolerance=tolerance, who="accelerate")
+        self._seconds += time.perf_counter() - judged
         expected = _expected_scheduler_steps(self.lr_scheduler, accelerator.num_processes)
         self.report = verdict(gradient, self.tally, k=k, micro_batches=self.tally.backwards,
                               expected_scheduler_steps=expected, clipping=False, who="accelerate",
-                              mode=self._reference["mode"], seconds=self._seconds)
+                              mode=self._reference["mode"], reference_seconds=self._reference["seconds"],
+                              seconds=self._seconds)
         self.report["num_processes"] = accelerator.num_processes
         if accelerator.is_main_process:
             _publish(self.report, self.json_path)
@@ -666,11 +683,12 @@ def audit_accelerate(accelerator, model, optimizer, batches, loss_fn=None, lr_sc
 
 # ---- a stock Trainer, for the command line ------------------------------------------------------------------
 
-def audit_stock_trainer(config, steps: int = 1, window_timer=None, confinement=None) -> dict:
+def audit_stock_trainer(config, steps: int = 1, window_timer=None, confinement=None, audited: bool = True) -> dict:
     """The audit of a stock ``transformers.Trainer`` (its defaults, no ``compute_loss_func``) on ``config``'s
     model and data: ``steps`` optimizer steps of micro-batch m and k, the first audited. ``window_timer``: a
     TrainerCallback added beside the audit (the benchmark's clock). ``confinement``: where local paths may lie
-    (``job.prepare``'s)."""
+    (``job.prepare``'s). ``audited=False``: the same run without the audit (the benchmark's baseline); returns
+    ``{}`` then."""
     import tempfile
     import threading
 
@@ -696,8 +714,9 @@ def audit_stock_trainer(config, steps: int = 1, window_timer=None, confinement=N
                                  max_steps=steps, learning_rate=config.learning_rate, seed=config.seed,
                                  report_to="none", save_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
                                  use_cpu=job.device.type == "cpu")
+        callbacks = ([audit] if audited else []) + ([window_timer] if window_timer else [])
         trainer = Trainer(model=job.model, args=args, train_dataset=_Samples(job.train_examples),
-                          data_collator=job.collate, callbacks=[audit] + ([window_timer] if window_timer else []))
+                          data_collator=job.collate, callbacks=callbacks)
         trainer.remove_callback(PrinterCallback)
         quiet = logging.getLogger("gradacc.audit")
         quiet.disabled = True  # the command prints the verdict itself
@@ -705,6 +724,8 @@ def audit_stock_trainer(config, steps: int = 1, window_timer=None, confinement=N
             trainer.train()
         finally:
             quiet.disabled = False
+    if not audited:
+        return {}
     if audit.report is None:
         raise GradaccError("The audit saw no optimizer step: the data has fewer examples than one micro-batch.",
                            "micro_batch_size")

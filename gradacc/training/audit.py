@@ -164,7 +164,8 @@ def reference_gradient(model, batches: list[dict], loss_fn, items: list[int], wi
         total = 0.0
         for batch, n in zip(batches, items):
             with autocast():
-                loss = loss_fn(model, batch) * (n / window_items)
+                # gradacc's exact weight: the micro-batch's share of the window's items (summed over ranks after).
+                loss = loss_fn(model, batch) * loss_weight("exact", n, window_items, len(batches))
             loss.backward()
             total += float(loss.detach())
         return total
@@ -253,9 +254,13 @@ class Tally:
 
 # ---- the verdict ----------------------------------------------------------------------------------------
 
-def judge(applied: dict, reference: dict, *, k: int, micro_batches: int, tolerance: float, who: str) -> dict:
+def judge(applied: dict, reference: dict, *, k: int, micro_batches: int, tolerance: float, who: str,
+          num_processes: int = 1) -> dict:
     """The relative error of ``applied`` against ``reference`` and what it means, with the fix in ``who``'s
-    terms (``trainer`` or ``accelerate``)."""
+    terms (``trainer`` or ``accelerate``).
+
+    On P processes Trainer also multiplies each loss by P (to undo DDP's average, ``average_tokens_across_devices``),
+    so a head that ignores ``num_items_in_batch`` comes out k·P× too large there."""
     import torch
 
     import math
@@ -276,9 +281,11 @@ def judge(applied: dict, reference: dict, *, k: int, micro_batches: int, toleran
 
     if error <= tolerance:
         return {**result, "gradient": "exact", "meaning": "the gradient of the window's mean loss", "fix": None}
-    if k > 1 and near(k):
-        meaning = (f"k× too large: {scale:.3g}× the gradient of the window's mean loss (relative error ≈ k − 1 = "
-                   f"{k - 1})")
+    too_large = k * num_processes if who == "trainer" and num_processes > 1 and near(k * num_processes) else k
+    if k > 1 and near(too_large):
+        times = f"k·P = {k}·{num_processes}" if too_large != k else "k"
+        meaning = (f"{scale:.3g}× the gradient of the window's mean loss (relative error ≈ {times} − 1 = "
+                   f"{too_large - 1})")
         if who == "trainer":
             meaning += ("; the model's forward takes **kwargs, so Trainer skips its own ÷k, but its loss head "
                         "ignores num_items_in_batch (transformers #47688)")
@@ -324,8 +331,10 @@ def verdict(gradient: dict, tally: Tally, *, k: int, micro_batches: int, expecte
                            "ok": None if steps == 0 else steps == expected_scheduler_steps}
     if checks["scheduler"]["ok"] is False:
         problems.append(f"scheduler stepped {steps}× per optimizer step (expected {expected_scheduler_steps}): "
-                        "the schedule runs that much too fast; step it after optimizer.step() only when "
-                        "accelerator.sync_gradients (or prepare it with accelerator.prepare)")
+                        "the schedule runs that much too fast; "
+                        + ("let Trainer step it (once per optimizer step), not training_step" if who == "trainer" else
+                           "step it after optimizer.step() only when accelerator.sync_gradients (or prepare it "
+                           "with accelerator.prepare)"))
     clips = len(tally.clipped_after)
     checks["clipping"] = {"micro_batches_clipped_after": sorted(tally.clipped_after), "ok": None}
     if clipping or clips:
@@ -333,7 +342,9 @@ def verdict(gradient: dict, tally: Tally, *, k: int, micro_batches: int, expecte
         checks["clipping"]["ok"] = ok
         if not ok:
             problems.append(f"clipping ran {clips}× in a window of {micro_batches} micro-batches (expected once, "
-                            "after the last): clip only when accelerator.sync_gradients, right before optimizer.step()")
+                            "after the last): "
+                            + ("let Trainer clip (max_grad_norm), not training_step" if who == "trainer" else
+                               "clip only when accelerator.sync_gradients, right before optimizer.step()"))
     if tally.synced_micro_batches is not None:
         ok = tally.synced_micro_batches <= 1
         checks["sync"] = {"synced_micro_batches": tally.synced_micro_batches, "ok": ok}
@@ -448,13 +459,18 @@ class _TrainerAudit:
         device = next(model.parameters()).device
         batches = [trainer._prepare_inputs(b) for b in self.batches]
         items = [batch_items(b, shifts) for b in batches]
-        window = sum(_sum_over_ranks_int(items, device))
+        window = _window_items(items, device)
         replay = self.rng_at_start if dropout_active(model) else None
         self.reference = reference_gradient(model, batches, self.loss_fn, items, window, replay=replay,
                                             autocast=trainer.compute_loss_context_manager)
         self.reference["seconds"] = time.perf_counter() - started
         self.reference["gradient"], self.reference["loss"] = sum_over_ranks(self.reference["gradient"],
                                                                            self.reference["loss"])
+        # Trainer logs the mean over ranks of what each rank added up.
+        from gradacc.training import distributed
+
+        ranks = max(1, trainer.args.world_size)
+        self.tally.logged_loss = distributed.sum_over_ranks([self.tally.logged_loss], device)[0] / ranks
         self.seconds += time.perf_counter() - started
 
     def finish(self, state):
@@ -469,7 +485,8 @@ class _TrainerAudit:
         tolerance = EXACT_MIXED_PRECISION if (args.bf16 or args.fp16) else EXACT
         judged = time.perf_counter()
         gradient = judge(self.applied, self.reference["gradient"], k=args.gradient_accumulation_steps,
-                         micro_batches=len(self.batches), tolerance=tolerance, who="trainer")
+                         micro_batches=len(self.batches), tolerance=tolerance, who="trainer",
+                         num_processes=args.world_size)
         self.seconds += time.perf_counter() - judged
         report = verdict(gradient, self.tally, k=args.gradient_accumulation_steps, micro_batches=len(self.batches),
                          expected_scheduler_steps=1, clipping=args.max_grad_norm > 0, who="trainer",
@@ -496,11 +513,11 @@ def _patch(owner, name: str, replacement):
     return restore
 
 
-def _sum_over_ranks_int(items: list[int], device) -> list[float]:
+def _window_items(items: list[int], device) -> float:
+    """The window's items on all ranks (one all-reduce; this rank's own on one process)."""
     from gradacc.training import distributed
 
-    total = distributed.sum_over_ranks([float(sum(items))], device)[0]
-    return [total]
+    return distributed.sum_over_ranks([float(sum(items))], device)[0]
 
 
 def accumulation_audit_class():
@@ -629,7 +646,7 @@ class AccelerateAudit:
                    for b in self.batches]
         shifts = model.__class__.__name__.endswith("ForCausalLM")
         items = [batch_items(b, shifts) for b in batches]
-        window = sum(_sum_over_ranks_int(items, device))
+        window = _window_items(items, device)
         replay = self._rng if dropout_active(model) else None
         reference = reference_gradient(model, batches, self.loss_fn, items, window, replay=replay,
                                        autocast=self.accelerator.autocast)

@@ -115,6 +115,17 @@ def test_audit_of_a_users_accelerate_loop_on_two_processes_counts_the_syncs_of_i
         assert len(chatty["problems"]) == 1
 
 
+def test_audit_of_a_stock_trainer_on_two_processes_finds_k_times_p_and_the_fix_exact(ranks):
+    """Trainer multiplies each loss by P to undo DDP's average: a #47688 head is k·P = 4× too large on 2 ranks
+    (k=2). Dropout on: each rank replays its own micro-batches' masks; the reference is summed over ranks."""
+    for rank in (0, 1):
+        default, fixed = ranks[rank]["audits"]["trainer_default"], ranks[rank]["audits"]["trainer_fixed"]
+        assert default["gradient"] == "k× too large" and "k·P = 2·2" in default["meaning"], default["line"]
+        assert default["rel_error"] == pytest.approx(3, rel=1e-4)
+        assert default["checks"]["logged_loss"]["ratio"] == pytest.approx(4, rel=1e-4)
+        assert fixed["ok"] and fixed["rel_error"] <= TOLERANCE, fixed["line"]
+
+
 def test_two_processes_train_like_one_process_with_the_same_effective_batch(ranks):
     """2 ranks × m=4 × k=2 sees the same 16 examples per step as 1 process × m=8 × k=2: the same curve."""
     recorder = Recorder()

@@ -184,10 +184,22 @@ def test_a_short_first_window_divided_by_the_configured_k_is_named():
 
 # ---- the command line and the README -------------------------------------------------------------------
 
-def test_cli_audits_a_stock_trainer_and_refuses_bad_input_in_the_flags_words(capsys, tmp_path):
-    assert main(["audit", "--model", "tiny-bert", "-m", "4", "-k", "2", "--max-seq-length", "32", "--json"]) == 0
+def test_cli_audits_a_stock_trainer_on_a_saved_model_and_refuses_bad_input_in_the_flags_words(capsys, tmp_path):
+    from transformers import BertForSequenceClassification
+
+    from gradacc.training.sources.models import tiny_bert_tokenizer
+
+    tokenizer = tiny_bert_tokenizer()
+    config = bert_config(dropout=0.1)
+    config.vocab_size = tokenizer.vocab_size
+    BertForSequenceClassification(config).save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    assert main(["audit", "--model", str(tmp_path / "model"), "-m", "4", "-k", "3", "--max-seq-length", "32",
+                 "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["gradient"] == "k× too large" and report["rel_error"] == pytest.approx(1, rel=1e-4)
+    assert report["gradient"] == "k× too large" and report["rel_error"] == pytest.approx(2, rel=1e-4)
+    assert main(["audit", "--model", str(tmp_path / "model"), "-k", "2", "--max-seq-length", "32"]) == 0
+    assert capsys.readouterr().out.startswith("gradacc audit: gradient k× too large")
     assert main(["audit", "--model", "tiny-bert", "-k", "1"]) == 2
     assert capsys.readouterr().err.strip().startswith("error: --grad-accum-steps must be at least 2")
     assert main(["audit", "--model", str(tmp_path / "missing"), "-k", "2"]) == 2

@@ -241,11 +241,21 @@ def _gradients(model) -> dict:
 
 
 def relative_error(gradient: dict, reference: dict) -> float:
+    return flat_relative_error(*flattened(gradient, reference))
+
+
+def flattened(gradient: dict, reference: dict):
+    """Both gradients as one vector each, parameters in the same order."""
     import torch
 
     if set(gradient) != set(reference):
         raise GradaccError("The accumulated and full-batch gradients cover different parameters.", "backend")
     names = sorted(reference)
-    accumulated = torch.cat([gradient[n] for n in names])
-    full = torch.cat([reference[n] for n in names])
+    return torch.cat([gradient[n] for n in names]), torch.cat([reference[n] for n in names])
+
+
+def flat_relative_error(accumulated, full) -> float:
+    """‖accumulated − full‖ / ‖full‖ of two flattened gradients."""
+    import torch
+
     return float(torch.linalg.vector_norm(accumulated - full) / torch.linalg.vector_norm(full))

@@ -31,7 +31,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from gradacc.analysis.equivalence import _gradients, relative_error
+from gradacc.analysis.equivalence import _gradients, flat_relative_error, flattened
 from gradacc.training.windows import loss_weight
 
 logger = logging.getLogger("gradacc.audit")
@@ -190,7 +190,9 @@ def reference_gradient(model, batches: list[dict], loss_fn, items: list[int], wi
                     joined, why = None, "the whole window did not fit in memory"
             if joined is None:
                 loss, mode = per_micro_batch(), f"per micro-batch ({why})"
-        gradient = _gradients(model)
+        # No copy: these gradients are the reference's own, and set_aside puts the run's back in their place.
+        gradient = {name.removeprefix("module."): p.grad.detach().float().flatten()
+                    for name, p in model.named_parameters() if p.grad is not None}
     return {"gradient": gradient, "loss": loss, "mode": mode}
 
 
@@ -263,17 +265,12 @@ def judge(applied: dict, reference: dict, *, k: int, micro_batches: int, toleran
     so a head that ignores ``num_items_in_batch`` comes out k·P× too large there."""
     import torch
 
-    import math
-
-    error = relative_error(applied, reference)
-    # The best scale s of the reference and what no scale explains, from per-tensor dot products (no copies):
-    # s = a·r / r·r, residual = ‖a − s·r‖ / ‖r‖ with ‖a − s·r‖² = a·a − 2s·a·r + s²·r·r.
-    ar = aa = rr = 0.0
-    for name, r in reference.items():
-        a = applied[name]
-        ar, aa, rr = ar + float(torch.dot(a, r)), aa + float(torch.dot(a, a)), rr + float(torch.dot(r, r))
-    scale = ar / rr
-    residual = math.sqrt(max(0.0, aa - 2 * scale * ar + scale * scale * rr) / rr)
+    a, r = flattened(applied, reference)
+    error = flat_relative_error(a, r)
+    # The best scale s of the reference, and what no scale explains: ‖a − s·r‖ / ‖r‖.
+    r_norm = torch.linalg.vector_norm(r)
+    scale = float(torch.dot(a, r) / (r_norm * r_norm))
+    residual = float(torch.linalg.vector_norm(a - scale * r) / r_norm)
     result = {"rel_error": error, "scale": scale, "residual": residual}
 
     def near(value: float) -> bool:

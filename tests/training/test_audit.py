@@ -215,3 +215,20 @@ def test_readme_example_runs_as_written(capsys):
     # Trainer prints its own log dicts too (PrinterCallback); the example's two lines are the rest.
     printed = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("{")]
     assert printed == ["k× too large 3.0", "exact 0.0"]
+
+
+def test_a_window_that_does_not_fit_in_memory_falls_back_to_per_micro_batch_sums():
+    """The one-pass reference runs out of memory (a loss_fn that refuses more than a micro-batch, as a device
+    would): the audit sums the correctly weighted micro-batches instead, with the same verdict."""
+    from gradacc.audit import AccumulationAudit
+
+    def small_batches_only(model, batch):
+        if len(batch["input_ids"]) > 4:
+            raise torch.OutOfMemoryError("the window does not fit")
+        return model(**batch).loss
+
+    audit = AccumulationAudit(loss_fn=small_batches_only)
+    train_with_trainer(audit=audit)
+    assert audit.report["reference"] == "per micro-batch (the whole window did not fit in memory)"
+    assert audit.report["gradient"] == "k× too large"
+    assert audit.report["rel_error"] == pytest.approx(K - 1, rel=1e-4)

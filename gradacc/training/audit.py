@@ -536,6 +536,9 @@ def accumulation_audit_class():
             self._audit: _TrainerAudit | None = None
             self._done = False
 
+        def on_train_begin(self, args, state, control, **kwargs):
+            self._audit, self._done, self.report = None, False, None  # once per run, also when train() runs again
+
         def on_step_begin(self, args, state, control, **kwargs):
             if self._done or self._audit is not None or args.gradient_accumulation_steps <= 1:
                 return
@@ -618,6 +621,8 @@ class AccelerateAudit:
 
         def audited_step(*args, **kwargs):
             if accelerator.sync_gradients and self._reference is None:
+                if self._applied is None:  # the loop called loss.backward() itself: the gradient as it is now
+                    self._applied = _gradients(self.model)
                 self._measure()
             return step(*args, **kwargs)
 
@@ -663,11 +668,12 @@ class AccelerateAudit:
         k = accelerator.gradient_accumulation_steps
         tolerance = EXACT if accelerator.mixed_precision == "no" else EXACT_MIXED_PRECISION
         judged = time.perf_counter()
-        gradient = judge(self._applied, self._reference["gradient"], k=k, micro_batches=self.tally.backwards,
+        micro_batches = self.tally.backwards or len(self.batches)  # no accelerator.backward: the batches given
+        gradient = judge(self._applied, self._reference["gradient"], k=k, micro_batches=micro_batches,
                          tolerance=tolerance, who="accelerate")
         self._seconds += time.perf_counter() - judged
         expected = _expected_scheduler_steps(self.lr_scheduler, accelerator.num_processes)
-        self.report = verdict(gradient, self.tally, k=k, micro_batches=self.tally.backwards,
+        self.report = verdict(gradient, self.tally, k=k, micro_batches=micro_batches,
                               expected_scheduler_steps=expected, clipping=False, who="accelerate",
                               mode=self._reference["mode"], reference_seconds=self._reference["seconds"],
                               seconds=self._seconds)

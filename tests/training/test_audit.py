@@ -123,7 +123,7 @@ def test_the_run_after_the_audit_is_bit_identical_to_a_run_without_it():
 # ---- a hand-written Accelerate loop ----------------------------------------------------------------------
 
 def accelerate_loop(*, k=2, batches=4, scheduler_per_micro_batch=False, clip_per_micro_batch=False,
-                    prepared_loader=False):
+                    prepared_loader=False, backward="accelerator"):
     """The user's loop, as people write it; returns the audit of its first window."""
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState
@@ -147,7 +147,11 @@ def accelerate_loop(*, k=2, batches=4, scheduler_per_micro_batch=False, clip_per
     with audit_accelerate(accelerator, model, optimizer, window, lr_scheduler=scheduler) as audit:
         for batch in (loader if prepared_loader else window):
             with accelerator.accumulate(model):
-                accelerator.backward(model(**batch).loss)
+                loss = model(**batch).loss
+                if backward == "plain":  # without Accelerate's ÷k
+                    loss.backward()
+                else:  # "divided": ÷k by hand, and Accelerate's ÷k again
+                    accelerator.backward(loss / k if backward == "divided" else loss)
                 if clip_per_micro_batch:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 elif accelerator.sync_gradients:
@@ -173,6 +177,14 @@ def test_a_scheduler_stepped_and_clipping_run_per_micro_batch_are_each_named():
     assert report["checks"]["clipping"]["micro_batches_clipped_after"] == [1, 2, 3, 4]
     assert any(p.startswith("scheduler stepped 4×") for p in report["problems"])
     assert any(p.startswith("clipping ran 4×") for p in report["problems"])
+
+
+@pytest.mark.parametrize("backward, named, error", [("plain", "k× too large", 1.0),
+                                                    ("divided", "k× too small", 0.5)])
+def test_a_loss_back_propagated_without_or_twice_through_accelerates_division_is_named(backward, named, error):
+    report = accelerate_loop(backward=backward)
+    assert report["gradient"] == named, report["line"]
+    assert report["rel_error"] == pytest.approx(error, rel=1e-4) and report["fix"]
 
 
 def test_a_short_first_window_divided_by_the_configured_k_is_named():

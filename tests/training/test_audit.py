@@ -1,6 +1,7 @@
 """gradacc.audit on a user's own training: a real Trainer with the callback, hand-written Accelerate loops,
 the command line, and the README's example (run as written)."""
 
+import contextlib
 import json
 import re
 import tempfile
@@ -244,3 +245,40 @@ def test_a_window_that_does_not_fit_in_memory_falls_back_to_per_micro_batch_sums
     assert audit.report["reference"] == "per micro-batch (the whole window did not fit in memory)"
     assert audit.report["gradient"] == "k× too large"
     assert audit.report["rel_error"] == pytest.approx(K - 1, rel=1e-4)
+
+
+def test_an_audited_accelerate_loop_goes_on_bit_identical_to_one_without_the_audit():
+    """Dropout on, 3 windows of k=2: the same loss at every micro-batch and the same weights at the end."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+    from transformers import BertForSequenceClassification
+
+    from gradacc.audit import audit_accelerate
+
+    def loop(audited: bool):
+        AcceleratorState._reset_state(reset_partial_state=False)
+        GradientState._reset_state()
+        torch.manual_seed(0)
+        accelerator = Accelerator(gradient_accumulation_steps=2, cpu=True)
+        model = BertForSequenceClassification(bert_config(dropout=0.1))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        batches = [collate(sentences(24)[i:i + 4]) for i in range(0, 24, 4)]
+        audit = audit_accelerate(accelerator, model, optimizer, batches[:2]) if audited else contextlib.nullcontext()
+        losses = []
+        for index, window in enumerate((batches[:2], batches[2:4], batches[4:])):
+            with audit if index == 0 else contextlib.nullcontext():  # around the first window only
+                for batch in window:
+                    with accelerator.accumulate(model):
+                        loss = model(**batch).loss
+                        accelerator.backward(loss)
+                        losses.append(loss.item())
+                        optimizer.step()
+                        optimizer.zero_grad()
+        return losses, [p.detach().clone() for p in model.parameters()], audit
+
+    audited_losses, audited_weights, audit = loop(True)
+    plain_losses, plain_weights, _ = loop(False)
+    assert audit.report["ok"] and audit.report["reference"].startswith("replayed"), audit.report["line"]
+    assert audited_losses == plain_losses
+    assert all(torch.equal(a, b) for a, b in zip(audited_weights, plain_weights, strict=True))

@@ -4,7 +4,7 @@ On the run's first optimizer step with k > 1 the audit recomputes, on the same m
 weights, the gradient of the window's mean loss over its items (``reference``) and compares it with the
 gradient the run accumulated and is about to apply:
 
-    relative error = ‖g_run − g_reference‖ / ‖g_reference‖      (analysis.equivalence.relative_error)
+    relative error = ‖g_run − g_reference‖ / ‖g_reference‖      (analysis.equivalence's, from gradient_sums)
 
 and says what the error means: ≈ k − 1 is a k× gradient (a head that ignores ``num_items_in_batch``,
 transformers #47688), a plain scale j/k a short window divided by the configured k, a residual that is no
@@ -31,7 +31,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from gradacc.analysis.equivalence import _gradients, flat_relative_error, flattened
+from gradacc.analysis.equivalence import gradient_sums
 from gradacc.training.windows import loss_weight
 
 logger = logging.getLogger("gradacc.audit")
@@ -191,8 +191,7 @@ def reference_gradient(model, batches: list[dict], loss_fn, items: list[int], wi
             if joined is None:
                 loss, mode = per_micro_batch(), f"per micro-batch ({why})"
         # No copy: these gradients are the reference's own, and set_aside puts the run's back in their place.
-        gradient = {name.removeprefix("module."): p.grad.detach().float().flatten()
-                    for name, p in model.named_parameters() if p.grad is not None}
+        gradient = live_gradients(model)
     return {"gradient": gradient, "loss": loss, "mode": mode}
 
 
@@ -217,25 +216,29 @@ def sum_over_ranks(gradient: dict, loss: float) -> tuple[dict, float]:
 
 @contextlib.contextmanager
 def counting_clips(counter: "Tally"):
-    """Gradient clipping counted by the micro-batch it ran after: ``torch.nn.utils.clip_grad_norm_`` (a loop's
-    own) and ``clip_grads_with_norm_`` (what Accelerate's, and so Trainer's, clipping calls). One clip may go
-    through both: a set of micro-batch counts counts it once. A call with an infinite norm only measures."""
+    """Gradient clipping counted by the micro-batch it ran after, with the factor it scaled the gradients by:
+    ``torch.nn.utils.clip_grad_norm_`` (a loop's own) and ``clip_grads_with_norm_`` (what Accelerate's, and so
+    Trainer's, clipping calls). A call with an infinite norm only measures and is not counted."""
     import math
 
     import torch.nn.utils as utils
 
     originals = {name: getattr(utils, name) for name in ("clip_grad_norm_", "clip_grads_with_norm_")}
 
-    def counted(original):
+    def counted(name, original):
         def clip(parameters, max_norm, *args, **kwargs):
+            result = original(parameters, max_norm, *args, **kwargs)
             if math.isfinite(float(max_norm)):
-                counter.clipped_after.add(counter.backwards)
-            return original(parameters, max_norm, *args, **kwargs)
+                # clip_grad_norm_ returns the norm; clip_grads_with_norm_(parameters, max_norm, total_norm) is given it.
+                total = result if name == "clip_grad_norm_" else (args[0] if args else kwargs["total_norm"])
+                # torch's own factor: max_norm / (norm + 1e-6), at most 1
+                counter.clipped_after[counter.backwards] = min(1.0, float(max_norm) / (float(total) + 1e-6))
+            return result
 
         return clip
 
     for name, original in originals.items():
-        setattr(utils, name, counted(original))
+        setattr(utils, name, counted(name, original))
     try:
         yield
     finally:
@@ -248,7 +251,7 @@ class Tally:
     """What the audited window did, counted as it ran."""
 
     backwards: int = 0                                   # micro-batches back-propagated so far
-    clipped_after: set = field(default_factory=set)      # micro-batch counts after which clipping ran
+    clipped_after: dict = field(default_factory=dict)    # micro-batch count after which clipping ran → its factor
     scheduler_steps: int = 0
     synced_micro_batches: int | None = None              # DDP: micro-batches whose backward all-reduced
     logged_loss: float = 0.0                             # Trainer: what it adds to the loss it logs
@@ -257,20 +260,22 @@ class Tally:
 # ---- the verdict ----------------------------------------------------------------------------------------
 
 def judge(applied: dict, reference: dict, *, k: int, micro_batches: int, tolerance: float, who: str,
-          num_processes: int = 1) -> dict:
+          num_processes: int = 1, applied_scale: float = 1.0) -> dict:
     """The relative error of ``applied`` against ``reference`` and what it means, with the fix in ``who``'s
     terms (``trainer`` or ``accelerate``).
 
     On P processes Trainer also multiplies each loss by P (to undo DDP's average, ``average_tokens_across_devices``),
-    so a head that ignores ``num_items_in_batch`` comes out k·P× too large there."""
-    import torch
+    so a head that ignores ``num_items_in_batch`` comes out k·P× too large there. ``applied_scale``: what
+    ``applied`` is multiplied by first (undoing the window's clipping)."""
+    import math
 
-    a, r = flattened(applied, reference)
-    error = flat_relative_error(a, r)
-    # The best scale s of the reference, and what no scale explains: ‖a − s·r‖ / ‖r‖.
-    r_norm = torch.linalg.vector_norm(r)
-    scale = float(torch.dot(a, r) / (r_norm * r_norm))
-    residual = float(torch.linalg.vector_norm(a - scale * r) / r_norm)
+    sums = gradient_sums(applied, reference, gradient_scale=applied_scale)
+    error = math.sqrt(sums["difference"] / sums["reference"])  # equivalence.relative_error, from the same sums
+    # The best scale s of the reference, and what no scale explains: ‖a − s·r‖ / ‖r‖, with
+    # ‖a − s·r‖² = a·a − 2s·a·r + s²·r·r (resolves residuals well below the 2 % that names a cause).
+    scale = sums["dot"] / sums["reference"]
+    residual = math.sqrt(max(0.0, sums["own"] - 2 * scale * sums["dot"] + scale * scale * sums["reference"])
+                         / sums["reference"])
     result = {"rel_error": error, "scale": scale, "residual": residual}
 
     def near(value: float) -> bool:
@@ -335,7 +340,7 @@ def verdict(gradient: dict, tally: Tally, *, k: int, micro_batches: int, expecte
     clips = len(tally.clipped_after)
     checks["clipping"] = {"micro_batches_clipped_after": sorted(tally.clipped_after), "ok": None}
     if clipping or clips:
-        ok = tally.clipped_after == {tally.backwards}
+        ok = set(tally.clipped_after) == {tally.backwards}
         checks["clipping"]["ok"] = ok
         if not ok:
             problems.append(f"clipping ran {clips}× in a window of {micro_batches} micro-batches (expected once, "
@@ -412,7 +417,7 @@ class _TrainerAudit:
         self.json_path = json_path
         self.tally = Tally()
         self.batches: list[dict] = []
-        self.applied: dict | None = None
+        self.gradient: dict | None = None  # the gradient's finding
         self.rng_at_start: RandomState | None = None
         self.reference: dict | None = None
         self.seconds = 0.0
@@ -431,11 +436,6 @@ class _TrainerAudit:
             loss = step(model, inputs, num_items_in_batch)
             tally.backwards += 1
             tally.logged_loss += float(loss)
-            if tally.backwards == trainer.current_gradient_accumulation_steps:
-                # The window's last micro-batch: the accumulated gradient, before Trainer clips it.
-                copied = time.perf_counter()
-                self.applied = _gradients(trainer.model)
-                self.seconds += time.perf_counter() - copied
             return loss
 
         def count_scheduler_step(*args, **kwargs):
@@ -466,8 +466,15 @@ class _TrainerAudit:
         # Trainer logs the mean over ranks of what each rank added up.
         from gradacc.training import distributed
 
-        ranks = max(1, trainer.args.world_size)
+        args = trainer.args
+        ranks = max(1, args.world_size)
         self.tally.logged_loss = distributed.sum_over_ranks([self.tally.logged_loss], device)[0] / ranks
+        # The gradient Trainer is about to apply (after its clipping, undone by its factor), read in place.
+        tolerance = EXACT_MIXED_PRECISION if (args.bf16 or args.fp16) else EXACT
+        self.gradient = judge(live_gradients(model), self.reference["gradient"], k=args.gradient_accumulation_steps,
+                              micro_batches=len(self.batches), tolerance=tolerance, who="trainer",
+                              num_processes=args.world_size, applied_scale=unclipped(self.tally))
+        self.reference["gradient"] = None  # freed now, not at the step's end
         self.seconds += time.perf_counter() - started
 
     def finish(self, state):
@@ -476,22 +483,29 @@ class _TrainerAudit:
         self._restore = []
         if self._clips is not None:
             self._clips.__exit__(None, None, None)
-        if self.reference is None or self.applied is None:
+        if self.gradient is None:
             return None
         args = self.trainer.args
-        tolerance = EXACT_MIXED_PRECISION if (args.bf16 or args.fp16) else EXACT
-        judged = time.perf_counter()
-        gradient = judge(self.applied, self.reference["gradient"], k=args.gradient_accumulation_steps,
-                         micro_batches=len(self.batches), tolerance=tolerance, who="trainer",
-                         num_processes=args.world_size)
-        self.seconds += time.perf_counter() - judged
-        report = verdict(gradient, self.tally, k=args.gradient_accumulation_steps, micro_batches=len(self.batches),
+        report = verdict(self.gradient, self.tally, k=args.gradient_accumulation_steps, micro_batches=len(self.batches),
                          expected_scheduler_steps=1, clipping=args.max_grad_norm > 0, who="trainer",
                          reference_loss=self.reference["loss"], mode=self.reference["mode"],
                          reference_seconds=self.reference["seconds"], seconds=self.seconds)
         state.log_history.append({"gradacc_audit": report, "step": state.global_step})
         _publish(report, self.json_path)
         return report
+
+
+def live_gradients(model) -> dict:
+    """The gradients as they are now, flat, without a copy (a copy of a 20M-parameter gradient costs a good
+    part of a window): read at once, before the optimizer steps."""
+    return {name.removeprefix("module."): p.grad.detach().float().flatten()
+            for name, p in model.named_parameters() if p.grad is not None}
+
+
+def unclipped(tally: "Tally") -> float:
+    """What undoes the clipping that ran after the window's last micro-batch: the gradient applied ÷ its factor is
+    the gradient accumulated. Clipping of partial sums (earlier micro-batches) is left in: it changed the sum."""
+    return 1.0 / tally.clipped_after.get(tally.backwards, 1.0)
 
 
 def _patch(owner, name: str, replacement):
@@ -589,7 +603,7 @@ class AccelerateAudit:
         self.json_path = json_path
         self.tally = Tally()
         self.report: dict | None = None
-        self._applied = None
+        self._gradient = None
         self._reference = None
         self._seconds = 0.0
         self._restore = []
@@ -613,17 +627,11 @@ class AccelerateAudit:
             tally.backwards += 1
             if probe is not None and probe.take():
                 tally.synced_micro_batches += 1
-            if accelerator.sync_gradients:
-                copied = time.perf_counter()
-                self._applied = _gradients(self.model)  # after the window's last backward (and sync), before clipping
-                self._seconds += time.perf_counter() - copied
             return result
 
         def audited_step(*args, **kwargs):
             if accelerator.sync_gradients and self._reference is None:
-                if self._applied is None:  # the loop called loss.backward() itself: the gradient as it is now
-                    self._applied = _gradients(self.model)
-                self._measure()
+                self._measure()  # right before the step: the gradient it is about to apply
             return step(*args, **kwargs)
 
         self._restore = [_patch(accelerator, "backward", audited_backward),
@@ -655,6 +663,16 @@ class AccelerateAudit:
         reference["seconds"] = time.perf_counter() - started
         reference["gradient"], reference["loss"] = sum_over_ranks(reference["gradient"], reference["loss"])
         self._reference = reference
+        accelerator = self.accelerator
+        if accelerator.scaler is not None:  # fp16: unscale now, as the step would (it then skips its own)
+            with contextlib.suppress(RuntimeError):  # already unscaled by the loop's clipping
+                accelerator.unscale_gradients()
+        tolerance = EXACT if accelerator.mixed_precision == "no" else EXACT_MIXED_PRECISION
+        micro_batches = self.tally.backwards or len(self.batches)  # no accelerator.backward: the batches given
+        self._gradient = judge(live_gradients(self.model), reference["gradient"],
+                               k=accelerator.gradient_accumulation_steps, micro_batches=micro_batches,
+                               tolerance=tolerance, who="accelerate", applied_scale=unclipped(self.tally))
+        reference["gradient"] = None
         self._seconds += time.perf_counter() - started
 
     def __exit__(self, *exc):
@@ -662,16 +680,12 @@ class AccelerateAudit:
             restore()
         self._restore = []
         self._stack.close()
-        if exc[0] is not None or self._reference is None or self._applied is None:
+        if exc[0] is not None or self._gradient is None:
             return False
         accelerator = self.accelerator
         k = accelerator.gradient_accumulation_steps
-        tolerance = EXACT if accelerator.mixed_precision == "no" else EXACT_MIXED_PRECISION
-        judged = time.perf_counter()
-        micro_batches = self.tally.backwards or len(self.batches)  # no accelerator.backward: the batches given
-        gradient = judge(self._applied, self._reference["gradient"], k=k, micro_batches=micro_batches,
-                         tolerance=tolerance, who="accelerate")
-        self._seconds += time.perf_counter() - judged
+        micro_batches = self.tally.backwards or len(self.batches)
+        gradient = self._gradient
         expected = _expected_scheduler_steps(self.lr_scheduler, accelerator.num_processes)
         self.report = verdict(gradient, self.tally, k=k, micro_batches=micro_batches,
                               expected_scheduler_steps=expected, clipping=False, who="accelerate",

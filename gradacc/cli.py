@@ -424,7 +424,11 @@ def _plan(args) -> int:
 def _audit(args) -> int:
     from gradacc.training.audit import audit_stock_trainer
 
+    from gradacc.training import distributed
+
     report = audit_stock_trainer(config_from_args(args), confinement=paths.TRUST_USER)  # the user's own folders
+    if not distributed.is_main_process():  # under accelerate launch / torchrun every rank audits; rank 0 says it
+        return EXIT_OK
     print(json.dumps(report, default=str) if args.json else report["line"])
     return EXIT_OK
 

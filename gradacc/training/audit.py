@@ -491,7 +491,8 @@ class _TrainerAudit:
                          reference_loss=self.reference["loss"], mode=self.reference["mode"],
                          reference_seconds=self.reference["seconds"], seconds=self.seconds)
         state.log_history.append({"gradacc_audit": report, "step": state.global_step})
-        _publish(report, self.json_path)
+        if state.is_world_process_zero:  # one line for the run, not one per rank
+            _publish(report, self.json_path)
         return report
 
 
@@ -738,7 +739,8 @@ def audit_stock_trainer(config, steps: int = 1, window_timer=None, confinement=N
     if not isinstance(k, bool) and isinstance(k, int) and k < 2:
         raise GradaccError(f"{field_label('grad_accum_steps')} must be at least 2 for an audit of accumulation "
                            f"(k micro-batches per optimizer step); got {k}.", "grad_accum_steps")
-    config = config.replace(backend="trainer", train_samples=m * k * steps, epochs=1, max_steps=steps,
+    # Full windows on every rank (under accelerate launch / torchrun each takes its share of the examples).
+    config = config.replace(backend="trainer", train_samples=m * k * steps * config.num_processes, epochs=1, max_steps=steps,
                             eval_samples=8, instrument=False).validate()
     quiet_libraries()
     job = prepare(config, lambda event: None, threading.Event(), confinement=confinement)

@@ -94,6 +94,14 @@ def audited_trainer(fixed: bool) -> dict:
     return audit.report
 
 
+def main_audit(*args: str) -> dict:
+    """``python -m gradacc audit`` under this launch: every rank audits, rank 0 prints the report."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["audit", *args])
+    return {"code": code, "stdout": out.getvalue()}
+
+
 def work() -> dict:
     seen = {"rank": distributed.rank(), "runs": {}, "uneven_runs": {}, "checks": {}}
     for backend in BACKENDS:
@@ -106,6 +114,7 @@ def work() -> dict:
                                                   max_seq_length=32, num_processes=2), cases=("equal_windows",))
     seen["audits"] = {"accumulate": audited_accelerate_loop(False), "sync_each_batch": audited_accelerate_loop(True),
                       "trainer_default": audited_trainer(False), "trainer_fixed": audited_trainer(True)}
+    seen["cli_audit"] = main_audit("--model", "tiny-bert", "-m", "4", "-k", "2", "--max-seq-length", "32", "--json")
     seen["cli_check"] = main_check("--backend", "pytorch", "-m", "4", "-k", "2", "--max-seq-length", "32", "--json")
     return seen
 

@@ -126,6 +126,15 @@ def test_audit_of_a_stock_trainer_on_two_processes_finds_k_times_p_and_the_fix_e
         assert fixed["ok"] and fixed["rel_error"] <= TOLERANCE, fixed["line"]
 
 
+def test_cli_audit_on_two_processes_prints_one_report_with_k_times_p(ranks):
+    """``python -m gradacc audit`` under torchrun: tiny-bert's stock Trainer is k·P = 4× too large; rank 0 prints."""
+    assert ranks[0]["cli_audit"]["code"] == ranks[1]["cli_audit"]["code"] == 0
+    assert ranks[1]["cli_audit"]["stdout"] == ""
+    report = json.loads(ranks[0]["cli_audit"]["stdout"])
+    assert report["gradient"] == "k× too large" and "k·P = 2·2" in report["meaning"]
+    assert report["rel_error"] == pytest.approx(3, rel=1e-4) and report["micro_batches"] == 2
+
+
 def test_two_processes_train_like_one_process_with_the_same_effective_batch(ranks):
     """2 ranks × m=4 × k=2 sees the same 16 examples per step as 1 process × m=8 × k=2: the same curve."""
     recorder = Recorder()

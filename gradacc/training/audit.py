@@ -16,7 +16,9 @@ The reference costs one forward+backward of one window, once: in one pass over t
 dropout is active (falling back to one pass per micro-batch when that runs out of memory), else one pass
 per micro-batch replayed from the window's random state, so the dropout masks are the run's own and the
 comparison stays exact. Gradients, buffers and every random state are put back before the run goes on:
-the user's run continues bit-identical to a run without the audit.
+the user's run continues bit-identical to a run without the audit. The gradient about to be applied is read in
+place right before the optimizer step (no copy); clipping that ran after the window's last micro-batch is undone
+by the factor it scaled by, so the comparison is with the accumulated gradient itself.
 
 ``gradacc.audit`` is the public face of this module (importable without torch).
 """

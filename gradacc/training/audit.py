@@ -75,6 +75,21 @@ def batch_items(batch: dict, shifts_labels: bool = False) -> int:
     return int((labels != -100).sum())
 
 
+def shifts_labels(model) -> bool:
+    """Whether the model's own loss predicts label t+1 at position t (a causal LM): its items are its labels from
+    the second token. Read from the loss function the model uses, not from its class name (GPT2LMHeadModel's
+    name says nothing of it)."""
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    config = getattr(model, "config", None)
+    if getattr(config, "is_encoder_decoder", False):
+        return False
+    try:
+        return model.loss_function is ForCausalLMLoss
+    except AttributeError:  # not a transformers model
+        return model.__class__.__name__.endswith("ForCausalLM")
+
+
 def dropout_active(model) -> bool:
     import torch
 
@@ -262,13 +277,14 @@ class Tally:
 # ---- the verdict ----------------------------------------------------------------------------------------
 
 def judge(applied: dict, reference: dict, *, k: int, micro_batches: int, tolerance: float, who: str,
-          num_processes: int = 1, applied_scale: float = 1.0) -> dict:
+          num_processes: int = 1, applied_scale: float = 1.0, items: tuple | None = None) -> dict:
     """The relative error of ``applied`` against ``reference`` and what it means, with the fix in ``who``'s
     terms (``trainer`` or ``accelerate``).
 
     On P processes Trainer also multiplies each loss by P (to undo DDP's average, ``average_tokens_across_devices``),
     so a head that ignores ``num_items_in_batch`` comes out k·P× too large there. ``applied_scale``: what
-    ``applied`` is multiplied by first (undoing the window's clipping)."""
+    ``applied`` is multiplied by first (undoing the window's clipping). ``items``: (the window's items as the
+    model's loss counts them, what Trainer counted as ``num_items_in_batch``)."""
     import math
 
     sums = gradient_sums(applied, reference, gradient_scale=applied_scale)
@@ -299,6 +315,14 @@ def judge(applied: dict, reference: dict, *, k: int, micro_batches: int, toleran
             meaning += "; the loss was back-propagated without Accelerate's ÷k"
             fix = "call accelerator.backward(loss) (it divides by k), not loss.backward()"
         return {**result, "gradient": "k× too large", "meaning": meaning, "fix": fix}
+    if who == "trainer" and items and items[1] and items[1] != items[0] and near(items[0] / items[1]):
+        return {**result, "gradient": "items miscounted",
+                "meaning": (f"{scale:.3g}× the gradient of the window's mean loss: Trainer divided by "
+                            f"num_items_in_batch = {items[1]:g}, but the model's loss averages over {items[0]:g} "
+                            "items (a causal LM predicts from the second token; Trainer counts every label when "
+                            "the model's loss_type does not name ForCausalLM, as GPT2LMHeadModel's does not)"),
+                "fix": ("set model.loss_type = \"ForCausalLM\" before building the Trainer, so it counts "
+                        "labels[..., 1:]")}
     if k > 1 and micro_batches < k and near(micro_batches / k):
         return {**result, "gradient": "short window ÷ configured k",
                 "meaning": (f"{scale:.3g}× the gradient of the window's mean loss: a short window of {micro_batches} "
@@ -374,7 +398,7 @@ def summary_line(report: dict) -> str:
         checked = [name.replace("_", " ") for name, check in report["checks"].items() if check["ok"] is not None]
         return (f"gradacc audit: exact — the step applies the gradient of the window's mean loss (relative error "
                 f"{report['rel_error']:.1e}, k={report['k']})"
-                + (f"; {', '.join(checked)}: once per window, as they should" if checked else ""))
+                + (f"; {', '.join(checked)}: as they should" if checked else ""))
     line = f"gradacc audit: {'; '.join(report['problems'])}"
     if report["gradient"] != "exact":
         line += f" — relative error {report['rel_error']:.3g}: {report['meaning']}. Fix: {report['fix']}"
@@ -420,6 +444,7 @@ class _TrainerAudit:
         self.tally = Tally()
         self.batches: list[dict] = []
         self.gradient: dict | None = None  # the gradient's finding
+        self.counted_items: float | None = None
         self.rng_at_start: RandomState | None = None
         self.reference: dict | None = None
         self.seconds = 0.0
@@ -435,6 +460,8 @@ class _TrainerAudit:
 
         def training_step(model, inputs, num_items_in_batch=None):
             self.batches.append(dict(inputs))
+            if num_items_in_batch is not None:  # what Trainer divides the window's summed loss by (all ranks)
+                self.counted_items = float(num_items_in_batch)
             loss = step(model, inputs, num_items_in_batch)
             tally.backwards += 1
             tally.logged_loss += float(loss)
@@ -454,7 +481,7 @@ class _TrainerAudit:
         started = time.perf_counter()
         trainer = self.trainer
         model = trainer.model
-        shifts = bool(getattr(trainer, "_loss_shifts_labels", False))
+        shifts = shifts_labels(model)
         device = next(model.parameters()).device
         batches = [trainer._prepare_inputs(b) for b in self.batches]
         items = [batch_items(b, shifts) for b in batches]
@@ -475,7 +502,8 @@ class _TrainerAudit:
         tolerance = EXACT_MIXED_PRECISION if (args.bf16 or args.fp16) else EXACT
         self.gradient = judge(live_gradients(model), self.reference["gradient"], k=args.gradient_accumulation_steps,
                               micro_batches=len(self.batches), tolerance=tolerance, who="trainer",
-                              num_processes=args.world_size, applied_scale=unclipped(self.tally))
+                              num_processes=args.world_size, applied_scale=unclipped(self.tally),
+                              items=(window, self.counted_items))
         self.reference["gradient"] = None  # freed now, not at the step's end
         self.seconds += time.perf_counter() - started
 
@@ -657,7 +685,7 @@ class AccelerateAudit:
         device = next(model.parameters()).device
         batches = [{key: value.to(device) if hasattr(value, "to") else value for key, value in b.items()}
                    for b in self.batches]
-        shifts = model.__class__.__name__.endswith("ForCausalLM")
+        shifts = shifts_labels(model)
         items = [batch_items(b, shifts) for b in batches]
         window = _window_items(items, device)
         replay = self._rng if dropout_active(model) else None

@@ -220,6 +220,47 @@ def test_cli_audits_a_stock_trainer_on_a_saved_model_and_refuses_bad_input_in_th
     assert err.startswith("error: --model") and len(err.splitlines()) == 1
 
 
+def test_cli_finds_a_causal_lm_exact_its_tokens_counted_from_the_second(capsys):
+    """tiny-gpt on texts of uneven lengths: GPT-2's own loss divides by num_items_in_batch (shifted labels)."""
+    assert main(["audit", "--model", "tiny-gpt", "-m", "4", "-k", "3", "--max-seq-length", "32", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] and report["rel_error"] <= 1e-5, report["line"]
+    assert report["checks"]["logged_loss"]["ratio"] == pytest.approx(1, abs=1e-5)
+
+
+@pytest.mark.parametrize("loss_type", [None, "ForCausalLM"])
+def test_gpt2_on_a_stock_trainer_is_found_dividing_by_every_label_until_its_loss_type_is_named(loss_type):
+    """GPT2LMHeadModel's loss predicts from the second token, but its loss_type is None, so Trainer 5.24 counts
+    num_items_in_batch over every label: the step is (predicted ÷ labelled tokens) of the right one. Naming the
+    loss type fixes it. Dropout on: the reference replays each micro-batch, weighted by its predicted tokens."""
+    from transformers import GPT2Config, GPT2LMHeadModel, PrinterCallback, Trainer, TrainingArguments
+
+    from gradacc.audit import AccumulationAudit
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=1, n_head=2))
+    if loss_type:
+        model.loss_type = loss_type
+    examples = [{"input_ids": e["input_ids"], "labels": e["input_ids"]} for e in sentences()]
+    args = TrainingArguments(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=4, gradient_accumulation_steps=K,
+                             max_steps=1, report_to="none", use_cpu=True, disable_tqdm=True, save_strategy="no",
+                             train_sampling_strategy="sequential")  # the first window: the first 16 texts
+    audit = AccumulationAudit()
+    trainer = Trainer(model=model, args=args, train_dataset=examples, data_collator=collate, callbacks=[audit])
+    trainer.remove_callback(PrinterCallback)
+    trainer.train()
+    report = audit.report
+    assert report["reference"].startswith("replayed per micro-batch")
+    if loss_type:
+        assert report["ok"] and report["rel_error"] <= 1e-5, report["line"]
+        return
+    labelled = sum(len(e["input_ids"]) for e in examples[:4 * K])
+    predicted = labelled - 4 * K  # each text's first token predicts nothing
+    assert report["gradient"] == "items miscounted", report["line"]
+    assert report["scale"] == pytest.approx(predicted / labelled, rel=1e-4)
+    assert f"num_items_in_batch = {labelled}" in report["meaning"] and 'loss_type = "ForCausalLM"' in report["fix"]
+
+
 def test_readme_example_runs_as_written(capsys):
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     section = readme.split("## Audit your own training", 1)[1]

@@ -7,6 +7,8 @@ from gradacc.training.backends import DESCRIPTIONS, MODULES
 from gradacc.config import LOSS_NORMALIZATIONS, RunConfig
 from gradacc.errors import GradaccError
 
+server.under_navigation()  # a page opened alone on a fresh server: run the app instead
+
 K = f"{inputs.FORM}code."
 
 server.run_manager()

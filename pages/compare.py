@@ -6,6 +6,8 @@ import streamlit as st
 from gradacc.analysis import compare, run_names
 from gradacc.app import comparison, pacing, server
 
+server.under_navigation()  # a page opened alone on a fresh server: run the app instead
+
 manager = server.run_manager()
 owner = server.owner_id()
 st.title("Compare runs")

@@ -7,6 +7,8 @@ from gradacc.analysis import demos
 from gradacc.app import comparison, coupled_view, inputs, pacing, runview, server, warmup_status, web_page
 from gradacc.errors import GradaccError
 
+server.under_navigation()  # a page opened alone on a fresh server: run the app instead
+
 CHOICE = "demo.choice"
 
 manager = server.run_manager()

@@ -9,6 +9,8 @@ from gradacc.training.backends import DESCRIPTIONS
 from gradacc.errors import GradaccError
 from gradacc.serving import checks
 
+server.under_navigation()  # a page opened alone on a fresh server: run the app instead
+
 K = f"{inputs.FORM}equivalence."
 
 server.run_manager()  # warms the libraries up if this is the first page a visitor opens

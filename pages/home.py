@@ -7,6 +7,8 @@ import streamlit as st
 from gradacc.analysis import demos
 from gradacc.app import server
 
+server.under_navigation()  # a page opened alone on a fresh server: run the app instead
+
 server.owner_id()  # this session's id, as on every page that can start runs
 if st.query_params.get("run"):
     st.switch_page("pages/train.py", query_params={"run": st.query_params["run"]})

@@ -10,6 +10,8 @@ from gradacc.config import RunConfig, field_label, shares_learning_rate
 from gradacc.errors import GradaccError, one_line
 from gradacc.serving import warmup
 
+server.under_navigation()  # a page opened alone on a fresh server: run the app instead
+
 K = f"{inputs.FORM}planner."
 MEASUREMENT = "planner.measurement"
 

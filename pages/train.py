@@ -10,6 +10,8 @@ from gradacc.training.backends import DESCRIPTIONS
 from gradacc.config import BACKENDS, RunConfig, field_label
 from gradacc.errors import GradaccError
 
+server.under_navigation()  # a page opened alone on a fresh server: run the app instead
+
 K = train_form.TRAIN_FORM
 
 manager = server.run_manager()

@@ -27,7 +27,7 @@ def main() -> None:
         st.Page("pages/planner.py", title="Memory planner", icon="🧠"),
         st.Page("pages/code.py", title="Code", icon="📜"),
     ])
-    navigation.run()
+    server.run_page(navigation)
 
 
 if __name__ == "__main__":  # `gradacc app`: Streamlit runs this file as its main script

@@ -26,3 +26,4 @@ def test_an_old_run_link_opens_the_run_on_train(app_home):
     at.run()
     assert at.title[0].value == "Gradient accumulation, live" and not at.exception
     assert at.query_params["run"] in ("20250101-120000-abcdef", ["20250101-120000-abcdef"])
+

@@ -42,3 +42,22 @@ def test_every_page_opens_from_the_sidebar_without_a_console_error(page, artifac
         st_ui.open_app(page, link)
         expect(st_ui.main(page).locator("h1").first).to_be_visible()
     assert problems == []
+
+
+def test_a_demo_link_is_the_first_request_of_a_fresh_server(browser, tmp_path):
+    # Until the app's entry has run once, Streamlit answers a page's link with the pages/ file alone (a sidebar of
+    # file names, no wide layout); the page then runs the app (server.under_navigation), which draws it.
+    from support import StreamlitServer
+
+    server = StreamlitServer(tmp_path / "home", tmp_path / "streamlit.log", {})
+    try:
+        context = browser.new_context(base_url=server.url)
+        page = context.new_page()
+        st_ui.open_app(page, "/demos?demo=memory-wall")
+        expect(page.get_by_role("heading", name="The memory wall: out of memory, then fit with accumulation")
+               ).to_be_visible()
+        names = [text.split("\n")[-1].strip() for text in st_ui.sidebar_links(page).all_inner_texts()]
+        assert names == PAGES, names
+        context.close()
+    finally:
+        server.stop()

@@ -121,3 +121,19 @@ def screenshot(page: Page, path, max_height: int = 3000) -> None:
         page.screenshot(path=str(path), animations="disabled")
     finally:
         page.set_viewport_size(viewport)
+
+
+# streamlit#7074 (open): a page opened by its own link first probes <page>/_stcore/health and /host-config, gets 404,
+# then finds the server's root. Streamlit's frontend, not gradacc; nothing else may fail.
+UPSTREAM_PROBE = re.compile(r"/[^/]+/_stcore/(health|host-config)$")
+
+
+def console_problems(page) -> list[str]:
+    """Console errors, uncaught page errors and failed responses from now on (a list that fills as they come)."""
+    problems = []
+    page.on("console", lambda message: problems.append(f"console: {message.text}")
+            if message.type == "error" and "Failed to load resource" not in message.text else None)
+    page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
+    page.on("response", lambda response: problems.append(f"HTTP {response.status} {response.url}")
+            if response.status >= 400 and not UPSTREAM_PROBE.search(response.url) else None)
+    return problems

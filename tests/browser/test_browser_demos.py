@@ -11,6 +11,7 @@ DEMO_TIMEOUT_MS = 60_000
 
 
 def test_the_same_curve_demo_runs_from_its_link_to_its_headline(page, artifacts):
+    problems = st_ui.console_problems(page)  # live charts drawing, resizing and redrawing: no console error
     st_ui.open_app(page, "/demos?demo=same-curve")
     expect(page.get_by_role("heading", name="Same curve, a quarter of the activations")).to_be_visible()
     st_ui.click(page, "Run this demo")
@@ -32,6 +33,7 @@ def test_the_same_curve_demo_runs_from_its_link_to_its_headline(page, artifacts)
     expect(st_ui.button(page, "Run this demo")).to_be_enabled()  # over: it can be run again
     st_ui.expect_no_exception(page)
     st_ui.screenshot(page, artifacts / "demo-same-curve.png")
+    assert problems == []
 
 
 # memory-wall at GRADACC_DEMO_SCALE=0.25: two all-MiniLM-L6-v2 runs of 2 optimizer steps each (the first one fails

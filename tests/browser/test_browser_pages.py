@@ -1,7 +1,5 @@
 """Every page opens from the sidebar, as a person would reach it, and shows no traceback and logs no console
-error; each page opened by its own link logs none either (but Streamlit's own probes, below)."""
-
-import re
+error; each page opened by its own link logs none either (but Streamlit's own probes: st_ui.UPSTREAM_PROBE)."""
 
 from playwright.sync_api import expect
 
@@ -9,24 +7,10 @@ import st_ui
 
 PAGES = ["Start here", "Demos", "Train", "Compare runs", "Equivalence", "Memory planner", "Code"]  # the sidebar's
 LINKS = ["/", "/demos?demo=same-curve", "/train", "/compare", "/equivalence", "/planner", "/code"]
-# streamlit#7074 (open): a page opened by its own link first probes <page>/_stcore/health and /host-config, gets 404,
-# then finds the server's root. Streamlit's frontend, not gradacc; nothing else may fail.
-UPSTREAM_PROBE = re.compile(r"/[^/]+/_stcore/(health|host-config)$")
-
-
-def console_problems(page) -> list[str]:
-    """Console errors, uncaught page errors and failed responses from now on (a list that fills as they come)."""
-    problems = []
-    page.on("console", lambda message: problems.append(f"console: {message.text}")
-            if message.type == "error" and "Failed to load resource" not in message.text else None)
-    page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
-    page.on("response", lambda response: problems.append(f"HTTP {response.status} {response.url}")
-            if response.status >= 400 and not UPSTREAM_PROBE.search(response.url) else None)
-    return problems
 
 
 def test_every_page_opens_from_the_sidebar_without_a_console_error(page, artifacts):
-    problems = console_problems(page)
+    problems = st_ui.console_problems(page)
     st_ui.open_app(page, "/")
     links = st_ui.sidebar_links(page)
     names = [text.split("\n")[-1].strip() for text in links.all_inner_texts()]

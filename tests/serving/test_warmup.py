@@ -2,9 +2,11 @@
 while it imports (CPython 3.11 can fail torch's import for good; see gradacc/serving/warmup.py)."""
 
 import importlib
+import sys
 import threading
 import time
 import tomllib
+import types
 
 import pytest
 
@@ -15,6 +17,8 @@ from support import ROOT
 @pytest.fixture
 def fresh_warmup(monkeypatch):
     """A warm-up that has never run, importing what each test says instead of torch."""
+    # A real warm-up still importing (a page test's) would otherwise finish against this test's state.
+    assert warmup.wait_until_warm(timeout=180), "the app's warm-up did not finish"
     monkeypatch.setattr(warmup, "_state", "cold")
     monkeypatch.setattr(warmup, "_failure", None)
     monkeypatch.setattr(warmup, "_done", threading.Event())
@@ -135,9 +139,15 @@ class FakeTorch:
         self.threads = threads
 
 
+def torch_not_yet_imported(monkeypatch):
+    """The warm-up sees a process without torch, as the app's is when it starts."""
+    monkeypatch.setattr(warmup, "sys", types.SimpleNamespace(modules={}))
+
+
 @pytest.mark.parametrize("raw, threads", [(None, 1), ("3", 3)])
 def test_the_warm_up_sets_torch_threads(fresh_warmup, monkeypatch, raw, threads):
     torch = FakeTorch()
+    torch_not_yet_imported(monkeypatch)
     monkeypatch.setattr(warmup, "IMPORTS", [("torch", ())])
     monkeypatch.setattr(warmup, "_import", lambda name: torch)
     if raw is None:
@@ -149,7 +159,23 @@ def test_the_warm_up_sets_torch_threads(fresh_warmup, monkeypatch, raw, threads)
     assert warmup.state() == "warm" and torch.threads == threads
 
 
+def test_the_warm_up_leaves_the_threads_of_a_torch_imported_before_it(fresh_warmup, monkeypatch):
+    """The suite pins torch's threads at session start; a page test's warm-up, finishing under some later test,
+    must not change them (a recipe's F1 then depended on which test the warm-up finished under)."""
+    import torch as real_torch
+
+    torch = FakeTorch()
+    monkeypatch.setattr(warmup, "IMPORTS", [("torch", ())])
+    monkeypatch.setattr(warmup, "_import", lambda name: torch)
+    monkeypatch.setenv("GRADACC_TORCH_THREADS", "3")
+    assert "torch" in sys.modules and real_torch.get_num_threads() == 1  # the session's pin (conftest)
+    warmup.start()
+    assert warmup.wait_until_warm(timeout=5)
+    assert warmup.state() == "warm" and torch.threads is None
+
+
 def test_a_bad_torch_threads_value_is_said_on_the_page(fresh_warmup, monkeypatch):
+    torch_not_yet_imported(monkeypatch)
     monkeypatch.setattr(warmup, "IMPORTS", [("torch", ())])
     monkeypatch.setattr(warmup, "_import", lambda name: FakeTorch())
     monkeypatch.setenv("GRADACC_TORCH_THREADS", "0")

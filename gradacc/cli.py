@@ -19,8 +19,8 @@ import sys
 import threading
 
 from gradacc import events, paths
-from gradacc.config import (BACKENDS, LOSS_NORMALIZATIONS, OPTIMIZERS, PITFALLS, PRECISIONS, TASKS, RunConfig,
-                            in_cli_words)
+from gradacc.config import BACKENDS, LOSS_NORMALIZATIONS, OPTIMIZERS, PITFALLS, PRECISIONS, TASKS, RunConfig
+from gradacc.labels import in_cli_words
 from gradacc.errors import GradaccError
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2

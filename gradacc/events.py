@@ -59,7 +59,7 @@ def eval_(*, epoch: int, step: int, eval_loss: float, eval_accuracy: float | Non
 def run_ended(*, status: str, reason: str | None, steps: int, wall_s: float, field: str | None = None,
               warnings: list[str] | None = None, out_of_memory: dict | None = None) -> dict:
     """``field`` names the setting at fault when the run failed on bad input (None for a fault in training).
-    ``warnings``: one line per sign that a run went badly (empty when all is well; see analysis.health).
+    ``warnings``: one line per sign that a run went badly (empty when all is well; see training.health).
     ``out_of_memory``: a run past its memory cap — the figures, and ``fit``: the m and k that keep its effective
     batch within the cap (None when even m=1 does not fit)."""
     event = _event(RUN_ENDED, status=status, reason=reason, steps=steps, wall_s=wall_s, field=field,

@@ -25,7 +25,8 @@ from __future__ import annotations
 import math
 import threading
 
-from gradacc.config import RunConfig, field_label
+from gradacc.config import RunConfig
+from gradacc.labels import field_label
 from gradacc.errors import GradaccError
 
 CASES = ("equal_windows", "short_last_window", "token_level", "language_model")

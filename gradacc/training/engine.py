@@ -118,8 +118,8 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
 
 
 def _warnings(emitted: list[dict], config: RunConfig) -> list[str]:
-    """A run that completed badly says so (see gradacc.analysis.health); a bug there never fails the run."""
-    from gradacc.analysis.health import run_warnings
+    """A run that completed badly says so (see gradacc.training.health); a bug there never fails the run."""
+    from gradacc.training.health import run_warnings
 
     try:
         return run_warnings(emitted, config)

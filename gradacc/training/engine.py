@@ -174,9 +174,9 @@ def announce(job) -> dict:
     started = events.run_started(config=config.to_dict(), effective_batch=config.effective_batch,
                                  total_steps=job.total_steps, steps_per_epoch=job.steps_per_epoch,
                                  train_examples=len(job.train_examples), eval_examples=len(job.eval_examples),
-                                 static_memory=static, device=str(job.device)) | {"notes": job.notes}
-    if guard is not None:  # what the run was measured to need, and what caps it
-        started["memory_need"] = guard.need.to_dict() | {"cap_bytes": guard.cap.bytes, "cap_source": guard.cap.source}
+                                 static_memory=static, device=str(job.device), notes=job.notes,
+                                 memory_need=guard.need.to_dict() | {"cap_bytes": guard.cap.bytes,
+                                                                     "cap_source": guard.cap.source} if guard else None)
     return started
 
 

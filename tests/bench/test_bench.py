@@ -141,6 +141,12 @@ def test_ga_bug(tmp_path, capsys):
         for key in ("naive_weight_l2", "exact_weight_l2", "naive_eval_loss_rel_diff", "exact_eval_loss_rel_diff"):
             assert math.isfinite(row[key]) and row[key] >= 0
     assert set(result["goals"]) == {"naive_grows_with_k", "exact_stays_at_rounding"}
+    # The bug, reproduced even in --quick: naive drifts further from the full batch as k grows, exact does not.
+    assert [r["naive_weight_l2"] for r in rows[1:]] == sorted(r["naive_weight_l2"] for r in rows[1:])
+    assert rows[1]["naive_weight_l2"] > 0
+    assert max(r["exact_weight_l2"] for r in rows) < 0.01 * rows[-1]["naive_weight_l2"]
+    assert {name: goal["met"] for name, goal in result["goals"].items()} == {
+        "naive_grows_with_k": True, "exact_stays_at_rounding": True}
     assert "naive ‖Δw‖₂" in result["printed"]
 
 

@@ -4,7 +4,6 @@ while it imports (CPython 3.11 can fail torch's import for good; see gradacc/ser
 import importlib
 import sys
 import threading
-import time
 import tomllib
 import types
 
@@ -32,6 +31,31 @@ def fresh_warmup(monkeypatch):
         assert not warmup._thread.is_alive(), "a test's warm-up thread is still running"
 
 
+class WatchedLock:
+    """A lock that says when someone has asked for it while it was held."""
+
+    def __init__(self, lock):
+        self.lock, self.waiting = lock, threading.Event()
+
+    def acquire(self, *args, **kwargs):
+        if self.lock.locked():
+            self.waiting.set()
+        return self.lock.acquire(*args, **kwargs)
+
+    def release(self):
+        self.lock.release()
+
+    def locked(self):
+        return self.lock.locked()
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
 def slow_imports(monkeypatch, gate: threading.Event, fail: str | None = None):
     """import_module that holds until ``gate`` is set, and raises for the module named ``fail``."""
     real = importlib.import_module
@@ -53,7 +77,7 @@ def test_start_is_idempotent_and_ends_warm(fresh_warmup, monkeypatch):
     warmup.start()
     warmup.start()
     assert warmup.state() == "warming"
-    assert not warmup.wait_until_warm(timeout=0.05)
+    assert not warmup.wait_until_warm(timeout=0)  # the gate is shut: not done, whatever the clock says
     gate.set()
     assert warmup.wait_until_warm(timeout=10)
     assert warmup.state() == "warm" and warmup.failure() is None
@@ -63,12 +87,14 @@ def test_parse_waits_for_the_imports(fresh_warmup, monkeypatch):
     monkeypatch.setattr(warmup, "IMPORTS", [("json", ())])
     gate = threading.Event()
     slow_imports(monkeypatch, gate)
+    lock = WatchedLock(warmup._importing)
+    monkeypatch.setattr(warmup, "_importing", lock)
     warmup.start()
     parsed = []
     parser = threading.Thread(target=lambda: parsed.append(warmup.parse("x = 1")))
     parser.start()
-    parser.join(0.3)
-    assert parser.is_alive() and not parsed  # held while the imports run
+    assert lock.waiting.wait(10), "the parse never reached the import lock"
+    assert parser.is_alive() and not parsed  # held while the imports run: the gate is still shut
     gate.set()
     parser.join(10)
     assert len(parsed) == 1 and warmup.state() == "warm"
@@ -113,9 +139,16 @@ def test_a_run_waits_for_the_warm_up_and_can_be_stopped_meanwhile(fresh_warmup, 
     manager = RunManager(RunStore(tmp_path / "runs.sqlite3"), train_fn=train, max_run_seconds=0)
     try:
         warmup.start()
+        real_wait, asked = warmup.wait_until_warm, threading.Event()
+
+        def watched_wait(timeout=None):
+            asked.set()
+            return real_wait(timeout)
+
+        monkeypatch.setattr(warmup, "wait_until_warm", watched_wait)
         waiting = manager.submit(RunConfig(), owner="alice")
-        time.sleep(0.3)
-        assert trained == []  # not started while the libraries import
+        assert asked.wait(10), "the run never asked whether the warm-up was done"
+        assert trained == []  # not started while the libraries import (the gate is still shut)
         assert manager.stop(waiting, "alice")
         assert manager.wait(waiting, timeout=5)
         assert trained == [True]  # handed to the engine stopped, which ends it at once

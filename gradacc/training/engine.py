@@ -30,8 +30,8 @@ def flush_denormals(on: bool) -> None:
     """Subnormal floats (below ~1.2e-38) as zero on this thread (and the threads it starts) while it trains.
 
     x86 CPUs compute subnormals in microcode, many times slower, and tiny-bert's training passes through them:
-    the same run's speed swung between 943 and 1,382 samples/s from one ten-second window to the next, and flushed
-    it held at 1,500-1,575 (BENCHMARKS.md, watchers). No figure gradacc shows comes near 1e-38.
+    unflushed, the same run's speed swings from one window to the next (see docs/bench/watchers.md, linked from
+    BENCHMARKS.md's watchers row). No figure gradacc shows comes near 1e-38.
     """
     import torch
 

@@ -9,7 +9,8 @@ one JSON object (seconds):
 - click_to_first_loss_s: clicking Start to the first point on the loss chart, once per run, each run in
   a new browser session (a visitor's first click: the page has loaded nothing for a run yet).
 
-    python3 scripts/page_latency.py [--runs 3]
+    python3 scripts/page_latency.py [--runs 3] > page-latency.json
+    python -m gradacc bench latency --browser-times page-latency.json   # the browser figure beside the others
 
 Uses the helpers the browser tests use (scripts/browsing/), so it drives the page exactly as they do.
 """

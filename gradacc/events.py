@@ -116,6 +116,8 @@ class EvalEvent(TypedDict):
     majority_f1: float | None
     eval_perplexity: float | None
     eval_next_token_accuracy: float | None
+    eval_mrr_at_10: float | None  # contrastive: each held-out query among all held-out positives
+    eval_recall_at_1: float | None
 
 
 class RunEndedEvent(TypedDict):
@@ -130,6 +132,7 @@ class RunEndedEvent(TypedDict):
     out_of_memory: NotRequired[OutOfMemoryFigures]  # only in a run past its memory cap
 
 
+MEMORY_FIELDS = ("activation_bytes", "rss_bytes", "cuda_peak_bytes")  # StepEvent's, from training.memory.snapshot
 SCHEMA: dict[str, type] = {RUN_STARTED: RunStartedEvent, STEP: StepEvent, EVAL: EvalEvent, RUN_ENDED: RunEndedEvent}
 
 
@@ -201,33 +204,39 @@ def run_started(*, config: dict, effective_batch: int, total_steps: int, steps_p
 def step(*, step: int, epoch: int, samples_seen: int, tokens_seen: int, micro_batches: int, loss: float,
          grad_norm: float | None, lr: float, elapsed_s: float, memory: dict, sync_rounds: int | None = None,
          pitfall: dict | None = None) -> StepEvent:
-    """``memory``: the memory fields, activation_bytes, rss_bytes and cuda_peak_bytes (training.memory.snapshot).
+    """``memory``: the memory fields (MEMORY_FIELDS, training.memory.snapshot); one not measured is None.
     ``sync_rounds``: DDP gradient all-reduces (one per bucket) in this window; None on one process.
     ``pitfall``: in a run with pitfalls, what the right loop would have done at this step (training.pitfalls):
     planned_lr, grad_norm_stepped, grad_norm_right and grad_cosine, examples_stepped, examples_seen and examples_trained
     (all steps so far), loss_right; absent otherwise."""
+    unknown = set(memory) - set(MEMORY_FIELDS)
+    if unknown:  # a new memory figure is declared in StepEvent and MEMORY_FIELDS first
+        raise TypeError(f"step: unknown memory field(s) {sorted(unknown)}")
     event = _event(STEP, step=step, epoch=epoch, samples_seen=samples_seen, tokens_seen=tokens_seen,
                    micro_batches=micro_batches, loss=loss, grad_norm=grad_norm, lr=lr, elapsed_s=elapsed_s,
                    samples_per_s=samples_seen / elapsed_s if elapsed_s > 0 else 0.0, sync_rounds=sync_rounds,
-                   activation_bytes=memory["activation_bytes"], rss_bytes=memory["rss_bytes"],
-                   cuda_peak_bytes=memory["cuda_peak_bytes"])
+                   **{name: memory.get(name) for name in MEMORY_FIELDS})
     if pitfall is not None:
         event["pitfall"] = pitfall
     return event
 
 
 # Every eval event has all of these; a task fills what it has (classification: accuracy and F1, and the F1 of
-# always predicting the most frequent label; causal-lm: perplexity and next-token accuracy), the others are None.
-EVAL_METRICS = ("eval_loss", "eval_accuracy", "eval_f1", "majority_f1", "eval_perplexity", "eval_next_token_accuracy")
+# always predicting the most frequent label; causal-lm: perplexity and next-token accuracy; contrastive: MRR@10 and
+# recall@1 of each held-out query among all held-out positives), the others are None.
+EVAL_METRICS = ("eval_loss", "eval_accuracy", "eval_f1", "majority_f1", "eval_perplexity", "eval_next_token_accuracy",
+                "eval_mrr_at_10", "eval_recall_at_1")
 
 
 def eval_(*, epoch: int, step: int, eval_loss: float, eval_accuracy: float | None = None,
           eval_f1: float | None = None, majority_f1: float | None = None, eval_perplexity: float | None = None,
-          eval_next_token_accuracy: float | None = None) -> EvalEvent:
+          eval_next_token_accuracy: float | None = None, eval_mrr_at_10: float | None = None,
+          eval_recall_at_1: float | None = None) -> EvalEvent:
     """``majority_f1``: F1 of always predicting the eval set's most frequent label (the floor to beat)."""
     return _event(EVAL, epoch=epoch, step=step, eval_loss=eval_loss, eval_accuracy=eval_accuracy, eval_f1=eval_f1,
                   majority_f1=majority_f1, eval_perplexity=eval_perplexity,
-                  eval_next_token_accuracy=eval_next_token_accuracy)
+                  eval_next_token_accuracy=eval_next_token_accuracy, eval_mrr_at_10=eval_mrr_at_10,
+                  eval_recall_at_1=eval_recall_at_1)
 
 
 def run_ended(*, status: str, reason: str | None, steps: int, wall_s: float, field: str | None = None,

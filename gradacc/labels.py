@@ -39,6 +39,7 @@ FIELD_LABELS = {
     "optimizer": "Optimizer",
     "trainer_library_default": "Trainer library default",
     "pitfalls": "Pitfalls",
+    "gradcache_mini_batch": "GradCache mini-batch",
     # Where a run is logged besides gradacc's own store (engine and CLI options, not RunConfig fields).
     "report_to": "Report to",
     "log_dir": "Log dir",
@@ -79,6 +80,7 @@ CLI_FLAGS = {
     "optimizer": "--optimizer",
     "trainer_library_default": "--trainer-library-default",
     "pitfalls": "--pitfall",
+    "gradcache_mini_batch": "--gradcache-mini-batch",
     "report_to": "--report-to",
     "log_dir": "--log-dir",
     "run_id": None,  # the CLI makes its own

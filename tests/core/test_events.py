@@ -42,6 +42,21 @@ def test_the_optional_fields_conform_where_a_run_carries_them(one_torch_thread):
     assert conforms(recorder.events) == []
 
 
+@pytest.mark.parametrize("gradcache", [None, 4])
+def test_a_contrastive_run_conforms(tmp_path, monkeypatch, gradcache, one_torch_thread):
+    """The contrastive task's eval carries retrieval metrics; GradCache steps its own way."""
+    from support import tiny_sentence_encoder
+
+    encoder = tiny_sentence_encoder(tmp_path / "tiny-encoder")
+    monkeypatch.setenv("GRADACC_MODEL_DIRS", str(tmp_path))
+    recorder = run(RunConfig(model=str(encoder), task="contrastive", dataset="builtin-pairs", micro_batch_size=4,
+                             grad_accum_steps=2, max_seq_length=16, train_samples=16, eval_samples=8, epochs=1,
+                             gradcache_mini_batch=gradcache))
+    assert recorder.ended["status"] == ev.COMPLETED, recorder.ended["reason"]
+    assert recorder.of("eval")[-1]["eval_mrr_at_10"] is not None
+    assert conforms(recorder.events) == []
+
+
 def test_a_run_past_its_memory_budget_ends_conforming(one_torch_thread):
     recorder = run(RunConfig(backend="pytorch", memory_budget_mb=1, **TINY))
     ended = recorder.ended
@@ -94,3 +109,11 @@ def test_the_schema_catches_what_departs_from_it(change, problem):
     del missing["lr"]
     assert ev.schema_problems(missing) == ["step: missing 'lr'"]
     assert ev.schema_problems({"event": "checkpoint"}) == ["unknown event kind 'checkpoint'"]
+
+
+def test_a_step_takes_only_the_declared_memory_fields():
+    kwargs = dict(step=1, epoch=1, samples_seen=8, tokens_seen=64, micro_batches=1, loss=0.7, grad_norm=None,
+                  lr=1e-3, elapsed_s=0.5)
+    assert ev.step(**kwargs, memory={"rss_bytes": 1})["cuda_peak_bytes"] is None  # not measured: None
+    with pytest.raises(TypeError, match="unknown memory field"):
+        ev.step(**kwargs, memory={"rss_bytes": 1, "gpu_temperature": 60})

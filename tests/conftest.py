@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from support import ROOT
+from support import LIMIT_VARIABLES, ROOT
 
 sys.path.insert(0, str(ROOT))  # gradacc itself, without installing it
 # One intra-op thread for torch in this process and every process it starts, whatever order the tests run in and
@@ -18,11 +18,6 @@ sys.path.insert(0, str(ROOT))  # gradacc itself, without installing it
 # which test ran before it. The pin itself is the session fixture ``torch_threads_pinned`` below.
 TORCH_THREADS = 1
 os.environ["OMP_NUM_THREADS"] = str(TORCH_THREADS)
-
-# What a deployment may set; a test that does not set them itself must not inherit a developer's values.
-LIMIT_VARIABLES = ("GRADACC_MAX_EPOCHS", "GRADACC_MAX_TRAIN_SAMPLES", "GRADACC_MAX_RUN_SECONDS",
-                   "GRADACC_MAX_RUN_MEMORY_MB", "GRADACC_MAX_UPLOAD_MB", "GRADACC_ALLOW_HUB",
-                   "GRADACC_MAX_CONCURRENT_RUNS", "GRADACC_TORCH_THREADS")
 
 for _name in LIMIT_VARIABLES:  # a test sets the limits it means (monkeypatch); none leaks in from the shell
     os.environ.pop(_name, None)

@@ -15,6 +15,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"  # gitignored: logs and screenshots of a test session, never the source tree
+# What a deployment may set; a test that does not set them itself must not inherit a developer's values
+# (conftest clears them at start-up; the store and app_home fixtures again per test).
+LIMIT_VARIABLES = ("GRADACC_MAX_EPOCHS", "GRADACC_MAX_TRAIN_SAMPLES", "GRADACC_MAX_RUN_SECONDS",
+                   "GRADACC_MAX_RUN_MEMORY_MB", "GRADACC_MAX_UPLOAD_MB", "GRADACC_ALLOW_HUB",
+                   "GRADACC_MAX_CONCURRENT_RUNS", "GRADACC_TORCH_THREADS")
+
 sys.path.insert(0, str(ROOT / "scripts" / "browsing"))  # the app's server and the page helpers, shared with scripts/
 
 from app_server import SERVER_START_TIMEOUT_S, StreamlitServer, free_port, wait_for  # noqa: E402,F401

@@ -68,12 +68,12 @@ def test_built_in_names_and_local_paths_are_not_hub_ids(tmp_path):
 
 
 def test_the_suite_clears_every_limit_a_deployment_may_set():
-    """conftest's LIMIT_VARIABLES names every variable limits.py reads, so a developer's own limit (say
+    """LIMIT_VARIABLES (support.py, cleared by conftest) names every variable limits.py reads, so a developer's own limit (say
     GRADACC_MAX_RUN_MEMORY_MB) never reaches a test that did not set it."""
     import os
     import re
 
-    from conftest import LIMIT_VARIABLES
+    from support import LIMIT_VARIABLES
     from gradacc.serving import limits
 
     documented = set(re.findall(r"^\s+(GRADACC_\w+)\s", limits.__doc__, flags=re.MULTILINE))

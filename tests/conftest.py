@@ -25,10 +25,11 @@ for _name in LIMIT_VARIABLES:  # a test sets the limits it means (monkeypatch); 
 
 @pytest.fixture(autouse=True, scope="session")
 def torch_threads_pinned():
-    """Torch computes with TORCH_THREADS threads for the whole session. torch is imported here, before any
-    page test starts the app's warm-up, so the warm-up finds it imported and leaves the count alone (it would
-    otherwise set GRADACC_TORCH_THREADS in the background, at a moment that depends on how long its imports
-    take, under whichever test runs then)."""
+    """Torch computes with TORCH_THREADS threads for the whole session, in every thread. torch is imported here,
+    before any page test starts the app's warm-up, so the warm-up finds it imported and leaves the count alone.
+    Otherwise its set_num_threads, called when its imports end, decides the count of every thread started after
+    that moment (a run's, Trainer's) and not of those started before: which count a test trains with depended
+    on how long the imports took (tests/serving/test_warmup.py shows it with the real torch)."""
     import torch
 
     torch.set_num_threads(TORCH_THREADS)

@@ -16,7 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from gradacc.config import field_label, shares_learning_rate
+from gradacc.config import shares_learning_rate
+from gradacc.labels import field_label
 from gradacc.errors import GradaccError
 from gradacc.units import MB
 

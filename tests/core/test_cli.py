@@ -91,9 +91,6 @@ def test_plan_ranks_the_lever_settings_and_says_in_one_line_when_none_fits(capsy
 
 def test_plan_picks_with_the_runs_optimizer_and_says_why(capsys):
     args = ["plan", "--model", "tiny-bert", "--max-seq-length", "16", "--target-effective-batch", "8"]
-    code, out, _ = cli(capsys, *args, "--memory-budget-mb", "100")
-    pick = next(line for line in out.splitlines() if line.startswith("pick: "))
-    assert code == 0 and pick.startswith("pick: checkpointing off · ") and " · adamw, m=8, k=1." in pick
     # 3 MB: AdamW's state alone does not fit tiny-bert; SGD and Adafactor do, only when allowed.
     code, out, _ = cli(capsys, *args, "--memory-budget-mb", "3")
     assert "pick: nothing with adamw fits; --change-optimizer lets the pick use another one" in out

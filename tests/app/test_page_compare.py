@@ -53,7 +53,7 @@ def test_runs_are_overlaid_tabled_and_exported(app_home):
     headline = next(e.value for e in at.success if e.value.startswith("### "))
     # The stored runs log the same losses: m=8 (picked second) holds twice m=4's activations.
     assert headline.startswith("### Loss curves identical (max difference 0)")
-    assert "activations 2.0× larger" in headline and "F1 0.500 vs 0.750" in headline
+    assert "activations 2.0× larger" in headline and "F1 0.750 vs 0.500" in headline  # m=8's first, as it is named first
     assert "**m=8, k=4, pytorch** against **m=4, k=8, accelerate**" in headline
     assert loss["layout"]["title"]["text"].startswith("Loss curves identical")
     assert [trace["name"] for trace in loss["data"]] == ["m=4, k=8, accelerate", "m=8, k=4, pytorch"]

@@ -87,13 +87,15 @@ def loss_difference(curve_a: dict, curve_b: dict) -> tuple[float | None, int]:
     return worst, len(shared)
 
 
-def headline(events_a: list[dict], events_b: list[dict]) -> dict:
+def headline(events_a: list[dict], events_b: list[dict], name_differences: bool = True) -> dict:
     """The result of two runs in figures and one sentence: run B described against run A.
 
     Keys: ``loss_max_rel_diff`` and ``loss_points_compared``, ``activation_ratio`` (A's peak activation bytes
     over B's: >1 means B holds fewer), ``time_per_step_ratio`` and ``samples_per_s_ratio`` (B over A),
     ``effective_batch`` [A, B], ``eval`` {metric: [A, B]} (F1 when both have it, else every eval metric both
     runs report), ``differences`` (config fields), ``same_data``, ``same_effective_batch``, and ``headline``.
+    ``name_differences``: say which settings differ beside different curves (a page whose run names already say
+    it passes False, so the headline stays short).
     """
     a, b = run_figures(events_a), run_figures(events_b)
     rel_diff, points = loss_difference(a["curve"], b["curve"])
@@ -101,8 +103,10 @@ def headline(events_a: list[dict], events_b: list[dict]) -> dict:
     same_data = not set(differences) & set(DATA_FIELDS)
     same_batch = a["effective_batch"] == b["effective_batch"]
     shared_metrics = [key for key in a["eval"] if key in b["eval"]]
-    if "eval_f1" in shared_metrics:
-        shared_metrics = ["eval_f1"]
+    for main_metric in ("eval_f1", "eval_perplexity"):  # one score says it; more make the headline a paragraph
+        if main_metric in shared_metrics:
+            shared_metrics = [main_metric]
+            break
     figures = {
         "loss_max_rel_diff": rel_diff,
         "loss_points_compared": points,
@@ -123,7 +127,7 @@ def headline(events_a: list[dict], events_b: list[dict]) -> dict:
     figures["loss_ratio_extreme"] = max(ratios, key=lambda r: max(r, 1 / r)) if ratios else None
     spread_a, spread_b = quartiles(a["step_seconds"]), quartiles(b["step_seconds"])
     figures["step_seconds_quartiles"] = [spread_a, spread_b]
-    figures["loss_claim"] = _loss_claim(figures, a["config"], b["config"])
+    figures["loss_claim"] = _loss_claim(figures, a["config"], b["config"], name_differences)
     figures["memory_claim"] = _memory_claim(figures["activation_ratio"])
     parts = [_pitfall_claim(a["config"], b["config"]), figures["loss_claim"], figures["memory_claim"],
              _time_claim(spread_a, spread_b), _eval_claim(figures["eval"])]
@@ -153,7 +157,7 @@ def _times(ratio: float) -> str:
         f"{factor:.0f}× {'larger' if ratio > 1 else 'smaller'}"
 
 
-def _loss_claim(figures: dict, config_a: dict, config_b: dict) -> str:
+def _loss_claim(figures: dict, config_a: dict, config_b: dict, name_differences: bool = True) -> str:
     rel_diff = figures["loss_max_rel_diff"]
     caveats = []
     if not figures["same_data"]:
@@ -189,7 +193,7 @@ def _loss_claim(figures: dict, config_a: dict, config_b: dict) -> str:
     what = ", ".join(_versus(n, config_a, config_b) for n in figures["differences"]) or "nothing in the config"
     claim = f"Loss curves differ: {differs}" if differs.startswith("loss up to") else \
         f"Loss curves differ by up to {size} at the same samples seen"
-    return f"{claim} ({what} differ)"
+    return f"{claim} ({what} differ)" if name_differences else claim
 
 
 def _pitfall_claim(config_a: dict, config_b: dict) -> str | None:

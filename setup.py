@@ -14,7 +14,7 @@ setup(
     packages=find_packages(include=["gradacc", "gradacc.*"]) + list(APP_FILES),
     package_dir=APP_FILES,
     package_data={"gradacc.app.streamlit_config": ["config.toml"],
-                  "gradacc.training.sources": ["tiny_bert_tokenizer/*.json"],
+                  "gradacc.training.sources": ["tiny_bert_tokenizer/*.json", "builtin_pairs.json"],
                   "gradacc.app": ["trainer_default_by_family.json"],
                   "gradacc.app.live_chart": ["live_chart.js"]},
 )

@@ -2,6 +2,7 @@
 
     train   one run; progress and a summary, or JSON events (one per line) with --json
     check   the gradient-equivalence errors, naive vs exact
+    audit   what a stock 🤗 Trainer's accumulation gets wrong on a model (gradacc.audit's verdict)
     compare the headline of two runs from their --metrics-out files
     bench   benchmark suites (see gradacc.bench)
     app     the Streamlit app (what follows goes to ``streamlit run``, e.g. --server.port 8502)
@@ -20,8 +21,8 @@ import threading
 from pathlib import Path
 
 from gradacc import events, paths
-from gradacc.config import (BACKENDS, LOSS_NORMALIZATIONS, OPTIMIZERS, PITFALLS, PRECISIONS, TASKS, RunConfig,
-                            in_cli_words)
+from gradacc.config import (BACKENDS, CONTRASTIVE, LOSS_NORMALIZATIONS, OPTIMIZERS, PITFALLS, PRECISIONS, TASKS,
+                            RunConfig, in_cli_words)
 from gradacc.errors import GradaccError
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
@@ -106,6 +107,21 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--samples", type=int, default=None, help="examples in the window (default m×k×processes)")
     check.add_argument("--json", action="store_true")
 
+    audit = commands.add_parser("audit", help="audit a stock 🤗 Trainer's first accumulated step on a model")
+    audit.add_argument("--model", required=True, help="a folder written by save_pretrained, a hub id, or tiny-bert")
+    audit.add_argument("--dataset", default=None,
+                       help="builtin-sentiment, builtin-text (causal-lm), a CSV/JSONL file, a save_to_disk folder or "
+                            "a hub id (default: builtin-text for a causal-lm model, else builtin-sentiment)")
+    audit.add_argument("--task", choices=TASKS, default=None)
+    audit.add_argument("--dataset-split", default=RunConfig.dataset_split, help="split of a hub dataset id")
+    audit.add_argument("--text-column", default=None)
+    audit.add_argument("--label-column", default=None)
+    audit.add_argument("--micro-batch-size", "-m", type=_value, default=RunConfig.micro_batch_size)
+    audit.add_argument("--grad-accum-steps", "-k", type=_value, default=RunConfig.grad_accum_steps)
+    audit.add_argument("--max-seq-length", type=_value, default=None, help="default: the model's recipe")
+    audit.add_argument("--seed", type=_value, default=RunConfig.seed)
+    audit.add_argument("--json", action="store_true", help="the report as one JSON object")
+
     compare = commands.add_parser("compare", help="the headline of two runs from their --metrics-out event files")
     compare.add_argument("run_a", metavar="A.jsonl")
     compare.add_argument("run_b", metavar="B.jsonl", help="described against A (\"activations 4× smaller\")")
@@ -122,13 +138,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=BACKENDS, default=RunConfig.backend)
-    parser.add_argument("--model", default=RunConfig.model,
-                        help="tiny-bert, all-MiniLM-L6-v2, tiny-gpt, a folder or a hub id")
+    parser.add_argument("--model", default=None,
+                        help="tiny-bert, all-MiniLM-L6-v2, tiny-gpt, bow-batchnorm, bow-layernorm, a folder or a hub id "
+                             "(default: tiny-bert; all-MiniLM-L6-v2 for --task contrastive)")
     parser.add_argument("--dataset", default=None,
                         help="builtin-sentiment, builtin-text (causal-lm), a CSV/JSONL file, a save_to_disk folder or "
                              "a hub id (default: builtin-text for a causal-lm run, else builtin-sentiment)")
     parser.add_argument("--task", choices=TASKS, default=None,
-                        help="default: the model's (a *ForCausalLM model or tiny-gpt means causal-lm)")
+                        help="default: the model's (a *ForCausalLM model or tiny-gpt means causal-lm); contrastive: "
+                             "a sentence-transformers model on builtin-pairs with in-batch negatives")
+    parser.add_argument("--gradcache-mini-batch", type=_value, default=None,
+                        help="contrastive only: CachedMultipleNegativesRankingLoss (GradCache) with mini-batches of "
+                             "this many texts (default: MultipleNegativesRankingLoss on each micro-batch)")
     parser.add_argument("--dataset-split", default=RunConfig.dataset_split, help="split of a hub dataset id")
     parser.add_argument("--text-column", default=None)
     parser.add_argument("--label-column", default=None)
@@ -160,6 +181,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
             raise GradaccError(f"Could not read the config file {args.config_file!r}: {error}", "config") from None
     else:
         values = {k: v for k, v in vars(args).items() if v is not None or k in ("max_steps",)}
+        if values.get("task") == CONTRASTIVE and "model" not in values:
+            values["model"] = "all-MiniLM-L6-v2"  # a sentence-transformers model, trained this way
         if "dataset" not in values:
             values["dataset"] = default_dataset(RunConfig.from_dict(values))
     return RunConfig.from_dict(values).replace(num_processes=distributed.world_size())
@@ -169,6 +192,8 @@ def default_dataset(config: RunConfig) -> str:
     """A language model's run without --dataset trains on builtin-text, a classifier's on builtin-sentiment."""
     from gradacc.config import BUILTIN_MODEL_TASKS, CAUSAL_LM
 
+    if config.task == CONTRASTIVE:
+        return "builtin-pairs"
     task = config.task or BUILTIN_MODEL_TASKS.get(config.model)
     if task is None:  # a folder: read its architecture (cheap, no torch)
         from gradacc.training.sources.models import infer_task
@@ -193,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
             return _check(args)
         if args.command == "compare":
             return _compare(args)
+        if args.command == "audit":
+            return _audit(args)
         return args.run(args)
     except GradaccError as error:
         print(f"error: {in_cli_words(error.message, error.field)}", file=sys.stderr)
@@ -315,7 +342,9 @@ class _Progress:
             print(f"\r{line}", end="", flush=True) if self.tty else (
                 print(line, flush=True) if event["step"] % 10 == 0 or event["step"] == self.total else None)
         elif kind == events.EVAL:
-            if event.get("eval_perplexity") is not None:
+            if event.get("eval_mrr_at_10") is not None:
+                scores = f"MRR@10 {event['eval_mrr_at_10']:.4f}  recall@1 {event['eval_recall_at_1']:.4f}"
+            elif event.get("eval_perplexity") is not None:
                 scores = (f"perplexity {event['eval_perplexity']:.2f}  "
                           f"next-token accuracy {event['eval_next_token_accuracy']:.4f}")
             else:
@@ -329,6 +358,23 @@ class _Progress:
                   + (f": {event['reason']}" if event["reason"] else ""))
             for warning in event.get("warnings") or []:
                 print(f"warning: {warning}")
+
+
+def _print_contrastive_check(report: dict) -> int:
+    from gradacc.analysis.contrastive import WAY_NAMES, explanation
+    from gradacc.units import format_bytes
+
+    print(f"{report['backend']}, {report['model']}: in-batch negatives at effective batch {report['effective_batch']}; "
+          "relative error of each way's gradient against the batch's, and its activations")
+    print(f"{'way':<50}{'m':>5}{'k':>5}{'mini':>6}{'rel. error':>12}{'activations':>14}")
+    for name, way in report["ways"].items():
+        mini = way["gradcache_mini_batch"] or "-"
+        shown = format_bytes(way["activation_bytes"]) if way["activation_bytes"] is not None else "-"
+        print(f"{WAY_NAMES[name]:<50}{way['micro_batch_size']:>5}{way['grad_accum_steps']:>5}{mini!s:>6}"
+              f"{way['rel_error']:>12.2e}{shown:>14}")
+    for sentence in explanation(report):
+        print(sentence)
+    return EXIT_OK
 
 
 def _compare(args) -> int:
@@ -377,6 +423,18 @@ def _plan(args) -> int:
     return EXIT_OK if result["fastest"] else EXIT_FAILED
 
 
+def _audit(args) -> int:
+    from gradacc.training.audit import audit_stock_trainer
+
+    from gradacc.training import distributed
+
+    report = audit_stock_trainer(config_from_args(args), confinement=paths.TRUST_USER)  # the user's own folders
+    if not distributed.is_main_process():  # under accelerate launch / torchrun every rank audits; rank 0 says it
+        return EXIT_OK
+    print(json.dumps(report, default=str) if args.json else report["line"])
+    return EXIT_OK
+
+
 def _check(args) -> int:
     from gradacc.analysis import equivalence
     from gradacc.training import distributed
@@ -389,6 +447,8 @@ def _check(args) -> int:
     if args.json:
         print(json.dumps(report))
         return EXIT_OK
+    if report.get("task") == CONTRASTIVE:
+        return _print_contrastive_check(report)
     processes = report["num_processes"]
     print(f"{report['backend']}: micro-batch {report['micro_batch_size']}, k={report['grad_accum_steps']}"
           + (f", {processes} processes" if processes > 1 else "")
@@ -406,4 +466,12 @@ def _check(args) -> int:
               f"{', '.join(map(str, rounds['without_no_sync']))} without; exact error "
               f"{rounds['no_sync_rel_error']:.2e} and {rounds['without_no_sync_rel_error']:.2e}")
         print("(DDP all-reduces every gradient in one bucket until its first sync, then rebuilds its buckets)")
+    if "by_micro_batch" in report:
+        print(f"{report['model']}, exact normalisation, the same effective batch "
+              f"{report['micro_batch_size'] * report['grad_accum_steps']} split into micro-batches of m:")
+        for row in report["by_micro_batch"]:
+            print(f"  m={row['micro_batch_size']:<4} k={row['grad_accum_steps']:<4} relative error {row['rel_error']:.2e}")
+        if report["model"] == "bow-batchnorm":
+            print("BatchNorm normalises with each micro-batch's own statistics: accumulation is not the big batch "
+                  "(k=1 is the big batch itself).")
     return EXIT_OK

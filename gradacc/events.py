@@ -43,17 +43,21 @@ def step(*, step: int, epoch: int, samples_seen: int, tokens_seen: int, micro_ba
 
 
 # Every eval event has all of these; a task fills what it has (classification: accuracy and F1, and the F1 of
-# always predicting the most frequent label; causal-lm: perplexity and next-token accuracy), the others are None.
-EVAL_METRICS = ("eval_loss", "eval_accuracy", "eval_f1", "majority_f1", "eval_perplexity", "eval_next_token_accuracy")
+# always predicting the most frequent label; causal-lm: perplexity and next-token accuracy; contrastive: MRR@10 and
+# recall@1 of each held-out query among all held-out positives), the others are None.
+EVAL_METRICS = ("eval_loss", "eval_accuracy", "eval_f1", "majority_f1", "eval_perplexity", "eval_next_token_accuracy",
+                "eval_mrr_at_10", "eval_recall_at_1")
 
 
 def eval_(*, epoch: int, step: int, eval_loss: float, eval_accuracy: float | None = None,
           eval_f1: float | None = None, majority_f1: float | None = None, eval_perplexity: float | None = None,
-          eval_next_token_accuracy: float | None = None) -> dict:
+          eval_next_token_accuracy: float | None = None, eval_mrr_at_10: float | None = None,
+          eval_recall_at_1: float | None = None) -> dict:
     """``majority_f1``: F1 of always predicting the eval set's most frequent label (the floor to beat)."""
     return _event(EVAL, epoch=epoch, step=step, eval_loss=eval_loss, eval_accuracy=eval_accuracy, eval_f1=eval_f1,
                   majority_f1=majority_f1, eval_perplexity=eval_perplexity,
-                  eval_next_token_accuracy=eval_next_token_accuracy)
+                  eval_next_token_accuracy=eval_next_token_accuracy, eval_mrr_at_10=eval_mrr_at_10,
+                  eval_recall_at_1=eval_recall_at_1)
 
 
 def run_ended(*, status: str, reason: str | None, steps: int, wall_s: float, field: str | None = None,

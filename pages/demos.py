@@ -4,13 +4,14 @@ states its result. ``?demo=NAME`` opens one, so a speaker can prepare links."""
 import streamlit as st
 
 from gradacc.analysis import demos
-from gradacc.app import comparison, inputs, pacing, runview, scroll, server, warmup_status
+from gradacc.app import comparison, coupled_view, inputs, pacing, runview, scroll, server, warmup_status
 from gradacc.errors import GradaccError
 
 CHOICE = "demo.choice"
 SCROLL = "demo.scroll"
 
 manager = server.run_manager()
+checks = server.check_runner()
 limits = server.limits()
 owner = server.owner_id()
 
@@ -51,6 +52,8 @@ if st.button("Run this demo", type="primary", key="demo.run", disabled=live or b
              help="Its runs are still going." if live else None):
     try:
         run_ids = [manager.submit(config, owner, label=scenario.run_label(label)) for label, config in configs]
+        if scenario.checks == "coupled":
+            coupled_view.submit(checks)
     except GradaccError as error:
         st.error(error.message)
     else:
@@ -62,6 +65,19 @@ st.divider()
 
 
 poll_seconds = pacing.chart_poll_seconds(*(manager.get(run_id) for run_id in run_ids)) if live else None
+checking = scenario.checks == "coupled" and coupled_view.pending(checks)
+
+
+@st.fragment(run_every=pacing.POLL_SECONDS if checking else None)
+def gradient_checks():
+    st.subheader("Gradients against the big batch")
+    if checking and not coupled_view.pending(checks):
+        st.rerun()  # just finished: redraw once without polling
+    coupled_view.draw(checks, key="demo")
+
+
+if scenario.checks == "coupled":
+    gradient_checks()
 
 
 @st.fragment(run_every=poll_seconds)

@@ -4,7 +4,7 @@ import time
 
 import streamlit as st
 
-from gradacc.app import charts, equivalence_view, inputs, pacing, server
+from gradacc.app import charts, coupled_view, equivalence_view, inputs, pacing, server
 from gradacc.training.backends import DESCRIPTIONS
 from gradacc.errors import GradaccError
 from gradacc.serving import checks
@@ -76,3 +76,29 @@ st.caption(family_caption)
 st.dataframe(family_rows, hide_index=True, key="family_table",
              column_config={name: st.column_config.NumberColumn(format="%.2e")
                             for name in ("exact", "naive", "Trainer library default")})
+
+st.header("When accumulation is *not* a big batch")
+st.markdown("Everything above assumes a loss that is a sum over examples. Two common losses couple the examples of "
+            "a batch, and then no weighting makes k micro-batches of m the batch of m × k:\n\n"
+            "- **In-batch negatives** (sentence-transformers' `MultipleNegativesRankingLoss`, CLIP): each query is "
+            "scored against every positive of its batch. all-MiniLM-L6-v2 at effective batch 64: one batch gives "
+            "each query 63 negatives, 16 accumulated 4 times give 15. `CachedMultipleNegativesRankingLoss` "
+            "(GradCache) computes the batch-64 loss with the activations of mini-batches of 16 (`gradacc train "
+            "--task contrastive --gradcache-mini-batch 16`).\n"
+            "- **BatchNorm** normalises with the micro-batch's mean and variance (bow-batchnorm); LayerNorm, per "
+            "example, does not couple them (bow-layernorm).")
+coupled_checking = coupled_view.pending(runner)
+if st.button("Run the coupled checks", key="run_coupled_checks", disabled=coupled_checking,
+             help="all-MiniLM-L6-v2 three ways, then the two norms: about half a minute on 2 vCPUs."):
+    coupled_view.submit(runner)
+    coupled_checking = True
+
+
+@st.fragment(run_every=pacing.POLL_SECONDS if coupled_checking else None)
+def coupled_result():
+    if coupled_checking and not coupled_view.pending(runner):
+        st.rerun()  # just finished: redraw once without polling
+    coupled_view.draw(runner, key="equivalence")
+
+
+coupled_result()

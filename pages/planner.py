@@ -44,6 +44,7 @@ with length_column:
 general = st.container()
 try:
     limits.check(RunConfig(model=model, max_seq_length=max_seq_length).validate())
+    planner.check_plannable(model)
     measurable = True
 except GradaccError as error:
     measurable = False

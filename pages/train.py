@@ -29,6 +29,7 @@ with data_column:
     inputs.recipe_note("train")
     dataset, text_column, label_column, dataset_problem = inputs.dataset_input("train", errors, limits)
     task = inputs.task_input("train", errors, RunConfig(model=model, dataset=dataset))
+    gradcache_mini_batch = inputs.gradcache_input("train", errors) if task == "contrastive" else None
     backend = st.radio(field_label("backend"), BACKENDS, key=K + "backend", persist_state="session",
                        format_func=inputs.BACKEND_NAMES.get, captions=[DESCRIPTIONS[b] for b in BACKENDS])
     errors.slot("backend")
@@ -43,7 +44,7 @@ with settings_column:
         errors.slot("pitfalls")
 
 config = RunConfig(backend=backend, model=model, dataset=dataset, task=task, text_column=text_column,
-                   label_column=label_column, **settings)
+                   label_column=label_column, gradcache_mini_batch=gradcache_mini_batch, **settings)
 train_form.keep_train_config(config)  # the other pages read the Train form's settings from here
 train_examples, data_problems = inputs.train_examples(config)
 problems = form.all_errors(config, limits, train_examples)

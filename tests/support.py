@@ -141,3 +141,19 @@ def load_script(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def tiny_sentence_encoder(folder: Path) -> Path:
+    """A tiny random BERT encoder written by save_pretrained (safetensors) with tiny-bert's tokenizer, in ``folder``:
+    sentence-transformers loads it with mean pooling, for the contrastive task in seconds."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    from gradacc.training.sources.models import tiny_bert_tokenizer
+
+    tokenizer = tiny_bert_tokenizer()
+    torch.manual_seed(0)
+    BertModel(BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=64, pad_token_id=tokenizer.pad_token_id)).save_pretrained(str(folder))
+    tokenizer.save_pretrained(str(folder))
+    return folder

@@ -16,9 +16,10 @@ COLUMNS = ("name", "m", "k", "effective batch", "peak activation bytes", "time p
            "final F1", "final accuracy", "final perplexity", "final next-token accuracy", "wall time (s)", "optimizer steps", "status", "backend", "model", "dataset",
            "loss normalization", "epochs", "learning rate", "dropout", "label", "run")
 # What each task's evaluation gives (classification: F1 and accuracy; a causal LM: perplexity and next-token
-# accuracy): the table on the page shows those some run has, the CSV all of them.
+# accuracy; contrastive: MRR@10 and recall@1): the table on the page shows those some run has, the CSV all of them.
 EVAL_COLUMNS = {"final F1": "eval_f1", "final accuracy": "eval_accuracy", "final perplexity": "eval_perplexity",
-                "final next-token accuracy": "eval_next_token_accuracy"}
+                "final next-token accuracy": "eval_next_token_accuracy", "final MRR@10": "eval_mrr_at_10",
+                "final recall@1": "eval_recall_at_1"}
 # A spreadsheet runs a cell that starts with one of these as a formula (CSV injection).
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 

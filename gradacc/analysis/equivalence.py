@@ -9,6 +9,11 @@ compare it with the gradient of the mean loss over all W items in one batch, at 
 Cases: ``equal_windows`` (W = m·k), ``short_last_window`` (W < m·k, its last micro-batch partial, like the
 end of an epoch) and ``token_level`` (a per-token loss: micro-batches hold different numbers of tokens).
 
+Where the examples of a batch are coupled, no weighting makes accumulation the big batch: ``bow-batchnorm``
+(BatchNorm's statistics are the micro-batch's) reports its error for each m at the same m·k
+(``by_micro_batch``), beside ``bow-layernorm`` (per-example statistics: exact). The contrastive loss with
+in-batch negatives is ``gradacc.analysis.contrastive``.
+
 Under ``accelerate launch`` / ``torchrun`` with P processes (``config.num_processes``) the same check runs on
 every rank: the window is m·k·P examples, each rank accumulates its own micro-batches with DDP, and the
 gradient after the sync is compared with the full-batch gradient of the whole window computed in this one
@@ -33,6 +38,8 @@ CASES = ("equal_windows", "short_last_window", "token_level", "language_model")
 # predict very different numbers of tokens (the October 2024 accumulation bug). Same backend, m and k.
 LANGUAGE_MODEL = dict(model="tiny-gpt", dataset="builtin-text", task="causal-lm")
 NORMALIZATIONS = ("naive", "exact")
+# Models whose examples are coupled within a micro-batch (BatchNorm), beside the same model without (LayerNorm).
+COUPLED_MODELS = ("bow-batchnorm", "bow-layernorm")
 
 
 def window_size(case: str, micro_batch_size: int, grad_accum_steps: int, num_processes: int = 1) -> int:
@@ -53,6 +60,13 @@ def check(config: RunConfig, samples: int | None = None, cases=CASES, confinemen
     ``confinement``: where a local model or data path may lie (``paths.TRUST_USER`` from the command line;
     None: the app's visitors' folders).
     """
+    if config.task == "contrastive":  # in-batch negatives: the three ways to a big batch, not naive vs exact
+        from gradacc.analysis import contrastive
+
+        if samples is not None:
+            raise GradaccError(f"{field_label('samples')} is not used by the contrastive check: it compares whole "
+                               "batches of m×k pairs.", "samples")
+        return contrastive.check(config, confinement)
     config = config.replace(dropout=0.0, max_grad_norm=0.0, epochs=1, max_steps=1, eval_samples=8,
                             instrument=False).validate()
     processes = config.num_processes
@@ -67,6 +81,11 @@ def check(config: RunConfig, samples: int | None = None, cases=CASES, confinemen
     if infer_task(config) == "causal-lm":
         # Every window of a causal LM is token-level already: the two windows are the cases.
         cases = [case for case in cases if case in ("equal_windows", "short_last_window")]
+    coupled = config.model.strip() in COUPLED_MODELS
+    if coupled:
+        # A classifier of whole texts whose point is the norm layer: equal windows say it all (a short window's
+        # micro-batch of 1 is refused by BatchNorm).
+        cases = [case for case in cases if case == "equal_windows"]
     results = {case: _case(config.replace(**LANGUAGE_MODEL) if case == "language_model" else config,
                            window_size(case, config.micro_batch_size, config.grad_accum_steps, processes),
                            token_level=case == "token_level", confinement=confinement) for case in cases}
@@ -77,7 +96,25 @@ def check(config: RunConfig, samples: int | None = None, cases=CASES, confinemen
               **main, "cases": results}
     if processes > 1:
         report["sync_rounds"] = sync_rounds(config, confinement)
+    if coupled and processes == 1:
+        report["by_micro_batch"] = by_micro_batch(config, confinement=confinement)
     return report
+
+
+def by_micro_batch(config: RunConfig, micro_batch_sizes=None, confinement=None) -> list[dict]:
+    """Exact normalisation's error at one effective batch m·k for every m from 2 up to m·k (k = m·k / m).
+
+    BatchNorm's statistics come from m examples instead of m·k: the smaller m, the further from the full batch.
+    m = m·k (k = 1) is the full batch itself, the control: 0.
+    """
+    full = config.effective_batch
+    sizes = micro_batch_sizes or [m for m in (2, 4, 8, 16, 32, 64, 128, 256) if m <= full and full % m == 0]
+    out = []
+    for m in sizes:
+        run = config.replace(micro_batch_size=m, grad_accum_steps=full // m)
+        result = _case(run, full, confinement=confinement, normalizations=("exact",))
+        out.append({"micro_batch_size": m, "grad_accum_steps": full // m, "rel_error": result["exact_rel_error"]})
+    return out
 
 
 def rows(report: dict) -> list[dict]:
@@ -104,15 +141,16 @@ def library_default_verdict(error: float, k: int) -> str:
     return f"{k}× wrong" if abs(times - k) < 0.01 else f"off by {error:.0%}"
 
 
-def _case(config: RunConfig, window: int, token_level: bool = False, confinement=None) -> dict:
+def _case(config: RunConfig, window: int, token_level: bool = False, confinement=None,
+          normalizations=NORMALIZATIONS) -> dict:
     """One window: full-batch reference, then each normalisation through the backend."""
     config = config.replace(train_samples=window)
     reference = full_batch_gradient(config, token_level, confinement=confinement)
     result = {"window_examples": window, "items": reference["items"], "micro_batch_items": reference["batch_items"]}
     if reference["repeated_examples"]:
         result["repeated_examples"] = reference["repeated_examples"]
-    variants = {n: {"loss_normalization": n} for n in NORMALIZATIONS}
-    if config.backend == "trainer":
+    variants = {n: {"loss_normalization": n} for n in normalizations}
+    if config.backend == "trainer" and normalizations == NORMALIZATIONS:
         variants["library_default"] = {"trainer_library_default": True}
     for name, options in variants.items():
         run = accumulated_gradient(config.replace(loss_normalization=options.get("loss_normalization", "naive")),
@@ -191,7 +229,9 @@ def accumulated_gradient(config: RunConfig, token_level: bool, trainer_library_d
                   confinement=confinement)
     if ended["status"] != "completed" or not captured:
         raise GradaccError(f"The equivalence run did not complete: {ended['reason']}", "backend")
-    return {"gradient": captured, "sync_rounds": [step["sync_rounds"] for step in recorder.of("step")]}
+    steps = recorder.of("step")
+    return {"gradient": captured, "sync_rounds": [step["sync_rounds"] for step in steps],
+            "activation_bytes": steps[0]["activation_bytes"] if steps else None}
 
 
 def _gradients(model) -> dict:
@@ -201,11 +241,25 @@ def _gradients(model) -> dict:
 
 
 def relative_error(gradient: dict, reference: dict) -> float:
+    """‖gradient − reference‖ / ‖reference‖ over all parameters."""
+    sums = gradient_sums(gradient, reference)
+    return (sums["difference"] / sums["reference"]) ** 0.5
+
+
+def gradient_sums(gradient: dict, reference: dict, gradient_scale: float = 1.0) -> dict:
+    """Sums over all parameters of g = ``gradient`` × ``gradient_scale`` and r = ``reference``, taken tensor by
+    tensor (no copy of a whole gradient: on a 20M-parameter model concatenating costs a good part of a
+    window's backward): ‖g − r‖², ‖r‖², g·r and ‖g‖², in float64."""
     import torch
 
     if set(gradient) != set(reference):
         raise GradaccError("The accumulated and full-batch gradients cover different parameters.", "backend")
-    names = sorted(reference)
-    accumulated = torch.cat([gradient[n] for n in names])
-    full = torch.cat([reference[n] for n in names])
-    return float(torch.linalg.vector_norm(accumulated - full) / torch.linalg.vector_norm(full))
+    parts = []
+    for name in sorted(reference):
+        g, r = gradient[name], reference[name]
+        difference = torch.add(r, g, alpha=-gradient_scale)  # r − s·g: one pass, one temporary
+        parts.append(torch.stack([torch.dot(difference, difference), torch.dot(r, r), torch.dot(g, r),
+                                  torch.dot(g, g)]).double())
+    difference, reference_sq, dot, own = (float(x) for x in torch.stack(parts).sum(dim=0))
+    return {"difference": difference, "reference": reference_sq, "dot": dot * gradient_scale,
+            "own": own * gradient_scale ** 2}

@@ -20,6 +20,8 @@ from gradacc.config import field_label
 from gradacc.errors import GradaccError
 from gradacc.units import MB
 
+NORM_MODELS = ("bow-batchnorm", "bow-layernorm")
+
 LEVERS = ("gradient_checkpointing", "precision", "optimizer")
 FIT_SIZES = (1, 2, 4)  # micro-batch sizes the activation line is fitted on
 HELD_OUT_SIZE = 8  # the line is checked on a micro-batch it was not fitted on
@@ -101,6 +103,15 @@ def levers_of(row: dict) -> dict:
     return {name: row[name] for name in LEVERS}
 
 
+def check_plannable(model: str) -> None:
+    """GradaccError (field ``model``) for a model the planner cannot measure: the coupled-loss checks' small models
+    have no gradient checkpointing, and BatchNorm refuses the planner's micro-batch of 1."""
+    if model.strip() in NORM_MODELS:
+        raise GradaccError(f"{field_label('model')} {model.strip()} cannot be planned: it is a small model for the "
+                           "coupled-loss checks, without gradient checkpointing; plan tiny-bert, all-MiniLM-L6-v2, "
+                           "tiny-gpt or a folder.", "model")
+
+
 def measure_levers(model: str, max_seq_length: int, grid=LEVER_GRID, seed: int = 42) -> list[dict]:
     """Per lever setting: static bytes (a dry step of its optimizer), activations of 1, 2 and 4 examples at
     ``max_seq_length`` tokens fitted as a line and checked on 8, and seconds per example of a short timed run
@@ -115,6 +126,7 @@ def measure_levers(model: str, max_seq_length: int, grid=LEVER_GRID, seed: int =
     from gradacc.training.engine import quiet_libraries
     from gradacc.training.levers import LeverRig, timed
 
+    check_plannable(model)
     quiet_libraries()
     groups: dict[tuple, list[dict]] = {}
     for levers in grid:

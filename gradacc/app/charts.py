@@ -296,7 +296,8 @@ def _eval_layout(title: str, language_models: bool) -> dict:
 # (eval field, legend name, line dash): classification's scores, then a causal LM's.
 EVAL_SCORES = (("eval_f1", "F1", "solid"), ("eval_accuracy", "accuracy", "dot"),
                ("eval_next_token_accuracy", "next-token accuracy", "dash"),
-               ("eval_perplexity", "perplexity", "dashdot"))
+               ("eval_perplexity", "perplexity", "dashdot"),
+               ("eval_mrr_at_10", "MRR@10", "longdash"), ("eval_recall_at_1", "recall@1", "longdashdot"))
 
 
 # --- memory -----------------------------------------------------------------------------------

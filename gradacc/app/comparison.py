@@ -22,14 +22,16 @@ def names(runs) -> dict[str, str]:
 
 def headline(runs) -> dict | None:
     """The headline of the first two runs, once both have ended (a live run's numbers still move); ``further``:
-    for each later run that has ended, its loss curve against the first run's (a third run is often the
-    control: exact beside naive, both against the full batch)."""
+    for each later run that has ended on the same model and data, its loss curve against the first run's (a third
+    run is often the control: exact beside naive, both against the full batch)."""
     if len(runs) < 2 or any(run.is_live for run in runs[:2]):
         return None
     # The page names each run by what differs (names()): the headline need not say it again.
     figures = two_run_headline(runs[0].events, runs[1].events, name_differences=False)
+    same_data = [run for run in runs[2:] if not run.is_live and all(
+        run.config.get(name) == runs[0].config.get(name) for name in (*run_names.DATA_FIELDS, "model"))]
     figures["further"] = {run.run_id: two_run_headline(runs[0].events, run.events, name_differences=False)["loss_claim"]
-                          for run in runs[2:] if not run.is_live}
+                          for run in same_data}
     return figures
 
 

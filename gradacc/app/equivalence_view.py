@@ -17,6 +17,34 @@ FAMILY_TABLE = Path(__file__).with_name("trainer_default_by_family.json")
 CASE_NAMES = {"equal_windows": "equal windows", "short_last_window": "short last window",
               "token_level": "token-level loss", "language_model": "language model (tiny-gpt)"}
 
+def coupled_summary(reports: list[dict]) -> tuple[list[str], list[dict]]:
+    """Sentences and one table for the coupled checks (``checks.coupled_check_configs``): each way or model,
+    its m and k, and its gradient's relative error against the big batch."""
+    sentences, table_rows = [], []
+    for report in reports:
+        if report.get("task") == "contrastive":
+            from gradacc.analysis.contrastive import WAY_NAMES, explanation
+
+            sentences += explanation(report)
+            for name, way in report["ways"].items():
+                if name == "batch":
+                    continue
+                table_rows.append({"what": WAY_NAMES[name], "m": way["micro_batch_size"], "k": way["grad_accum_steps"],
+                                   "relative error": way["rel_error"],
+                                   "activations (MB)": (way["activation_bytes"] or 0) / 1e6})
+        elif "by_micro_batch" in report:
+            by_m = report["by_micro_batch"]
+            worst = max(row["rel_error"] for row in by_m)
+            if report["model"] == "bow-batchnorm":
+                sentences.append(f"BatchNorm: up to {worst:.0%} off at the same effective batch, the more the smaller m "
+                                 "(each micro-batch normalises with its own mean and variance).")
+            else:
+                sentences.append(f"LayerNorm: at most {worst:.1e} off for every m: it normalises each example alone.")
+            table_rows += [{"what": report["model"], "m": row["micro_batch_size"], "k": row["grad_accum_steps"],
+                            "relative error": row["rel_error"], "activations (MB)": None} for row in by_m]
+    return sentences, table_rows
+
+
 def rows(report: dict) -> list[dict]:
     """(case, normalization, rel_error) rows for the chart, with readable case names."""
     return [{**row, "case": CASE_NAMES.get(row["case"], row["case"])} for row in report_rows(report)]

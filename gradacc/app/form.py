@@ -17,6 +17,7 @@ from gradacc.serving.limits import Limits
 
 # The built-in dataset's size when train_samples is not set (gradacc.training.sources.data uses the same).
 BUILTIN_DEFAULT_TRAIN = 2000
+BUILTIN_PAIRS_TRAIN = 3000  # training pairs of builtin-pairs (tests/training/test_contrastive.py checks the file)
 GENERAL = "config"  # errors that belong to no single widget
 
 
@@ -102,11 +103,20 @@ def describe_moves(model: str, moves: dict) -> str:
 
 def task_errors(config: RunConfig) -> dict[str, str]:
     """A model, task and built-in dataset that cannot go together, said before Start (no torch needed)."""
-    from gradacc.config import BUILTIN_MODEL_TASKS, CAUSAL_LM
+    from gradacc.config import BUILTIN_MODEL_TASKS, CAUSAL_LM, CONTRASTIVE, CONTRASTIVE_MODELS
     from gradacc.training.sources.models import infer_task
 
     task = infer_task(config)
     model_task = BUILTIN_MODEL_TASKS.get(config.model)
+    if task == CONTRASTIVE:
+        if model_task is not None and config.model not in CONTRASTIVE_MODELS:
+            return {"task": f"Task contrastive trains a sentence-transformers model ({', '.join(CONTRASTIVE_MODELS)} "
+                            f"or a folder), not {config.model}."}
+        if config.dataset != "builtin-pairs":
+            return {"dataset": "Task contrastive trains on builtin-pairs, (query, positive) pairs."}
+        return {}
+    if config.dataset == "builtin-pairs":
+        return {"dataset": "Dataset builtin-pairs holds (query, positive) pairs: it is for the contrastive task."}
     if model_task is not None and model_task != task:
         return {"task": f"Task {task} does not fit {config.model}, a {model_task} model."}
     if config.dataset == "builtin-text" and task != CAUSAL_LM:
@@ -123,6 +133,8 @@ def optimizer_steps(config: RunConfig, train_examples: int | None) -> int | None
 
 def known_train_examples(config: RunConfig) -> int | None:
     """Training examples of the built-in data without loading anything; None for other sources."""
+    if config.dataset == "builtin-pairs":
+        return min(config.train_samples or BUILTIN_PAIRS_TRAIN, BUILTIN_PAIRS_TRAIN)
     if config.dataset in BUILTIN_DATASETS:
         return config.train_samples or BUILTIN_DEFAULT_TRAIN
     return None

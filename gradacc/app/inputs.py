@@ -208,12 +208,26 @@ def task_input(prefix: str, errors: FieldErrors, config: RunConfig) -> str | Non
 
     choice = st.selectbox("Task", [FROM_THE_MODEL, *TASKS], key=f"{FORM}{prefix}.task", persist_state="session",
                           help="classification: a label per text (F1, accuracy). causal-lm: predict each next token "
-                               "(perplexity, next-token accuracy); a *ForCausalLM model or tiny-gpt means causal-lm.")
+                               "(perplexity, next-token accuracy); a *ForCausalLM model or tiny-gpt means causal-lm. "
+                               "contrastive: all-MiniLM-L6-v2 learns builtin-pairs with in-batch negatives (MRR@10, "
+                               "recall@1).")
     task = None if choice == FROM_THE_MODEL else choice
     if task is None:
         st.caption(f"Task from the model: **{infer_task(config)}**.")
     errors.slot("task")
     return task
+
+
+def gradcache_input(prefix: str, errors: FieldErrors) -> int | None:
+    """Contrastive only: GradCache's mini-batch (0: MultipleNegativesRankingLoss on each micro-batch)."""
+    defaults({f"{FORM}{prefix}.gradcache_mini_batch": 0})
+    value = st.number_input(field_label("gradcache_mini_batch"), min_value=0, step=1,
+                            key=f"{FORM}{prefix}.gradcache_mini_batch", persist_state="session",
+                            help="0: MultipleNegativesRankingLoss on each micro-batch (its in-batch negatives are the "
+                                 "micro-batch's). A number: CachedMultipleNegativesRankingLoss (GradCache), the whole "
+                                 "micro-batch's loss with the activations of mini-batches of this many texts.")
+    errors.slot("gradcache_mini_batch")
+    return int(value) or None
 
 
 def _model_widget_values(prefix: str, model: str) -> dict:
@@ -232,7 +246,8 @@ def dataset_input(prefix: str, errors: FieldErrors, limits: Limits) -> tuple[str
     choice = st.selectbox("Dataset", [*BUILTIN_DATASETS, UPLOAD_DATASET, OTHER_DATASET],
                           key=f"{FORM}{prefix}.dataset_choice", persist_state="session",
                           help="builtin-sentiment: generated product reviews, positive or negative (offline). "
-                               "builtin-text: reviews of one to a dozen sentences, for the causal-lm task.")
+                               "builtin-text: reviews of one to a dozen sentences, for the causal-lm task. "
+                               "builtin-pairs: (query, positive) pairs, for the contrastive task.")
     if choice == UPLOAD_DATASET:
         return _upload_input(prefix, errors, limits)
     dataset = choice

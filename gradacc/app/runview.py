@@ -114,10 +114,18 @@ def eval_scores(run) -> list[tuple[str, str]]:
     """The two latest eval scores the run's task has, as (name, shown value): perplexity and next-token
     accuracy for a causal LM, F1 and accuracy for a classifier ("—" before the first eval)."""
     latest = latest_eval(run)
+    if is_contrastive(run):
+        return [("Eval MRR@10", _shown(latest, "eval_mrr_at_10", "{:.3f}")),
+                ("Eval recall@1", _shown(latest, "eval_recall_at_1", "{:.3f}"))]
     if is_language_model(run):
         return [("Eval perplexity", _shown(latest, "eval_perplexity", "{:.2f}")),
                 ("Next-token accuracy", _shown(latest, "eval_next_token_accuracy", "{:.3f}"))]
     return [("Eval F1", _shown(latest, "eval_f1", "{:.3f}")), ("Eval accuracy", _shown(latest, "eval_accuracy", "{:.3f}"))]
+
+
+def is_contrastive(run) -> bool:
+    config = (run.started or {}).get("config") or run.config or {}
+    return config.get("task") == "contrastive"
 
 
 def is_language_model(run) -> bool:

@@ -105,5 +105,15 @@ class CheckRunner:
         return check(config)
 
 
+def coupled_check_configs() -> list[RunConfig]:
+    """The checks of "When accumulation is not a big batch": in-batch negatives (all-MiniLM-L6-v2, effective batch
+    64 three ways) and BatchNorm against LayerNorm (effective batch 16 split into m = 2 … 16)."""
+    return [RunConfig(task="contrastive", model="all-MiniLM-L6-v2", dataset="builtin-pairs", micro_batch_size=16,
+                      grad_accum_steps=4, max_seq_length=32).validate(),
+            RunConfig(model="bow-batchnorm", micro_batch_size=4, grad_accum_steps=4, max_seq_length=32).validate(),
+            RunConfig(model="bow-layernorm", micro_batch_size=4, grad_accum_steps=4, max_seq_length=32).validate()]
+
+
 def _key(config: RunConfig) -> tuple:
-    return config.backend, config.model, config.micro_batch_size, config.grad_accum_steps, config.max_seq_length
+    return (config.backend, config.model, config.task, config.micro_batch_size, config.grad_accum_steps,
+            config.max_seq_length)

@@ -16,8 +16,8 @@ from gradacc.training import distributed, windows
 from gradacc.training import dropout as dropouts
 from gradacc.training.sources import models
 from gradacc import paths
-from gradacc.config import (CAUSAL_LM, PITFALLS, RunConfig, optimizer_steps_per_epoch, too_few_examples,
-                            total_optimizer_steps)
+from gradacc.config import (CAUSAL_LM, CONTRASTIVE, PITFALLS, RunConfig, optimizer_steps_per_epoch,
+                            too_few_examples, total_optimizer_steps)
 from gradacc.errors import GradaccError, RunStopped
 from gradacc.events import EventSink
 
@@ -66,6 +66,10 @@ class Job:
     def pitfall(self, name: str) -> bool:
         """Whether this run asked for the pitfall ``name`` (the plain loop's deliberate wrong lines)."""
         return name in self.config.pitfalls
+
+    @property
+    def contrastive(self) -> bool:
+        return self.config.task == CONTRASTIVE
 
     def check_stop(self) -> None:
         if self.stop.is_set():
@@ -129,13 +133,24 @@ def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, token_lev
                            f"launch; start a {config.num_processes}-process run with accelerate launch or torchrun "
                            "(the app does it through gradacc.training.launch).", "num_processes")
     _stop_requested(stop)  # e.g. the run's time ran out while torch was still importing
-    text_data = data_module.load_text_data(config, confinement)
+    pairs = None
+    if config.task == CONTRASTIVE:
+        pairs = data_module.load_pairs(config)  # (train, held out): no labels, each query's positive is its label
+        text_data = data_module.TextData([p["query"] for p in pairs[0]], [], [p["query"] for p in pairs[1]], [], [])
+    else:
+        text_data = data_module.load_text_data(config, confinement)
     if whole_micro_batch and config.micro_batch_size > len(text_data.train_texts):
         raise GradaccError(too_few_examples(config.micro_batch_size, len(text_data.train_texts)), "micro_batch_size")
     _stop_requested(stop)
     loaded = models.load(config, text_data.num_labels, text_data.label_names, token_level, confinement)
     _stop_requested(stop)
-    if config.task == CAUSAL_LM:
+    if pairs is not None:
+        from gradacc.training.contrastive import pair_collator, tokenize_pairs
+
+        train_examples, train_cut = tokenize_pairs(loaded.tokenizer, pairs[0], config.max_seq_length)
+        eval_examples, eval_cut = tokenize_pairs(loaded.tokenizer, pairs[1], config.max_seq_length)
+        collate = collate or pair_collator(loaded.tokenizer)
+    elif config.task == CAUSAL_LM:
         token_level = True  # a label per token; the collator pads labels with -100
         train_examples, train_cut = data_module.tokenize_causal_lm(loaded.tokenizer, text_data.train_texts,
                                                                    config.max_seq_length)

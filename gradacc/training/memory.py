@@ -65,6 +65,7 @@ class ActivationMeter:
         self.bytes = 0
         self.bytes_by_dtype: dict[str, int] = {}
         self.on_measured = on_measured
+        self.active = False  # inside measure(): a model that saves activations later (GradCache) asks this
 
     def _pack(self, tensor: torch.Tensor):
         storage = tensor.untyped_storage()
@@ -85,8 +86,12 @@ class ActivationMeter:
         self._seen.clear()
         self.bytes = 0
         self.bytes_by_dtype = {}
-        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
-            yield self
+        self.active = True
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+                yield self
+        finally:
+            self.active = False
         if self.on_measured is not None:
             self.on_measured(self.bytes)
 

@@ -81,3 +81,12 @@ def test_each_demo_button_runs_its_scenario_to_a_headline(demo_home, name):
     assert len(loss_chart["data"]) == drawn
     assert len({str(trace.get("line", {}).get("dash")) for trace in loss_chart["data"]}) == drawn
     assert not at.button(key="demo.run").disabled  # ended: it can be run again
+    if scenario.checks == "coupled":  # the gradient checks beside the runs: in-batch negatives and the two norms
+        at = run_until(at, lambda at: any(frame.value is not None and "relative error" in frame.value
+                                          for frame in at.dataframe), timeout=120, what="the coupled gradient checks")
+        table = next(frame.value for frame in at.dataframe if "relative error" in frame.value)
+        errors = dict(zip(table["what"] + " m=" + table["m"].astype(str), table["relative error"]))
+        assert errors["the same loss, accumulated m=16"] >= 0.1
+        assert errors["CachedMultipleNegativesRankingLoss (GradCache) m=64"] <= 1e-5
+        assert errors["bow-batchnorm m=2"] > errors["bow-batchnorm m=8"] > 0.01
+        assert errors["bow-layernorm m=2"] <= 1e-5

@@ -192,3 +192,36 @@ def test_pitfalls(tmp_path, capsys):
     assert rows["scheduler-per-micro-batch"]["broken"]["final_lr"] == 0.0 < rows["scheduler-per-micro-batch"]["right"]["final_lr"]
     assert all(goal["met"] for goal in result["goals"].values()), result["goals"]
     assert "examples trained right/broken" in result["printed"]
+
+
+def test_coupled(tmp_path, capsys, monkeypatch):
+    from support import tiny_sentence_encoder
+
+    from gradacc.bench import coupled
+
+    # A tiny random encoder instead of all-MiniLM-L6-v2 (the suite's own): the same code, in seconds.
+    encoder = tiny_sentence_encoder(tmp_path / "encoders" / "tiny-encoder")
+    monkeypatch.setenv("GRADACC_MODEL_DIRS", str(encoder.parent))
+    monkeypatch.setitem(coupled.QUICK, "model", str(encoder))
+    result = bench("coupled", tmp_path / "out", capsys, as_json=False)
+    ways = {row["way"]: row for row in result["contrastive"]}
+    assert list(ways) == ["batch", "accumulation", "gradcache"]
+    assert ways["batch"]["rel_error"] == 0.0 and ways["accumulation"]["rel_error"] >= 0.1
+    assert ways["gradcache"]["rel_error"] <= 1e-5
+    for row in ways.values():
+        assert positive(row["activation_bytes"]) and 0 < row["eval_mrr_at_10"] <= 1 and row["optimizer_steps"] == 2
+    assert [(r["model"], r["micro_batch_size"]) for r in result["norms"]] == \
+        [(model, m) for model in ("bow-batchnorm", "bow-layernorm") for m in (2, 4, 8)]
+    assert all(goal["met"] for goal in result["goals"].values()), result["goals"]
+    assert "recall@1" in result["printed"] and 0 < result["before_training"]["eval_mrr_at_10"] <= 1
+
+
+def test_audit_suite_measures_the_audit_against_a_window_once_per_run(tmp_path, capsys):
+    result = bench("audit", tmp_path, capsys)
+    assert [row["reference"].split(" (")[0] for row in result["rows"]] == ["replayed per micro-batch", "one pass over the window"]
+    for row in result["rows"]:
+        assert row["audits_per_run"] == [1]  # the audit runs once, on the first step, and only then
+        assert row["audit_vs_window"]["n"] == 2 and row["audit_vs_window"]["median"] > 0
+        # the whole audit includes its reference pass
+        assert all(a >= r for a, r in zip(row["audit_vs_window"]["values"], row["reference_vs_window"]["values"]))
+    assert len(result["goals"]) == 2

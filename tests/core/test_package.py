@@ -69,6 +69,9 @@ def test_the_wheel_holds_the_package_the_app_pages_and_the_app_settings(wheel):
     assert wheel.read("gradacc/app/streamlit_config/config.toml") == (ROOT / ".streamlit" / "config.toml").read_bytes()
     for shipped in (ROOT / "gradacc/training/sources/tiny_bert_tokenizer").iterdir():  # tiny-bert's tokenizer
         assert wheel.read(shipped.relative_to(ROOT).as_posix()) == shipped.read_bytes()
+    # builtin-pairs, the contrastive task's data (generated once by scripts/make_contrastive_pairs.py).
+    pairs = "gradacc/training/sources/builtin_pairs.json"
+    assert wheel.read(pairs) == (ROOT / pairs).read_bytes()
     # The live charts' script: without it every chart on the Train, Compare and Demos pages stays empty.
     assert wheel.read("gradacc/app/live_chart/live_chart.js") == (ROOT / "gradacc/app/live_chart/live_chart.js").read_bytes()
     # The Equivalence page's measured table, "Trainer's default, by model family".

@@ -75,7 +75,11 @@ def enable_gradient_checkpointing(model, name: str) -> None:
 def activation_meter(job, model) -> memory.ActivationMeter:
     """The saved-tensor meter; with a memory budget every measured micro-batch is checked against it."""
     guard = job.memory_guard
-    return memory.ActivationMeter(model, on_measured=guard.check_activations if guard else None)
+    meter = memory.ActivationMeter(model, on_measured=guard.check_activations if guard else None)
+    attach = getattr(job.model, "attach_meter", None)
+    if attach is not None:  # GradCache saves its activations during backward: it measures them itself
+        attach(meter)
+    return meter
 
 
 class Precision:
@@ -174,6 +178,12 @@ def _evaluate(model: torch.nn.Module, job) -> dict:
     model.eval()
     if job.causal_lm:
         return _evaluate_causal_lm(model, job, was_training)
+    if job.contrastive:
+        from gradacc.training.contrastive import retrieval_metrics
+
+        metrics = retrieval_metrics(model, job.eval_examples, job.collate, job.device, EVAL_BATCH_SIZE)
+        model.train(was_training)
+        return metrics
     total_loss, predictions, labels = 0.0, [], []
     for start in range(0, len(job.eval_examples), EVAL_BATCH_SIZE):
         chunk = job.eval_examples[start:start + EVAL_BATCH_SIZE]
@@ -212,6 +222,14 @@ def next_token_predictions(logits: torch.Tensor, labels: torch.Tensor):
     return token_losses, logits.argmax(-1), target
 
 
+def batch_examples(batch: dict) -> int:
+    """Examples in a micro-batch: its rows (a contrastive micro-batch's pairs)."""
+    ids = batch.get("input_ids")
+    if ids is None:
+        ids = next(value for key, value in batch.items() if key.endswith("input_ids"))
+    return int(ids.shape[0])
+
+
 class StepReporter:
     """Counts what went through the model and emits ``step`` and ``eval`` events.
 
@@ -233,10 +251,12 @@ class StepReporter:
     def micro_batch(self, batch: dict) -> None:
         if self.job.memory_guard is not None:
             self.job.memory_guard.note_batch(batch)
-        self.samples_seen += int(batch["input_ids"].shape[0])
+        examples = batch_examples(batch)
+        self.samples_seen += examples
         if self.pitfall_probe is not None:
-            self.pitfall_probe.micro_batch(int(batch["input_ids"].shape[0]))
-        self.tokens_seen += int(batch["attention_mask"].sum())
+            self.pitfall_probe.micro_batch(examples)
+        # A contrastive micro-batch's tokens are those of its queries and its positives.
+        self.tokens_seen += int(sum(value.sum() for key, value in batch.items() if key.endswith("attention_mask")))
 
     def step(self, *, step: int, epoch: int, micro_batches: int, loss: float, grad_norm: float | None, lr: float,
              activation_bytes: int | None) -> None:

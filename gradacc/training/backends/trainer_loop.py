@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
 
 from gradacc.errors import RunStopped
-from gradacc.training.backends.common import (EVAL_BATCH_SIZE, StepReporter, activation_meter, check_finite,
+from gradacc.training.backends.common import (EVAL_BATCH_SIZE, StepReporter, activation_meter, check_finite, evaluate,
                                               make_optimizer, next_token_predictions, warmup_steps)
 from gradacc.training.distributed import SyncProbe
 from gradacc.training.memory import ActivationMeter
@@ -98,6 +98,15 @@ class GradaccTrainer(Trainer):
         check_finite(loss, self.state.global_step + 1)
         self.window.add(float(loss), self.meter.bytes if measuring else None)
         return loss
+
+    def evaluate(self, *args, **kwargs):
+        if not self.job.contrastive:
+            return super().evaluate(*args, **kwargs)
+        # Retrieval over the held-out pairs (every query against every positive), as the other backends do;
+        # Trainer's prediction loop knows only labels and logits.
+        metrics = evaluate(self.model, self.job)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
 
     def compute_loss(self, model, inputs, *args, **kwargs):
         # The forward pass only: hooks left open across backward cost about twice as much (measured).
@@ -238,7 +247,9 @@ def train(job) -> None:
             preprocess_logits_for_metrics=_per_token if job.causal_lm else None,
             # The run's optimizer (the same groups and class the other backends build); Trainer adds its schedule.
             optimizers=(make_optimizer(job.model, config, job.device), None),
-            compute_loss_func=None if job.trainer_library_default else make_loss_function(
+            # Contrastive: the model's own loss (the micro-batch's in-batch-negatives mean), which Trainer divides by k,
+            # as sentence-transformers' own Trainer subclass does.
+            compute_loss_func=None if job.trainer_library_default or job.contrastive else make_loss_function(
                 config.loss_normalization, config.grad_accum_steps, config.num_processes, job.causal_lm),
             callbacks=[callback],
             job=job,

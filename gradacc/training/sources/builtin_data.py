@@ -8,8 +8,12 @@ vocabulary and a tiny transformer has something to learn, yet clean enough to re
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 LABEL_NAMES = ["negative", "positive"]
+# builtin-pairs, the contrastive task's (query, positive) pairs: generated once by
+# scripts/make_contrastive_pairs.py and shipped (train and held-out pairs).
+PAIRS_FILE = Path(__file__).with_name("builtin_pairs.json")
 
 SUBJECTS = """movie film plot ending soundtrack acting director sequel documentary series episode
 restaurant meal pizza pasta burger salad soup coffee dessert breakfast waiter staff kitchen menu

@@ -54,6 +54,9 @@ def load_text_data(config: RunConfig, confinement: paths.Confinement | None = No
     """
     source = config.dataset.strip()
     where = paths.visitors_unless(confinement)
+    if source == "builtin-pairs":
+        raise GradaccError("Dataset builtin-pairs holds (query, positive) pairs: it is for the contrastive task.",
+                           "dataset")
     if source == "builtin-text":
         if config.task != CAUSAL_LM:
             raise GradaccError("Dataset builtin-text has no labels to classify: it is for the causal-lm task (tiny-gpt).",
@@ -83,6 +86,19 @@ def _builtin_text(config: RunConfig) -> TextData:
     n_eval = config.eval_samples or 400
     texts = builtin_data.make_text(n_train + n_eval, config.seed)
     return TextData(texts[:n_train], [], texts[n_train:], [], [])
+
+
+def load_pairs(config: RunConfig) -> tuple[list[dict], list[dict]]:
+    """The contrastive task's (query, positive) pairs, train and held out: builtin-pairs (shipped with gradacc,
+    made by scripts/make_contrastive_pairs.py), limited to the run's training and eval samples."""
+    import json
+
+    if config.dataset.strip() != "builtin-pairs":
+        raise GradaccError(f"Task contrastive trains on builtin-pairs, (query, positive) pairs; got dataset "
+                           f"{config.dataset.strip()!r}.", "dataset")
+    data = json.loads(builtin_data.PAIRS_FILE.read_text(encoding="utf-8"))
+    train, held_out = data["train"], data["eval"]
+    return train[:config.train_samples or len(train)], held_out[:config.eval_samples or len(held_out)]
 
 
 def read_table(source: str, confinement: paths.Confinement | None = None):
@@ -373,9 +389,9 @@ def tokenize_causal_lm(tokenizer, texts: list[str], max_length: int):
 
 
 def item_count(example: dict) -> int:
-    """Items an example adds to the loss: 1 for a sequence label, its labelled tokens for token labels
-    (for a causal LM: the tokens it predicts)."""
-    labels = example["labels"]
+    """Items an example adds to the loss: 1 for a sequence label (or a contrastive pair), its labelled tokens
+    for token labels (for a causal LM: the tokens it predicts)."""
+    labels = example.get("labels")
     return sum(1 for l in labels if l != -100) if isinstance(labels, list) else 1
 
 

@@ -15,12 +15,13 @@ from pathlib import Path
 from gradacc import paths
 from gradacc.training import dropout as dropouts
 from gradacc.training.sources import builtin_data, hub
-from gradacc.config import BUILTIN_MODEL_TASKS, CAUSAL_LM, CLASSIFICATION, MAX_SEQ_LEN, RunConfig
+from gradacc.config import BUILTIN_MODEL_TASKS, CAUSAL_LM, CLASSIFICATION, CONTRASTIVE, MAX_SEQ_LEN, RunConfig
 from gradacc.errors import GradaccError, one_line
 
 TINY_BERT = "tiny-bert"
 TINY_GPT = "tiny-gpt"
 MINILM = "all-MiniLM-L6-v2"
+BAG_OF_EMBEDDINGS = ("bow-batchnorm", "bow-layernorm")
 # tiny-bert's WordPiece tokenizer ships in the package: training one is not deterministic (tokenizers#1794,
 # continuing-subword ids follow hash order), and a fresh one moved the default run's F1 between 0.85 and 0.92.
 # `python scripts/train_tiny_bert_tokenizer.py` retrains it from the built-in corpus.
@@ -63,11 +64,20 @@ def _load(config: RunConfig, num_labels: int, label_names: list[str], token_leve
     id2label = {i: n for i, n in enumerate(label_names)}
     if config.task == CAUSAL_LM:
         return _load_causal_lm(name, config, confinement)
+    if config.task == CONTRASTIVE:
+        return _load_contrastive(name, config, confinement)
     if name == TINY_GPT:
         raise GradaccError(f"Task classification does not fit {TINY_GPT}, a language model: use the causal-lm task.", "task")
     if name == TINY_BERT:
         return LoadedModel(tiny_bert(num_labels, id2label, config.seed, config.dropout, token_level),
                            tiny_bert_tokenizer(), name)
+    if name in BAG_OF_EMBEDDINGS:
+        if token_level:
+            raise GradaccError(f"Model {name} classifies whole texts; it has no token-level head.", "model")
+        from gradacc.training.sources.bag_of_embeddings import bag_of_embeddings
+
+        tokenizer = tiny_bert_tokenizer()
+        return LoadedModel(bag_of_embeddings(name, tokenizer, num_labels, config.seed, config.dropout), tokenizer, name)
     if name == MINILM:
         return _from_folder(minilm_path(), config, num_labels, id2label, token_level)
     if paths.model_is_local(name):
@@ -222,6 +232,28 @@ def _load_pretrained_lm(source: str, shown_name: str, config: RunConfig) -> Load
     if tokenizer.pad_token is None:
         raise GradaccError(f"The tokenizer of {shown_name!r} has neither a padding nor an end-of-text token.", "model")
     return LoadedModel(model, tokenizer, shown_name)
+
+
+# ---- the contrastive task: a sentence-transformers model and its in-batch-negatives loss --------------------
+
+def _load_contrastive(name: str, config: RunConfig, confinement) -> LoadedModel:
+    """all-MiniLM-L6-v2 (a sentence-transformers model, from its package) or a local folder: a
+    sentence-transformers model, or a transformers encoder that gets mean pooling."""
+    from gradacc.training.contrastive import ContrastiveModel, load_sentence_transformer, make_loss
+
+    if name == MINILM:
+        folder = minilm_path()
+    elif paths.model_is_local(name):
+        folder = paths.visitors_unless(confinement).model_path(name)
+    else:
+        raise GradaccError(f"Task contrastive trains {MINILM} or a local sentence-transformers folder; got {name!r}.",
+                           "model")
+    check_model_folder(folder)
+    encoder = load_sentence_transformer(str(folder), name, config.dropout)
+    tokenizer = encoder.tokenizer
+    if tokenizer is None or tokenizer.pad_token is None:
+        raise GradaccError(f"The tokenizer of {name!r} has no padding token, which batching needs.", "model")
+    return LoadedModel(ContrastiveModel(encoder, make_loss(encoder, config.gradcache_mini_batch)), tokenizer, name)
 
 
 # ---- pretrained models: packaged, local folder, hub ------------------------------------------------

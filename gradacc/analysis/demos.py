@@ -135,7 +135,7 @@ TRAINER_PITFALL = Scenario(
         "constant gradient scale, and gradient clipping hides the rest, which is why this goes unnoticed."),
     # all-MiniLM-L6-v2, a real BERT (22M parameters), at its pretrained recipe: few steps, each real work, and the
     # two runs stay close enough that their losses keep the k× ratio (tiny-bert over 150 steps drifts to 4.9×).
-    base={"model": "all-MiniLM-L6-v2", "backend": "trainer", "dropout": 0.0, "epochs": 1, "train_samples": 512,
+    base={"model": "all-MiniLM-L6-v2", "backend": "trainer", "dropout": 0.0, "epochs": 1, "train_samples": 384,
           "eval_samples": 200,
           "micro_batch_size": 8, "grad_accum_steps": 4},
     runs=(DemoRun("Trainer library default", {"trainer_library_default": True}),

@@ -10,6 +10,9 @@ from gradacc.errors import GradaccError
 CHOICE = "demo.choice"
 SCROLL = "demo.scroll"
 
+# Wide: on a projector the runs side by side, the headline in two lines and the charts' titles need the width.
+st.set_page_config(page_title="gradacc: demos", page_icon="🧮", layout="wide")
+
 manager = server.run_manager()
 checks = server.check_runner()
 limits = server.limits()

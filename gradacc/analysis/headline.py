@@ -191,8 +191,9 @@ def _loss_claim(figures: dict, config_a: dict, config_b: dict, name_differences:
     if rel_diff < MATCH:
         return f"Loss curves match (max difference {size})"
     what = ", ".join(_versus(n, config_a, config_b) for n in figures["differences"]) or "nothing in the config"
-    claim = f"Loss curves differ: {differs}" if differs.startswith("loss up to") else \
-        f"Loss curves differ by up to {size} at the same samples seen"
+    # The charts' x axis says "samples seen": the headline stays short.
+    claim = f"Loss curves differ: {differs.removesuffix(' at the same samples seen')}" if \
+        differs.startswith("loss up to") else f"Loss curves differ by up to {size}"
     return f"{claim} ({what} differ)" if name_differences else claim
 
 

@@ -183,7 +183,7 @@ def _style(figure: go.Figure, title: str, x_title: str, y_title: str) -> go.Figu
                                     yanchor="top"),
                          font=dict(size=TEXT_SIZE), hovermode="x unified",
                          margin=dict(l=70, r=20, t=36 + 26 * lines, b=50),
-                         legend=dict(orientation="h", yanchor="top", y=-0.3, xanchor="left", x=0))
+                         legend=dict(orientation="h", yanchor="top", y=-0.4, xanchor="left", x=0))
     if x_title:
         figure.update_layout(xaxis_title=x_title)
     if y_title:
@@ -391,7 +391,7 @@ def memory_breakdown_figure(runs, title: str = "Memory per optimizer step: stati
                          annotation=dict(text=f"budget {budget:g} MB", font=dict(size=TEXT_SIZE)),
                          annotation_position="top left")
     # Run names under their bars, level and wrapped (rotated text does not read from a distance).
-    figure.update_xaxes(tickangle=0, tickvals=labels, ticktext=[wrap(label, 18) for label in labels])
+    figure.update_xaxes(tickangle=0, tickvals=labels, ticktext=[wrap(label, 10) for label in labels])
     figure.update_layout(barmode="stack", hovermode="closest")
     return figure
 

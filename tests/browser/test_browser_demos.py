@@ -11,7 +11,8 @@ PROJECTOR = {"width": 1280, "height": 720}
 # Points drawn on the demo's loss chart (the first live chart), all runs together.
 LOSS_POINTS = """() => {
   const chart = document.querySelector('.gradacc-live-chart');
-  return chart && chart.data ? chart.data.reduce((n, trace) => n + (trace.x ? trace.x.length : 0), 0) : 0;
+  // calcdata: the points plotly computed, one array per trace (the figure's own x may be packed binary).
+  return chart && chart.calcdata ? chart.calcdata.reduce((n, trace) => n + trace.length, 0) : 0;
 }"""
 
 
@@ -38,7 +39,7 @@ def play(page, artifacts, name: str, timeout_ms: int = 150_000) -> str:
     expect(st_ui.button(page, "Run this demo")).to_be_enabled()  # over: it can be run again
     st_ui.expect_no_exception(page)
     page.screenshot(path=str(artifacts / f"demo-{name}-projector.png"))  # what the room sees, unscrolled
-    return headline.inner_text()
+    return headline.inner_text().removeprefix("📣").strip()  # the words, without the box's icon
 
 
 def lines(locator) -> float:
@@ -51,7 +52,7 @@ def test_same_curve_says_identical_with_a_quarter_of_the_activations(page, artif
     assert re.search(r"Loss curves identical \(max difference \d(e-0[5-9]|e-1\d)?\)", text), text  # ≤ 1e-4
     assert re.search(r"activations \d\.\d× smaller", text), text  # m=8, k=4 against m=32, k=1
     assert "F1" in text and "both" in text, text
-    assert re.search(r"slower per step \(median\)|faster per step \(median\)|time per step within noise", text)
+    assert not re.search(r"\d× (slower|faster) per step \(median\)", text), text  # 4 steps at this scale: too few
 
 
 def test_naive_against_exact_lists_naives_values_first(page, artifacts):

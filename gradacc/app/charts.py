@@ -156,22 +156,22 @@ def _plain_layout(title: str, x_title: str, y_title: str) -> dict:
     return _style(go.Figure(), title, x_title, y_title).to_dict()["layout"]
 
 
-# Characters of a title per line: a chart in a third or half of a 1280-pixel page fits about this many at
+# Characters of a title per line: a chart in two fifths of a 1280-pixel page fits about this many at
 # TITLE_SIZE; a longer title is wrapped, never cut.
-TITLE_CHARS = 42
+TITLE_CHARS = 32
 TITLE_SIZE = 20
 TEXT_SIZE = 16  # ticks, axis titles and legends: readable from the back of a room
 
 
 def wrap(text: str, limit: int = TITLE_CHARS) -> str:
-    """``text`` broken into lines of at most ``limit`` characters (at spaces) joined by <br>."""
+    """``text`` broken into lines of at most ``limit`` characters (at spaces) joined by " <br>"."""
     lines: list[str] = []
     for word in text.split(" "):
         if lines and len(lines[-1]) + 1 + len(word) <= limit:
             lines[-1] += " " + word
         else:
             lines.append(word)
-    return "<br>".join(lines)
+    return " <br>".join(lines)  # the space kept: the drawn title's text still reads as one sentence
 
 
 def _style(figure: go.Figure, title: str, x_title: str, y_title: str) -> go.Figure:
@@ -285,6 +285,7 @@ def _eval_layout(title: str, language_models: bool) -> dict:
         # Whole numbers, a few of them: a log axis over less than a decade otherwise labels single digits.
         figure.update_yaxes(title_text="Perplexity (log)", type="log", secondary_y=True, tickformat=".3~g", nticks=5,
                             title_standoff=8)
+        figure.update_layout(margin_r=90)  # room for the right axis' ticks beside its title
         figure.update_yaxes(title_text="Score (0–1)", range=[0, 1.02], secondary_y=False)
     else:
         figure = _style(go.Figure(), title, "Epoch", "Score (0–1)")

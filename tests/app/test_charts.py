@@ -216,7 +216,7 @@ def test_the_memory_wall_shows_its_budget_and_the_refused_runs_need_above_it():
                                            "cap_source": "budget", "fit": None})]
     figure = charts.memory_breakdown_figure([("m=64, k=1, budget 450 MB", refused)], title="Memory per step")
     assert sum(trace.y[0] for trace in figure.data) == pytest.approx(558)  # the need, above the wall
-    assert figure.layout.xaxis.ticktext[0].replace("<br>", " ").endswith("(out of memory)")
+    assert figure.layout.xaxis.ticktext[0].replace(" <br>", " ").endswith("(out of memory)")
     [wall] = figure.layout.shapes
     assert wall.y0 == wall.y1 == 450 and figure.layout.annotations[0].text == "budget 450 MB"
 
@@ -224,6 +224,6 @@ def test_the_memory_wall_shows_its_budget_and_the_refused_runs_need_above_it():
 def test_long_titles_wrap_instead_of_being_cut():
     title = "Memory per step: activations 4.0× smaller than the other run's"
     figure = charts.loss_figure([], title=title)
-    assert figure.layout.title.text.replace("<br>", " ") == title
-    assert all(len(line) <= charts.TITLE_CHARS for line in figure.layout.title.text.split("<br>"))
+    assert figure.layout.title.text.replace(" <br>", " ") == title
+    assert all(len(line) <= charts.TITLE_CHARS for line in figure.layout.title.text.split(" <br>"))
     assert figure.layout.font.size >= 16

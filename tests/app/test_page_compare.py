@@ -61,7 +61,7 @@ def test_runs_are_overlaid_tabled_and_exported(app_home):
     assert loss["data"][0]["line"]["width"] > loss["data"][1]["line"]["width"]
     assert len(chart(at, "Evaluation after each epoch")["data"]) == 4  # F1 and accuracy per run
     bars = memory_bars(at)
-    assert bars["layout"]["title"]["text"] == "Memory per step: activations 2.0× larger"
+    assert bars["layout"]["title"]["text"].replace(" <br>", " ") == "Memory per step: activations 2.0× larger"
     assert [trace["name"] for trace in bars["data"]][-1] == "peak activations of a micro-batch"
 
     table = at.dataframe[0].value

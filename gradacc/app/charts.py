@@ -357,12 +357,17 @@ BREAKDOWN = (("parameters", "parameters", "#9aa5b1"), ("gradients", "gradients",
              ("activation_bytes", "peak activations of a micro-batch", "#d62728"))
 
 
+# A run refused out of memory before step 1 knows its static bytes as one figure, not split.
+STATIC_WHOLE = ("static_bytes", "parameters, gradients and optimizer state", "#bfc5cc")
+
+
 def memory_breakdown_figure(runs, title: str = "Memory per optimizer step: static + activations") -> go.Figure:
     """One stacked bar per run: parameters, gradients and optimizer state (the same for any m and k), and the
     peak activations of one micro-batch on top (what accumulation shrinks). Process RSS, mostly the Python
     and torch runtime, is in ``memory_figure``."""
     figure = _figure(title, "", "Memory (MB)")
-    labels, heights, budgets = [], {part: [] for part, _, _ in BREAKDOWN}, set()
+    parts = (STATIC_WHOLE, *BREAKDOWN)
+    labels, heights, budgets = [], {part: [] for part, _, _ in parts}, set()
     for label, rows in _as_runs(runs):
         started = _of(rows, ev.RUN_STARTED)
         static = (started[0].get("static_memory") or {}) if started else {}
@@ -372,25 +377,29 @@ def memory_breakdown_figure(runs, title: str = "Memory per optimizer step: stati
         if refused and not activations:
             activations = [refused["activation_bytes"] + (refused.get("device_bytes") or 0.0)]
             label = f"{label} (out of memory)"
+            if not any(static.get(part) for part, _, _ in BREAKDOWN):  # stopped before it split its static bytes
+                static = {"static_bytes": refused.get("static_bytes")}
         budget = (started[0].get("config") or {}).get("memory_budget_mb") if started else None
         if budget:
             budgets.add(float(budget))
         if not static and not activations:
             continue
         labels.append(label)
-        for part, _, _ in BREAKDOWN:
+        for part, _, _ in parts:
             value = max(activations) if part == "activation_bytes" and activations else static.get(part)
             heights[part].append(_mb(value) or 0.0)
     if not labels:
         return _empty(title, "", "Memory (MB)", "No memory measurements yet")
-    for part, name, color in BREAKDOWN:
+    for part, name, color in parts:
+        if part == STATIC_WHOLE[0] and not any(heights[part]):
+            continue
         figure.add_trace(go.Bar(x=labels, y=heights[part], name=name, marker_color=color,
                                 text=[f"{v:.1f} MB" for v in heights[part]] if part == "activation_bytes" else None,
                                 textposition="inside", hovertemplate="%{x}<br>%{y:.2f} MB<extra>" + name + "</extra>"))
     for budget in sorted(budgets):  # the wall: a run's memory budget, as a device's memory would be
         figure.add_hline(y=budget, line=dict(color="#000000", dash="dash", width=3),
                          annotation=dict(text=f"budget {budget:g} MB", font=dict(size=TEXT_SIZE)),
-                         annotation_position="top left")
+                         annotation_position="top right")
     # Run names under their bars, level and wrapped (rotated text does not read from a distance).
     figure.update_xaxes(tickangle=0, tickvals=labels, ticktext=[wrap(label, 10) for label in labels])
     figure.update_layout(barmode="stack", hovermode="closest")

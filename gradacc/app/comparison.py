@@ -28,7 +28,8 @@ def headline(runs) -> dict | None:
         return None
     # The page names each run by what differs (names()): the headline need not say it again.
     figures = two_run_headline(runs[0].events, runs[1].events, name_differences=False)
-    same_data = [run for run in runs[2:] if not run.is_live and all(
+    same_data = [run for run in runs[2:] if not run.is_live and any(e.get("event") == ev.STEP for e in run.events)
+                 and all(
         run.config.get(name) == runs[0].config.get(name) for name in (*run_names.DATA_FIELDS, "model"))]
     figures["further"] = {run.run_id: two_run_headline(runs[0].events, run.events, name_differences=False)["loss_claim"]
                           for run in same_data}

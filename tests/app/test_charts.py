@@ -216,6 +216,10 @@ def test_the_memory_wall_shows_its_budget_and_the_refused_runs_need_above_it():
                                            "cap_source": "budget", "fit": None})]
     figure = charts.memory_breakdown_figure([("m=64, k=1, budget 450 MB", refused)], title="Memory per step")
     assert sum(trace.y[0] for trace in figure.data) == pytest.approx(558)  # the need, above the wall
+    # Refused before it split its static bytes: they stand as one block under its activations.
+    for unsplit in ([dict(refused[0], static_memory={}), refused[1]], [refused[1]]):  # (or no run_started at all)
+        figure = charts.memory_breakdown_figure([("m=64, k=1, budget 450 MB", unsplit)], title="Memory per step")
+        assert sum(trace.y[0] for trace in figure.data) == pytest.approx(558)
     assert figure.layout.xaxis.ticktext[0].replace(" <br>", " ").endswith("(out of memory)")
     [wall] = figure.layout.shapes
     assert wall.y0 == wall.y1 == 450 and figure.layout.annotations[0].text == "budget 450 MB"

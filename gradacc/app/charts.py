@@ -382,6 +382,8 @@ def memory_breakdown_figure(runs, title: str = "Memory per optimizer step: stati
         budget = (started[0].get("config") or {}).get("memory_budget_mb") if started else None
         if budget:
             budgets.add(float(budget))
+        elif refused and refused.get("cap_bytes"):  # the cap that refused it, where its config is not at hand
+            budgets.add(round(refused["cap_bytes"] / MB, 1))
         if not static and not activations:
             continue
         labels.append(label)

@@ -19,6 +19,7 @@ import argparse
 import json
 import sys
 import threading
+from pathlib import Path
 
 from gradacc import events, paths
 from gradacc.config import (BACKENDS, CONTRASTIVE, LOSS_NORMALIZATIONS, OPTIMIZERS, PITFALLS, PRECISIONS, TASKS,
@@ -395,8 +396,9 @@ def _compare(args) -> int:
     figures = headline.headline(events.read_events(args.run_a), events.read_events(args.run_b))
     if args.json:
         print(json.dumps(figures))
-    else:
+    else:  # the headline says B's values first: name the files in that order
         print(figures["headline"])
+        print(f"({Path(args.run_b).name} against {Path(args.run_a).name})")
     return EXIT_OK
 
 

@@ -4,12 +4,16 @@ states its result. ``?demo=NAME`` opens one, so a speaker can prepare links."""
 import streamlit as st
 
 from gradacc.analysis import demos
-from gradacc.app import comparison, coupled_view, inputs, pacing, runview, server, warmup_status, web_page
+from gradacc.app import comparison, coupled_view, inputs, pacing, runview, scroll, server, warmup_status, web_page
 from gradacc.errors import GradaccError
 
 server.under_navigation()  # a page opened alone on a fresh server: run the app instead
 
 CHOICE = "demo.choice"
+SCROLL = "demo.scroll"
+
+# Wide: on a projector the runs side by side, the headline in two lines and the charts' titles need the width.
+st.set_page_config(page_title="gradacc: demos", page_icon="🧮", layout="wide")
 
 manager = server.run_manager()
 checks = server.check_runner()
@@ -60,6 +64,7 @@ if st.button("Run this demo", type="primary", key="demo.run", disabled=live or b
         st.error(error.message)
     else:
         st.session_state[runs_key] = run_ids
+        st.session_state[SCROLL] = {"runs": True, "headline": True}  # bring each into view once it is drawn
         st.rerun()  # redraw with the live view polling
 
 st.divider()
@@ -92,7 +97,10 @@ def demo_view():
         st.rerun()  # all ended: one full rerun turns polling off and enables the button again
     snapshots = [pacing.watch(run, poll_seconds) for run in current]
     pacing.keep_pace(poll_seconds, *current)
-    columns = st.columns(len(snapshots))
+    wanted = st.session_state.get(SCROLL) or {}
+    if wanted.pop("runs", False):  # just clicked: the runs' status and charts, not the button, on screen
+        scroll.into_view("demo-live", nonce=f"runs {run_ids}")
+    columns = st.container(key="demo-live").columns(len(snapshots))
     labels = comparison.names(snapshots)
     for column, run in zip(columns, snapshots):
         with column, st.container(key=f"demo-run-{run.run_id}"):
@@ -108,7 +116,9 @@ def demo_view():
         first, second = scenario.compares
         snapshots = [snapshots[first], snapshots[second],
                      *(run for index, run in enumerate(snapshots) if index not in scenario.compares)]
-    comparison.draw(snapshots, key="demo")
+    figures = comparison.draw(snapshots, key="demo")
+    if figures is not None and wanted.pop("headline", False):  # the result, the moment it is written
+        scroll.into_view("headline", nonce=f"headline {run_ids}")
     if not any(run.is_live for run in current) and len(current) == len(scenario.runs):
         # Built when clicked, from the runs as stored: a speaker's offline copy, or a free static Space.
         runs = [(demo_run.label, run.events) for demo_run, run in zip(scenario.runs, current)]

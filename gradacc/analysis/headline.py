@@ -4,6 +4,7 @@ pages and ``python -m gradacc compare``)."""
 from __future__ import annotations
 
 import math
+import statistics
 
 from gradacc import events as ev
 from gradacc.config import PITFALLS
@@ -15,6 +16,9 @@ from gradacc.analysis.run_names import DATA_FIELDS, _value, config_differences, 
 IDENTICAL = 1e-4
 # ... and closer than this "match" (dropout on, or another backend's kernels).
 MATCH = 1e-2
+# A loss this many times the other's is said as a ratio ("570× larger"): a relative difference, bounded by 100 %,
+# would hide it.
+RATIO = 2.0
 # Eval keys that are bookkeeping, not a metric.
 NOT_METRICS = {"event", "time", "epoch", "step", "majority_f1"}
 
@@ -32,10 +36,42 @@ def run_figures(run_events: list[dict]) -> dict:
         "curve": {e["samples_seen"]: e["loss"] for e in steps if e.get("loss") is not None},
         "peak_activation_bytes": max(activations) if activations else None,
         "time_per_step_s": last["elapsed_s"] / last["step"] if last.get("step") else None,
+        "step_seconds": step_seconds(steps),
         "samples_per_s": last.get("samples_per_s"),
         "eval": {key: value for key, value in (evals[-1] if evals else {}).items()
                  if key not in NOT_METRICS and isinstance(value, (int, float)) and not isinstance(value, bool)},
     }
+
+
+def step_seconds(steps: list[dict]) -> list[float]:
+    """Seconds each optimizer step took (from consecutive steps' elapsed time; the first, which pays for warm-up,
+    and a step after an evaluation are left out)."""
+    seconds, previous = [], None
+    for event in steps:
+        if previous is not None and event.get("epoch") == previous.get("epoch"):
+            seconds.append(event["elapsed_s"] - previous["elapsed_s"])
+        previous = event
+    return seconds
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float] | None:
+    """(first quartile, median, third quartile), or None for fewer than 4 values."""
+    if len(values) < 4:
+        return None
+    ordered = sorted(values)
+
+    def at(fraction):
+        position = fraction * (len(ordered) - 1)
+        low = math.floor(position)
+        high = min(low + 1, len(ordered) - 1)
+        return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+    return at(0.25), at(0.5), at(0.75)
+
+
+def loss_ratios(curve_a: dict, curve_b: dict) -> list[float]:
+    """B's loss over A's at each samples seen both logged."""
+    return [curve_b[x] / curve_a[x] for x in sorted(set(curve_a) & set(curve_b)) if curve_a[x] and curve_b[x]]
 
 
 def loss_difference(curve_a: dict, curve_b: dict) -> tuple[float | None, int]:
@@ -51,13 +87,15 @@ def loss_difference(curve_a: dict, curve_b: dict) -> tuple[float | None, int]:
     return worst, len(shared)
 
 
-def headline(events_a: list[dict], events_b: list[dict]) -> dict:
+def headline(events_a: list[dict], events_b: list[dict], name_differences: bool = True) -> dict:
     """The result of two runs in figures and one sentence: run B described against run A.
 
     Keys: ``loss_max_rel_diff`` and ``loss_points_compared``, ``activation_ratio`` (A's peak activation bytes
     over B's: >1 means B holds fewer), ``time_per_step_ratio`` and ``samples_per_s_ratio`` (B over A),
     ``effective_batch`` [A, B], ``eval`` {metric: [A, B]} (F1 when both have it, else every eval metric both
     runs report), ``differences`` (config fields), ``same_data``, ``same_effective_batch``, and ``headline``.
+    ``name_differences``: say which settings differ beside different curves (a page whose run names already say
+    it passes False, so the headline stays short).
     """
     a, b = run_figures(events_a), run_figures(events_b)
     rel_diff, points = loss_difference(a["curve"], b["curve"])
@@ -65,8 +103,10 @@ def headline(events_a: list[dict], events_b: list[dict]) -> dict:
     same_data = not set(differences) & set(DATA_FIELDS)
     same_batch = a["effective_batch"] == b["effective_batch"]
     shared_metrics = [key for key in a["eval"] if key in b["eval"]]
-    if "eval_f1" in shared_metrics:
-        shared_metrics = ["eval_f1"]
+    for main_metric in ("eval_f1", "eval_perplexity"):  # one score says it; more make the headline a paragraph
+        if main_metric in shared_metrics:
+            shared_metrics = [main_metric]
+            break
     figures = {
         "loss_max_rel_diff": rel_diff,
         "loss_points_compared": points,
@@ -82,10 +122,15 @@ def headline(events_a: list[dict], events_b: list[dict]) -> dict:
         "same_data": same_data,
         "same_effective_batch": same_batch,
     }
-    figures["loss_claim"] = _loss_claim(figures, a["config"], b["config"])
+    ratios = loss_ratios(a["curve"], b["curve"])
+    figures["loss_ratio_median"] = statistics.median(ratios) if ratios else None
+    figures["loss_ratio_extreme"] = max(ratios, key=lambda r: max(r, 1 / r)) if ratios else None
+    spread_a, spread_b = quartiles(a["step_seconds"]), quartiles(b["step_seconds"])
+    figures["step_seconds_quartiles"] = [spread_a, spread_b]
+    figures["loss_claim"] = _loss_claim(figures, a["config"], b["config"], name_differences)
     figures["memory_claim"] = _memory_claim(figures["activation_ratio"])
     parts = [_pitfall_claim(a["config"], b["config"]), figures["loss_claim"], figures["memory_claim"],
-             _time_claim(figures["time_per_step_ratio"]), _eval_claim(figures["eval"])]
+             _time_claim(spread_a, spread_b), _eval_claim(figures["eval"])]
     figures["headline"] = " · ".join(part for part in parts if part)
     return figures
 
@@ -96,28 +141,60 @@ def _ratio(top, bottom) -> float | None:
     return top / bottom
 
 
-def _loss_claim(figures: dict, config_a: dict, config_b: dict) -> str:
+def _versus(name: str, config_a: dict, config_b: dict) -> str:
+    """'normalisation naive vs exact': B's value first, as the headline describes B against A."""
+    return f"{field_name(name)} {_value(config_b.get(name))} vs {_value(config_a.get(name))}"
+
+
+def _size(rel_diff: float) -> str:
+    return "0" if rel_diff == 0 else f"{rel_diff:.0e}" if rel_diff < MATCH else f"{rel_diff:.0%}"
+
+
+def _times(ratio: float) -> str:
+    """4.0× larger, 570× smaller: B's loss against A's."""
+    factor = max(ratio, 1 / ratio)
+    return f"{factor:.1f}× {'larger' if ratio > 1 else 'smaller'}" if factor < 10 else \
+        f"{factor:.0f}× {'larger' if ratio > 1 else 'smaller'}"
+
+
+def _loss_claim(figures: dict, config_a: dict, config_b: dict, name_differences: bool = True) -> str:
     rel_diff = figures["loss_max_rel_diff"]
     caveats = []
     if not figures["same_data"]:
         fields = [name for name in figures["differences"] if name in DATA_FIELDS]
-        caveats.append("different data (" + ", ".join(
-            f"{field_name(n)} {_value(config_a.get(n))} vs {_value(config_b.get(n))}" for n in fields) + ")")
+        caveats.append("different data (" + ", ".join(_versus(n, config_a, config_b) for n in fields) + ")")
     if not figures["same_effective_batch"]:
         batch_a, batch_b = figures["effective_batch"]
-        caveats.append(f"different effective batches ({batch_a} vs {batch_b})")
+        caveats.append(f"different effective batches ({batch_b} vs {batch_a})")
     if rel_diff is None:
         return "; ".join(caveats + ["no loss at the same samples seen to compare"]).capitalize()
-    size = "0" if rel_diff == 0 else f"{rel_diff:.0e}" if rel_diff < MATCH else f"{rel_diff:.0%}"
+    size = _size(rel_diff)
+    extreme = figures.get("loss_ratio_extreme")
+    if extreme is not None and max(extreme, 1 / extreme) >= RATIO:
+        size = f"{_times(extreme)}"  # e.g. "up to 570× larger": a percentage near 100 % would hide it
+        differs = f"loss up to {size} at the same samples seen"
+    else:
+        differs = f"loss differs by up to {size} at the same samples seen"
     if caveats:  # honest: such curves are not expected to be equal, whatever the numbers say
-        return ("; ".join(caveats) + f": loss differs by up to {size} at the same samples seen").capitalize()
+        return ("; ".join(caveats) + f": {differs}").capitalize()
+    if config_a.get("trainer_library_default") != config_b.get("trainer_library_default") and \
+            figures.get("loss_ratio_median") and config_a.get("grad_accum_steps") == config_b.get("grad_accum_steps"):
+        k = config_a.get("grad_accum_steps")
+        median = figures["loss_ratio_median"]
+        default_is_b = bool(config_b.get("trainer_library_default"))
+        side = "with Trainer's default" if default_is_b else "with gradacc's fix"
+        return (f"Loss {_times(median)} {side} "
+                f"(median over {figures['loss_points_compared']} steps): Trainer's default did not divide the "
+                f"loss by k={k}")
     if rel_diff < IDENTICAL:
         return f"Loss curves identical (max difference {size})"
     if rel_diff < MATCH:
         return f"Loss curves match (max difference {size})"
-    what = ", ".join(f"{field_name(n)} {_value(config_a.get(n))} vs {_value(config_b.get(n))}"
-                     for n in figures["differences"]) or "nothing in the config"
-    return f"Loss curves differ by up to {size} at the same samples seen ({what} differ)"
+    what = ", ".join(_versus(n, config_a, config_b) for n in figures["differences"]) or "nothing in the config"
+    # The charts' x axis says "samples seen": the headline stays short.
+    claim = f"Loss curves differ: {differs.removesuffix(' at the same samples seen')}" if \
+        differs.startswith("loss up to") else f"Loss curves differ by up to {size}"
+    return f"{claim} ({what} differ)" if name_differences else claim
 
 
 def _pitfall_claim(config_a: dict, config_b: dict) -> str | None:
@@ -142,12 +219,15 @@ def _memory_claim(ratio: float | None) -> str | None:
     return f"activations {ratio:.1f}× smaller" if ratio > 1 else f"activations {1 / ratio:.1f}× larger"
 
 
-def _time_claim(ratio: float | None) -> str | None:
-    if ratio is None:
+def _time_claim(spread_a, spread_b) -> str | None:
+    """B's time per step against A's, from the median seconds per step, said only when the middle halves of the
+    two runs' steps do not overlap (a busy machine moves single steps a lot); else 'within noise'."""
+    if spread_a is None or spread_b is None or not spread_a[1] or not spread_b[1]:
         return None
-    if abs(ratio - 1) < 0.05:
-        return "same time per step"
-    return f"{ratio:.1f}× slower per step" if ratio > 1 else f"{1 / ratio:.1f}× faster per step"
+    ratio = spread_b[1] / spread_a[1]
+    if spread_b[0] <= spread_a[2] and spread_a[0] <= spread_b[2]:
+        return "time per step within noise"
+    return (f"{ratio:.1f}× slower per step" if ratio > 1 else f"{1 / ratio:.1f}× faster per step") + " (median)"
 
 
 def _eval_claim(metrics: dict) -> str | None:
@@ -157,7 +237,7 @@ def _eval_claim(metrics: dict) -> str | None:
         if f"{value_a:.3f}" == f"{value_b:.3f}":
             parts.append(f"{name} {value_a:.3f} both")
         else:
-            parts.append(f"{name} {value_a:.3f} vs {value_b:.3f}")
+            parts.append(f"{name} {value_b:.3f} vs {value_a:.3f}")  # B's first: B is described against A
     return ", ".join(parts) or None
 
 

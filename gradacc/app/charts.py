@@ -156,12 +156,34 @@ def _plain_layout(title: str, x_title: str, y_title: str) -> dict:
     return _style(go.Figure(), title, x_title, y_title).to_dict()["layout"]
 
 
+# Characters of a title per line: a chart in two fifths of a 1280-pixel page fits about this many at
+# TITLE_SIZE; a longer title is wrapped, never cut.
+TITLE_CHARS = 32
+TITLE_SIZE = 20
+TEXT_SIZE = 16  # ticks, axis titles and legends: readable from the back of a room
+
+
+def wrap(text: str, limit: int = TITLE_CHARS) -> str:
+    """``text`` broken into lines of at most ``limit`` characters (at spaces) joined by " <br>"."""
+    lines: list[str] = []
+    for word in text.split(" "):
+        if lines and len(lines[-1]) + 1 + len(word) <= limit:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return " <br>".join(lines)  # the space kept: the drawn title's text still reads as one sentence
+
+
 def _style(figure: go.Figure, title: str, x_title: str, y_title: str) -> go.Figure:
     # Legend under the plot: with several runs it wraps onto lines of its own instead of over the title.
     # Large type: these charts are shown on stage and must read from the back of a room.
-    figure.update_layout(title=dict(text=title, font=dict(size=19)), font=dict(size=14), hovermode="x unified",
-                         margin=dict(l=60, r=20, t=60, b=40),
-                         legend=dict(orientation="h", yanchor="top", y=-0.26, xanchor="left", x=0))
+    title = wrap(title)
+    lines = title.count("<br>") + 1
+    figure.update_layout(title=dict(text=title, font=dict(size=TITLE_SIZE), x=0, xanchor="left", y=0.98,
+                                    yanchor="top"),
+                         font=dict(size=TEXT_SIZE), hovermode="x unified",
+                         margin=dict(l=70, r=20, t=36 + 26 * lines, b=50),
+                         legend=dict(orientation="h", yanchor="top", y=-0.4, xanchor="left", x=0))
     if x_title:
         figure.update_layout(xaxis_title=x_title)
     if y_title:
@@ -260,7 +282,10 @@ def _eval_layout(title: str, language_models: bool) -> dict:
     """Scores on 0–1; a causal LM's perplexity on a log axis at the right (y2)."""
     if language_models:
         figure = _style(make_subplots(specs=[[{"secondary_y": True}]]), title, "Epoch", "")
-        figure.update_yaxes(title_text="Perplexity (log)", type="log", secondary_y=True)
+        # Whole numbers, a few of them: a log axis over less than a decade otherwise labels single digits.
+        figure.update_yaxes(title_text="Perplexity (log)", type="log", secondary_y=True, tickformat=".3~g", nticks=5,
+                            title_standoff=8)
+        figure.update_layout(margin_r=90)  # room for the right axis' ticks beside its title
         figure.update_yaxes(title_text="Score (0–1)", range=[0, 1.02], secondary_y=False)
     else:
         figure = _style(go.Figure(), title, "Epoch", "Score (0–1)")
@@ -332,28 +357,53 @@ BREAKDOWN = (("parameters", "parameters", "#9aa5b1"), ("gradients", "gradients",
              ("activation_bytes", "peak activations of a micro-batch", "#d62728"))
 
 
+# A run refused out of memory before step 1 knows its static bytes as one figure, not split.
+STATIC_WHOLE = ("static_bytes", "parameters, gradients and optimizer state", "#bfc5cc")
+
+
 def memory_breakdown_figure(runs, title: str = "Memory per optimizer step: static + activations") -> go.Figure:
     """One stacked bar per run: parameters, gradients and optimizer state (the same for any m and k), and the
     peak activations of one micro-batch on top (what accumulation shrinks). Process RSS, mostly the Python
     and torch runtime, is in ``memory_figure``."""
     figure = _figure(title, "", "Memory (MB)")
-    labels, heights = [], {part: [] for part, _, _ in BREAKDOWN}
+    parts = (STATIC_WHOLE, *BREAKDOWN)
+    labels, heights, budgets = [], {part: [] for part, _, _ in parts}, set()
     for label, rows in _as_runs(runs):
         started = _of(rows, ev.RUN_STARTED)
         static = (started[0].get("static_memory") or {}) if started else {}
         activations = [r["activation_bytes"] for r in _of(rows, ev.STEP) if r.get("activation_bytes") is not None]
+        # A run refused out of memory never stepped: its bar is the need it measured, above the budget line.
+        refused = next((e.get("out_of_memory") for e in _of(rows, ev.RUN_ENDED) if e.get("out_of_memory")), None)
+        if refused and not activations:
+            activations = [refused["activation_bytes"] + (refused.get("device_bytes") or 0.0)]
+            label = f"{label} (out of memory)"
+            if not any(static.get(part) for part, _, _ in BREAKDOWN):  # stopped before it split its static bytes
+                static = {"static_bytes": refused.get("static_bytes")}
+        budget = (started[0].get("config") or {}).get("memory_budget_mb") if started else None
+        if budget:
+            budgets.add(float(budget))
+        elif refused and refused.get("cap_bytes"):  # the cap that refused it, where its config is not at hand
+            budgets.add(round(refused["cap_bytes"] / MB, 1))
         if not static and not activations:
             continue
         labels.append(label)
-        for part, _, _ in BREAKDOWN:
+        for part, _, _ in parts:
             value = max(activations) if part == "activation_bytes" and activations else static.get(part)
             heights[part].append(_mb(value) or 0.0)
     if not labels:
         return _empty(title, "", "Memory (MB)", "No memory measurements yet")
-    for part, name, color in BREAKDOWN:
+    for part, name, color in parts:
+        if part == STATIC_WHOLE[0] and not any(heights[part]):
+            continue
         figure.add_trace(go.Bar(x=labels, y=heights[part], name=name, marker_color=color,
                                 text=[f"{v:.1f} MB" for v in heights[part]] if part == "activation_bytes" else None,
                                 textposition="inside", hovertemplate="%{x}<br>%{y:.2f} MB<extra>" + name + "</extra>"))
+    for budget in sorted(budgets):  # the wall: a run's memory budget, as a device's memory would be
+        figure.add_hline(y=budget, line=dict(color="#000000", dash="dash", width=3),
+                         annotation=dict(text=f"budget {budget:g} MB", font=dict(size=TEXT_SIZE)),
+                         annotation_position="top right")
+    # Run names under their bars, level and wrapped (rotated text does not read from a distance).
+    figure.update_xaxes(tickangle=0, tickvals=labels, ticktext=[wrap(label, 10) for label in labels])
     figure.update_layout(barmode="stack", hovermode="closest")
     return figure
 

@@ -21,10 +21,19 @@ def names(runs) -> dict[str, str]:
 
 
 def headline(runs) -> dict | None:
-    """The headline of the first two runs, once both have ended (a live run's numbers still move)."""
+    """The headline of the first two runs, once both have ended (a live run's numbers still move); ``further``:
+    for each later run that has ended on the same model and data, its loss curve against the first run's (a third
+    run is often the control: exact beside naive, both against the full batch)."""
     if len(runs) < 2 or any(run.is_live for run in runs[:2]):
         return None
-    return two_run_headline(runs[0].events, runs[1].events)
+    # The page names each run by what differs (names()): the headline need not say it again.
+    figures = two_run_headline(runs[0].events, runs[1].events, name_differences=False)
+    same_data = [run for run in runs[2:] if not run.is_live and any(e.get("event") == ev.STEP for e in run.events)
+                 and all(
+        run.config.get(name) == runs[0].config.get(name) for name in (*run_names.DATA_FIELDS, "model"))]
+    figures["further"] = {run.run_id: two_run_headline(runs[0].events, run.events, name_differences=False)["loss_claim"]
+                          for run in same_data}
+    return figures
 
 
 def show_headline(figures: dict | None, runs, labels: dict[str, str]) -> None:
@@ -32,6 +41,8 @@ def show_headline(figures: dict | None, runs, labels: dict[str, str]) -> None:
         return
     warned = any((run.ended or {}).get("warnings") for run in runs[:2])
     against = f"**{labels[runs[1].run_id]}** against **{labels[runs[0].run_id]}**"
+    for run_id, claim in (figures.get("further") or {}).items():  # the control, said beside the headline
+        against += f" · **{labels[run_id]}** against it: {claim[:1].lower()}{claim[1:]}"
     box = st.warning if warned or any(run.status != ev.COMPLETED for run in runs[:2]) else st.success
     with st.container(key="headline"):
         box(f"### {figures['headline']}\n{against}", icon="📣")

@@ -28,15 +28,16 @@ def test_the_stories_the_issue_asks_for_are_there():
     lm = [c for _, c in demos.SCENARIOS["naive-vs-exact-lm"].configs(scale=1)]
     assert {c.model for c in lm} == {"tiny-gpt"} and {c.task for c in lm} == {"causal-lm"}
     assert [(c.micro_batch_size, c.grad_accum_steps, c.loss_normalization) for c in lm] == [
-        (32, 1, "exact"), (4, 8, "naive"), (4, 8, "exact")]  # full batch, naive, exact: one effective batch
+        (32, 1, "exact"), (2, 16, "naive"), (2, 16, "exact")]  # full batch, naive, exact: one effective batch
     assert {c.dropout for c in lm} == {0.0} and len({c.train_samples for c in lm}) == 1
 
 
 def test_shrinking_keeps_the_short_last_window(monkeypatch):
     monkeypatch.setenv(demos.SCALE_ENV, "0.05")
     for _, config in demos.SCENARIOS["naive-vs-exact"].configs():
-        assert config.train_samples < 392
-        assert config.train_samples % config.effective_batch == 392 % 32
+        assert config.train_samples < 968
+        assert config.train_samples % config.effective_batch == 968 % 32
+        assert config.epochs == 2  # of 24: still two short last windows
     assert demos.scaled(1280, 32, 0.01) == 64  # never less than two windows
 
 

@@ -11,7 +11,8 @@ from gradacc.config import RunConfig
 
 
 def run_events(m=8, k=4, losses=(0.7, 0.5, 0.3), activation=1_000_000, seconds_per_step=1.0, f1=0.9,
-               eval_metrics=None, **config_changes) -> list[dict]:
+               eval_metrics=None, jitter=(0.0,), **config_changes) -> list[dict]:
+    """One run's events; step n ends at n × seconds_per_step plus jitter[n % len(jitter)]."""
     config = RunConfig(micro_batch_size=m, grad_accum_steps=k, **config_changes).validate()
     batch = config.effective_batch
     found = [ev.run_started(config=config.to_dict(), effective_batch=batch, total_steps=len(losses),
@@ -19,7 +20,7 @@ def run_events(m=8, k=4, losses=(0.7, 0.5, 0.3), activation=1_000_000, seconds_p
                             static_memory={"total": 1}, device="cpu")]
     for step, loss in enumerate(losses, 1):
         found.append(ev.step(step=step, epoch=1, samples_seen=step * batch, tokens_seen=0, micro_batches=k,
-                             loss=loss, grad_norm=1.0, lr=1e-3, elapsed_s=step * seconds_per_step,
+                             loss=loss, grad_norm=1.0, lr=1e-3, elapsed_s=step * seconds_per_step + jitter[step % len(jitter)],
                              memory={"activation_bytes": activation, "rss_bytes": 1, "cuda_peak_bytes": None}))
     if eval_metrics is None:
         found.append(ev.eval_(epoch=1, step=len(losses), eval_loss=0.3, eval_accuracy=0.9, eval_f1=f1))
@@ -30,13 +31,15 @@ def run_events(m=8, k=4, losses=(0.7, 0.5, 0.3), activation=1_000_000, seconds_p
 
 
 def test_identical_curves_say_so_with_the_costs():
-    big = run_events(m=32, k=1, activation=4_200_000, seconds_per_step=1.0, dropout=0.0)
-    small = run_events(m=8, k=4, losses=(0.7, 0.5, 0.30000003), activation=1_000_000, seconds_per_step=1.6,
-                       dropout=0.0)
+    losses = (0.7, 0.6, 0.5, 0.45, 0.4, 0.35)
+    big = run_events(m=32, k=1, losses=losses, activation=4_200_000, seconds_per_step=1.0, dropout=0.0,
+                     jitter=(0.0, 0.05, -0.05))
+    small = run_events(m=8, k=4, losses=(*losses[:-1], 0.35000003), activation=1_000_000, seconds_per_step=1.6,
+                       dropout=0.0, jitter=(0.0, 0.05, -0.05))
     figures = headline.headline(big, small)
-    assert figures["headline"] == ("Loss curves identical (max difference 1e-07) · activations 4.2× smaller · "
-                                   "1.6× slower per step · F1 0.900 both")
-    assert figures["loss_points_compared"] == 3
+    assert figures["headline"] == ("Loss curves identical (max difference 9e-08) · activations 4.2× smaller · "
+                                   "1.6× slower per step (median) · F1 0.900 both")
+    assert figures["loss_points_compared"] == 6
     assert figures["activation_ratio"] == pytest.approx(4.2)
     assert figures["samples_per_s_ratio"] == pytest.approx(1 / 1.6)
     assert figures["effective_batch"] == [32, 32]
@@ -45,12 +48,13 @@ def test_identical_curves_say_so_with_the_costs():
 
 def test_different_curves_name_what_differs():
     exact = run_events(losses=(0.7, 0.5, 0.4))
-    naive = run_events(losses=(0.7, 0.5, 0.1), loss_normalization="naive", f1=0.8)
+    naive = run_events(losses=(0.7, 0.5, 0.28), loss_normalization="naive", f1=0.8)
     figures = headline.headline(exact, naive)
-    assert figures["loss_max_rel_diff"] == pytest.approx(0.75)
-    assert figures["headline"].startswith("Loss curves differ by up to 75% at the same samples seen "
-                                          "(normalisation exact vs naive differ)")
-    assert "activations the same" in figures["headline"] and "F1 0.900 vs 0.800" in figures["headline"]
+    assert figures["loss_max_rel_diff"] == pytest.approx(0.3)
+    # naive described against exact: naive's values first, as the names are said.
+    assert figures["headline"].startswith("Loss curves differ by up to 30% "
+                                          "(normalisation naive vs exact differ)")
+    assert "activations the same" in figures["headline"] and "F1 0.800 vs 0.900" in figures["headline"]
 
 
 def test_different_effective_batches_are_not_called_identical():
@@ -59,24 +63,26 @@ def test_different_effective_batches_are_not_called_identical():
     figures = headline.headline(small, large)
     assert figures["loss_points_compared"] == 2 and figures["loss_max_rel_diff"] == 0
     assert not figures["same_effective_batch"]
-    assert figures["loss_claim"] == ("Different effective batches (32 vs 64): loss differs by up to 0 at the "
+    assert figures["loss_claim"] == ("Different effective batches (64 vs 32): loss differs by up to 0 at the "
                                      "same samples seen")
     assert "identical" not in figures["headline"]
 
 
 def test_different_data_is_said_before_any_equality():
     figures = headline.headline(run_events(), run_events(seed=7))
-    assert figures["loss_claim"].startswith("Different data (seed 42 vs 7)")
+    assert figures["loss_claim"].startswith("Different data (seed 7 vs 42)")
     assert not figures["same_data"]
 
 
-def test_without_f1_the_shared_eval_metrics_are_reported():
+def test_without_f1_perplexity_or_else_the_shared_eval_metrics_are_reported():
     lm = {"eval_loss": 2.0, "eval_perplexity": 7.389, "eval_next_token_accuracy": 0.41}
     other = {"eval_loss": 2.0, "eval_perplexity": 7.389, "eval_next_token_accuracy": 0.43}
     figures = headline.headline(run_events(eval_metrics=lm), run_events(eval_metrics=other))
-    assert set(figures["eval"]) == {"eval_loss", "eval_perplexity", "eval_next_token_accuracy"}
+    assert set(figures["eval"]) == {"eval_perplexity"}  # a language model's one score: the headline stays short
     assert "perplexity 7.389 both" in figures["headline"]
-    assert "next token accuracy 0.410 vs 0.430" in figures["headline"]
+    without = {key: value for key, value in lm.items() if key != "eval_perplexity"}
+    figures = headline.headline(run_events(eval_metrics=without), run_events(eval_metrics=other))
+    assert "next token accuracy 0.430 vs 0.410" in figures["headline"]
 
 
 def test_cli_compare_prints_the_headline_or_json(tmp_path, capsys):
@@ -86,10 +92,36 @@ def test_cli_compare_prints_the_headline_or_json(tmp_path, capsys):
         path.write_text("".join(ev.to_json(e) + "\n" for e in events))
         paths.append(str(path))
     assert cli.main(["compare", *paths]) == 0
-    assert capsys.readouterr().out.startswith("Loss curves identical (max difference 0) · activations 4.0× smaller")
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("Loss curves identical (max difference 0) · activations 4.0× smaller")
+    assert out[1] == "(b.jsonl against a.jsonl)"  # the order the headline's values are in
     assert cli.main(["compare", *paths, "--json"]) == 0
     figures = json.loads(capsys.readouterr().out)
     assert figures["activation_ratio"] == 4.0 and figures["headline"].startswith("Loss curves identical")
+
+
+def test_a_loss_hundreds_of_times_larger_is_said_as_a_ratio_not_a_bounded_percentage():
+    figures = headline.headline(run_events(losses=(0.7, 0.5, 0.3), learning_rate=0.005),
+                                run_events(losses=(140.0, 150.0, 171.0), learning_rate=5.0))
+    assert figures["loss_claim"] == "Loss curves differ: loss up to 570× larger (lr 5 vs 0.005 differ)"
+
+
+def test_trainer_default_against_the_fix_says_the_k_times_loss_and_why():
+    default = run_events(losses=(2.8, 2.0, 1.6, 1.2), trainer_library_default=True, backend="trainer")
+    fixed = run_events(losses=(0.7, 0.52, 0.42, 0.31), trainer_library_default=False, backend="trainer")
+    figures = headline.headline(default, fixed)
+    assert figures["loss_ratio_median"] == pytest.approx(1 / 3.9, rel=0.02)
+    assert figures["loss_claim"] == ("Loss 3.9× smaller with gradacc's fix (median over 4 steps): Trainer's default "
+                                     "did not divide the loss by k=4")
+
+
+def test_time_per_step_is_stated_only_when_the_steps_tell_the_runs_apart():
+    losses = (0.7, 0.6, 0.5, 0.45, 0.4, 0.35, 0.3)
+    one = run_events(losses=losses, seconds_per_step=1.0, jitter=(0.0, 0.4, -0.3, 0.1))
+    twin = run_events(losses=losses, seconds_per_step=1.3, jitter=(0.2, -0.3, 0.3, 0.0))
+    assert "time per step within noise" in headline.headline(one, twin)["headline"]
+    slower = run_events(losses=losses, seconds_per_step=3.45)  # against the first run's median step of 1.15 s
+    assert "3.0× slower per step (median)" in headline.headline(one, slower)["headline"]
 
 
 def test_cli_compare_refuses_a_file_that_is_not_events(tmp_path, capsys):

@@ -200,3 +200,34 @@ def test_the_figure_cache_builds_once_per_key_for_every_caller_and_stays_bounded
     assert cache.builds == 3
     cache.get(("train", "r1", 10, "step"), build)  # dropped (bounded at 2): built again, not kept forever
     assert cache.builds == 4 and len(cache._figures) == 2
+
+
+def test_the_memory_wall_shows_its_budget_and_the_refused_runs_need_above_it():
+    from gradacc import events as ev
+    from gradacc.config import RunConfig
+
+    config = RunConfig(micro_batch_size=64, grad_accum_steps=1, memory_budget_mb=450).validate().to_dict()
+    static = {"parameters": 90e6, "gradients": 90e6, "optimizer_state": 180e6, "total": 360e6}
+    refused = [ev.run_started(config=config, effective_batch=64, total_steps=8, steps_per_epoch=8,
+                              train_examples=512, eval_examples=16, static_memory=static, device="cpu"),
+               ev.run_ended(status="failed", reason="out of memory", steps=0, wall_s=1.0,
+                            out_of_memory={"micro_batch_size": 64, "need_bytes": 558e6, "static_bytes": 360e6,
+                                           "activation_bytes": 198e6, "device_bytes": 0.0, "cap_bytes": 450e6,
+                                           "cap_source": "budget", "fit": None})]
+    figure = charts.memory_breakdown_figure([("m=64, k=1, budget 450 MB", refused)], title="Memory per step")
+    assert sum(trace.y[0] for trace in figure.data) == pytest.approx(558)  # the need, above the wall
+    # Refused before it split its static bytes: they stand as one block under its activations.
+    for unsplit in ([dict(refused[0], static_memory={}), refused[1]], [refused[1]]):  # (or no run_started at all)
+        figure = charts.memory_breakdown_figure([("m=64, k=1, budget 450 MB", unsplit)], title="Memory per step")
+        assert sum(trace.y[0] for trace in figure.data) == pytest.approx(558)
+    assert figure.layout.xaxis.ticktext[0].replace(" <br>", " ").endswith("(out of memory)")
+    [wall] = figure.layout.shapes
+    assert wall.y0 == wall.y1 == 450 and figure.layout.annotations[0].text == "budget 450 MB"
+
+
+def test_long_titles_wrap_instead_of_being_cut():
+    title = "Memory per step: activations 4.0× smaller than the other run's"
+    figure = charts.loss_figure([], title=title)
+    assert figure.layout.title.text.replace(" <br>", " ") == title
+    assert all(len(line) <= charts.TITLE_CHARS for line in figure.layout.title.text.split(" <br>"))
+    assert figure.layout.font.size >= 16

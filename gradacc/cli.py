@@ -243,7 +243,7 @@ def _train(args) -> int:
         ended = train(config, on_event, stop, report_to=args.report_to, log_dir=args.log_dir, run_id=run_id,
                       sync_each_micro_batch=args.sync_each_micro_batch,
                       confinement=None if args.confine else paths.TRUST_USER,  # None: the visitors' folders
-                      memory_limit_mb=limits.max_run_memory_mb if limits else None)
+                      max_run_memory_mb=limits.max_run_memory_mb if limits else None)
     except KeyboardInterrupt:  # Ctrl-C: the engine stops within one micro-batch on its own next check
         stop.set()
         raise

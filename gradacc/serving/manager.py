@@ -259,7 +259,7 @@ class RunManager:
             while not warmup.wait_until_warm(timeout=0.2) and not worker.stop.is_set():
                 pass
             train = self._train_fn or train_for(config)
-            limit = {"memory_limit_mb": self.max_run_memory_mb} if self.max_run_memory_mb else {}
+            limit = {"max_run_memory_mb": self.max_run_memory_mb} if self.max_run_memory_mb else {}
             result = train(config, lambda event: self._record(state, event), worker.stop, **limit)
             if state.ended is None:
                 ended = result if isinstance(result, dict) and result.get("event") == ev.RUN_ENDED else None

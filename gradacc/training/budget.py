@@ -29,11 +29,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gradacc.env import MAX_RUN_MEMORY_MB
 from gradacc.errors import RunFailed
 from gradacc.units import MB, format_bytes
-
-MAX_RUN_MEMORY_VARIABLE = "GRADACC_MAX_RUN_MEMORY_MB"
-
 
 @dataclass(frozen=True)
 class Cap:
@@ -44,14 +42,14 @@ class Cap:
 
     def phrase(self) -> str:
         if self.source == "deployment":
-            return f"but this deployment allows a run at most {self.bytes / MB:,.0f} MB ({MAX_RUN_MEMORY_VARIABLE})"
+            return f"but this deployment allows a run at most {self.bytes / MB:,.0f} MB ({MAX_RUN_MEMORY_MB})"
         return f"of a {self.bytes / MB:,.0f} MB budget"
 
 
-def cap_for(budget_mb: float | None, deployment_limit_mb: float | None) -> Cap | None:
+def cap_for(budget_mb: float | None, max_run_memory_mb: float | None) -> Cap | None:
     """The tighter of the run's budget and the deployment's limit; None when neither is set."""
     caps = [Cap(budget_mb * MB, "budget")] if budget_mb else []
-    caps += [Cap(deployment_limit_mb * MB, "deployment")] if deployment_limit_mb else []
+    caps += [Cap(max_run_memory_mb * MB, "deployment")] if max_run_memory_mb else []
     return min(caps, key=lambda cap: cap.bytes) if caps else None
 
 

@@ -43,7 +43,7 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
           trainer_library_default: bool = False, sync_each_micro_batch: bool = False,
           collate: Callable | None = None, report_to: str | Iterable[str] | None = None,
           log_dir: str | os.PathLike | None = None, run_id: str | None = None,
-          confinement: paths.Confinement | None = None, memory_limit_mb: float | None = None) -> dict:
+          confinement: paths.Confinement | None = None, max_run_memory_mb: float | None = None) -> dict:
     """Train ``config``; emit events to ``on_event``; return the ``run_ended`` event.
 
     The keyword options are what the equivalence check, the benchmarks and the CLI ask of a run beyond its
@@ -54,7 +54,7 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
     A tracker that cannot start fails the run before training, with ``field`` ``report_to`` or ``log_dir``.
     ``confinement``: where a local model or data path may lie; the command line passes ``paths.TRUST_USER``,
     None means the app's visitors' folders (GRADACC_DATA_DIRS, GRADACC_MODEL_DIRS).
-    ``memory_limit_mb``: the deployment's cap on a run's memory (``Limits.max_run_memory_mb``); a run that needs
+    ``max_run_memory_mb``: the deployment's cap on a run's memory (``Limits.max_run_memory_mb``); a run that needs
     more, like one past its own ``memory_budget_mb``, fails as out of memory before step 1.
     """
     on_event = on_event or (lambda event: None)
@@ -82,7 +82,7 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
         job = _prepare(config, emit, stop, token_level=token_level, whole_micro_batch=whole_micro_batch,
                        before_optimizer_step=before_optimizer_step, trainer_library_default=trainer_library_default,
                        sync_each_micro_batch=sync_each_micro_batch, collate=collate, confinement=confinement)
-        job.memory_guard = guard = _memory_guard(job, memory_limit_mb)
+        job.memory_guard = guard = _memory_guard(job, max_run_memory_mb)
         emit(announce(job))
         job.check_stop()
         _run_backend(job)
@@ -145,9 +145,9 @@ def _prepare(config, emit, stop, **options):
     return prepare(config, emit, stop, **options)
 
 
-def _memory_guard(job, memory_limit_mb: float | None):
+def _memory_guard(job, max_run_memory_mb: float | None):
     """Measure what the run needs and refuse it when that exceeds its cap; None when nothing caps it."""
-    cap = budget.cap_for(job.config.memory_budget_mb, memory_limit_mb)
+    cap = budget.cap_for(job.config.memory_budget_mb, max_run_memory_mb)
     if cap is None:
         return None
     guard = budget.Guard(budget.measure_need(job, job.precision), cap, job.config, job.device)

@@ -30,14 +30,15 @@ from gradacc.training.backends.common import (EVAL_BATCH_SIZE, StepReporter, act
 from gradacc.training.distributed import SyncProbe
 from gradacc.training.memory import ActivationMeter
 from gradacc.training.metrics import classification_metrics, language_model_metrics
+from gradacc.training.windows import loss_weight
 
 
-def make_loss_function(normalization: str, gradient_accumulation_steps: int, num_processes: int = 1,
-                       causal_lm: bool = False):
-    """Trainer's ``compute_loss_func``: summed cross-entropy over the window's items, or each mean ÷ k.
+def make_loss_function(normalization: str, grad_accum_steps: int, num_processes: int = 1, causal_lm: bool = False):
+    """Trainer's ``compute_loss_func``: each micro-batch's mean cross-entropy times ``windows.loss_weight``, the
+    weight every backend uses (its share of the window's items, or 1/k).
 
     ``num_items_in_batch`` counts the window on all ranks, and Trainer multiplies the returned loss by the
-    number of processes (DDP then averages over them): right for ``exact``, undone for ``naive``.
+    number of processes (DDP then averages over them), so the weight is divided by it here.
     A causal LM predicts token t+1 at position t: logits and labels are shifted as ``*ForCausalLM`` does
     (and Trainer then counts ``num_items_in_batch`` over ``labels[..., 1:]``).
     """
@@ -49,9 +50,9 @@ def make_loss_function(normalization: str, gradient_accumulation_steps: int, num
             logits, labels = logits[..., :-1, :], labels[..., 1:]
         summed = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=-100,
                                  reduction="sum")
-        if normalization == "exact":
-            return summed / num_items_in_batch
-        return summed / (labels != -100).sum() / gradient_accumulation_steps / num_processes
+        items = (labels != -100).sum().clamp(min=1)  # summed is 0 then too
+        weight = loss_weight(normalization, items, num_items_in_batch, grad_accum_steps, num_processes)
+        return summed / items * weight / num_processes
 
     return compute_loss
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -25,8 +24,8 @@ import torch.nn.functional as F
 from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
 
 from gradacc.errors import RunStopped
-from gradacc.training.backends.common import (EVAL_BATCH_SIZE, StepReporter, activation_meter, check_finite, evaluate,
-                                              make_optimizer, next_token_predictions, warmup_steps)
+from gradacc.training.backends.common import (EVAL_BATCH_SIZE, StepReporter, WindowTally, activation_meter, check_finite,
+                                              evaluate, make_optimizer, next_token_predictions, warmup_steps)
 from gradacc.training.distributed import SyncProbe
 from gradacc.training.memory import ActivationMeter
 from gradacc.training.metrics import classification_metrics, language_model_metrics
@@ -55,27 +54,6 @@ def make_loss_function(normalization: str, grad_accum_steps: int, num_processes:
         return summed / items * weight / num_processes
 
     return compute_loss
-
-
-@dataclass
-class WindowTally:
-    """The optimizer step being accumulated, which Trainer's loop does not expose: ``GradaccTrainer`` adds each
-    micro-batch, ``EventCallback`` reports the window and starts the next at each optimizer step."""
-
-    loss: float = 0.0
-    micro_batches: int = 0
-    # Activations are measured on the first micro-batch of each window; the last reading is kept.
-    activation_bytes: int | None = None
-    measuring: bool = False  # the forward pass running now is measured
-
-    def add(self, loss: float, activation_bytes: int | None) -> None:
-        self.loss += loss
-        self.micro_batches += 1
-        if activation_bytes is not None:
-            self.activation_bytes = activation_bytes
-
-    def next_window(self) -> None:
-        self.loss, self.micro_batches = 0.0, 0
 
 
 class GradaccTrainer(Trainer):
@@ -142,10 +120,8 @@ class EventCallback(TrainerCallback):
         # One training log per optimizer step (logging_steps=1): the step event. Its "loss" is Trainer's
         # running figure; the window's own comes from the tally.
         if logs and "loss" in logs and "eval_loss" not in logs:
-            self.report.step(step=state.global_step, epoch=int(-(-state.epoch // 1)),
-                             micro_batches=self.window.micro_batches, loss=self.window.loss,
-                             grad_norm=logs.get("grad_norm"), lr=self.lr, activation_bytes=self.window.activation_bytes)
-            self.window.next_window()
+            self.report.step(self.window, step=state.global_step, epoch=int(-(-state.epoch // 1)),
+                             grad_norm=logs.get("grad_norm"), lr=self.lr)
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.job.stop.is_set():

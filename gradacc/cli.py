@@ -218,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
 def _train(args) -> int:
     from gradacc.training import distributed
     from gradacc.training.engine import train
+    from gradacc.training.options import RunOptions
 
     from gradacc.export.trackers import parse_report_to
 
@@ -238,12 +239,12 @@ def _train(args) -> int:
         show(event)
 
     stop = threading.Event()
-    run_id = events.new_run_id()
+    options = RunOptions(report_to=args.report_to, log_dir=args.log_dir, run_id=events.new_run_id(),
+                         sync_each_micro_batch=args.sync_each_micro_batch,
+                         confinement=None if args.confine else paths.TRUST_USER,  # None: the visitors' folders
+                         max_run_memory_mb=limits.max_run_memory_mb if limits else None)
     try:
-        ended = train(config, on_event, stop, report_to=args.report_to, log_dir=args.log_dir, run_id=run_id,
-                      sync_each_micro_batch=args.sync_each_micro_batch,
-                      confinement=None if args.confine else paths.TRUST_USER,  # None: the visitors' folders
-                      max_run_memory_mb=limits.max_run_memory_mb if limits else None)
+        ended = train(config, on_event, stop, options)
     except KeyboardInterrupt:  # Ctrl-C: the engine stops within one micro-batch on its own next check
         stop.set()
         raise
@@ -256,7 +257,7 @@ def _train(args) -> int:
         print(f"error: {where}{in_cli_words(ended['reason'], ended.get('field'))}", file=sys.stderr)
         return EXIT_BAD_INPUT if ended.get("field") else EXIT_FAILED
     if writes:
-        _say_where_trackers_wrote(args, run_id)
+        _say_where_trackers_wrote(args, options.run_id)
     return EXIT_OK
 
 

@@ -223,8 +223,7 @@ def _train(args) -> int:
     from gradacc.export.trackers import parse_report_to
 
     parse_report_to(args.report_to)  # a misspelt tracker fails here, before torch is imported
-    config = config_from_args(args)
-    config.validate()
+    config = config_from_args(args).validate()
     limits = _apply_limits(config)
     writes = distributed.is_main_process()  # only rank 0 prints and writes events
     metrics_file = open(args.metrics_out, "w", encoding="utf-8") if args.metrics_out and writes else None

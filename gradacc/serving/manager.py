@@ -86,8 +86,9 @@ class RunManager:
         """Queue a run (FIFO); it starts as soon as a slot is free. Raises GradaccError for a bad config."""
         if isinstance(config, dict):
             config = RunConfig.from_dict(config)
-        # A copy, validated now so a bad value is reported next to its widget instead of after the queue.
-        config = RunConfig.from_dict(config.to_dict()).validate()
+        # Validated now (the page's validated config passes as it is), so a bad value is reported next to its
+        # widget instead of after the queue.
+        config = config.validate()
         run_id = ev.new_run_id()
         with self._lock:
             if self._closed:

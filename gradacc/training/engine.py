@@ -69,6 +69,7 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
             trackers(event)
 
     try:
+        config = config.validate()  # where a run enters the engine; a validated config passes as it is
         trackers = _open_trackers(config, options)
         job = _prepare(config, emit, stop, options)  # measures the run's memory and refuses it past its cap
         emit(announce(job))
@@ -123,7 +124,6 @@ def _open_trackers(config: RunConfig, options: RunOptions):
 
     if not trackers.parse_report_to(options.report_to) or not distributed.is_main_process():
         return None
-    config.validate()
     return trackers.open_trackers(options.report_to, options.log_dir, options.run_id or events.new_run_id(),
                                   config.to_dict())
 

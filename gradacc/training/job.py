@@ -115,7 +115,7 @@ def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, options: 
     ``RunOptions``.
     """
     token_level, collate, confinement = options.token_level, options.collate, options.confinement
-    config.validate()
+    config = config.validate()  # as it is when validated where it entered (train, a test, a benchmark)
     # The task the run will have, shown in run_started's config: named, or inferred from the model.
     config = config.replace(task=models.infer_task(config))
     if config.num_processes != distributed.world_size():

@@ -18,7 +18,7 @@ from gradacc.config import PITFALLS, RunConfig
 
 # Settings shown in the header, in this order, with the name people use for them.
 HEADER = (("micro_batch_size", "micro_batch_size", "m"),
-          ("grad_accum_steps", "gradient_accumulation_steps", "k"),
+          ("grad_accum_steps", "grad_accum_steps", "k: gradient_accumulation_steps in 🤗 Accelerate and Trainer"),
           ("epochs", "epochs", None),
           ("learning_rate", "learning_rate", None),
           ("loss_normalization", "loss_normalization", "exact: weight by items in the window; naive: ÷ k"),

@@ -2,6 +2,7 @@
 
     train   one run; progress and a summary, or JSON events (one per line) with --json
     check   the gradient-equivalence errors, naive vs exact
+    audit   what a stock 🤗 Trainer's accumulation gets wrong on a model (gradacc.audit's verdict)
     compare the headline of two runs from their --metrics-out files
     bench   benchmark suites (see gradacc.bench)
     app     the Streamlit app (what follows goes to ``streamlit run``, e.g. --server.port 8502)
@@ -105,6 +106,21 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--samples", type=int, default=None, help="examples in the window (default m×k×processes)")
     check.add_argument("--json", action="store_true")
 
+    audit = commands.add_parser("audit", help="audit a stock 🤗 Trainer's first accumulated step on a model")
+    audit.add_argument("--model", required=True, help="a folder written by save_pretrained, a hub id, or tiny-bert")
+    audit.add_argument("--dataset", default=None,
+                       help="builtin-sentiment, builtin-text (causal-lm), a CSV/JSONL file, a save_to_disk folder or "
+                            "a hub id (default: builtin-text for a causal-lm model, else builtin-sentiment)")
+    audit.add_argument("--task", choices=TASKS, default=None)
+    audit.add_argument("--dataset-split", default=RunConfig.dataset_split, help="split of a hub dataset id")
+    audit.add_argument("--text-column", default=None)
+    audit.add_argument("--label-column", default=None)
+    audit.add_argument("--micro-batch-size", "-m", type=_value, default=RunConfig.micro_batch_size)
+    audit.add_argument("--grad-accum-steps", "-k", type=_value, default=RunConfig.grad_accum_steps)
+    audit.add_argument("--max-seq-length", type=_value, default=None, help="default: the model's recipe")
+    audit.add_argument("--seed", type=_value, default=RunConfig.seed)
+    audit.add_argument("--json", action="store_true", help="the report as one JSON object")
+
     compare = commands.add_parser("compare", help="the headline of two runs from their --metrics-out event files")
     compare.add_argument("run_a", metavar="A.jsonl")
     compare.add_argument("run_b", metavar="B.jsonl", help="described against A (\"activations 4× smaller\")")
@@ -201,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
             return _check(args)
         if args.command == "compare":
             return _compare(args)
+        if args.command == "audit":
+            return _audit(args)
         return args.run(args)
     except GradaccError as error:
         print(f"error: {in_cli_words(error.message, error.field)}", file=sys.stderr)
@@ -401,6 +419,18 @@ def _plan(args) -> int:
     print(f"activation line checked on a micro-batch of {planner.HELD_OUT_SIZE} it was not fitted on: largest error "
           f"{result['largest_held_out_error']:+.2%}")
     return EXIT_OK if result["fastest"] else EXIT_FAILED
+
+
+def _audit(args) -> int:
+    from gradacc.training.audit import audit_stock_trainer
+
+    from gradacc.training import distributed
+
+    report = audit_stock_trainer(config_from_args(args), confinement=paths.TRUST_USER)  # the user's own folders
+    if not distributed.is_main_process():  # under accelerate launch / torchrun every rank audits; rank 0 says it
+        return EXIT_OK
+    print(json.dumps(report, default=str) if args.json else report["line"])
+    return EXIT_OK
 
 
 def _check(args) -> int:

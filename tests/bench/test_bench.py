@@ -214,3 +214,14 @@ def test_coupled(tmp_path, capsys, monkeypatch):
         [(model, m) for model in ("bow-batchnorm", "bow-layernorm") for m in (2, 4, 8)]
     assert all(goal["met"] for goal in result["goals"].values()), result["goals"]
     assert "recall@1" in result["printed"] and 0 < result["before_training"]["eval_mrr_at_10"] <= 1
+
+
+def test_audit_suite_measures_the_audit_against_a_window_once_per_run(tmp_path, capsys):
+    result = bench("audit", tmp_path, capsys)
+    assert [row["reference"].split(" (")[0] for row in result["rows"]] == ["replayed per micro-batch", "one pass over the window"]
+    for row in result["rows"]:
+        assert row["audits_per_run"] == [1]  # the audit runs once, on the first step, and only then
+        assert row["audit_vs_window"]["n"] == 2 and row["audit_vs_window"]["median"] > 0
+        # the whole audit includes its reference pass
+        assert all(a >= r for a, r in zip(row["audit_vs_window"]["values"], row["reference_vs_window"]["values"]))
+    assert len(result["goals"]) == 2

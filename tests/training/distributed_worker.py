@@ -36,6 +36,72 @@ def main_check(*args: str) -> dict:
     return {"code": code, "stdout": out.getvalue()}
 
 
+def audited_accelerate_loop(sync_each_batch: bool) -> dict:
+    """A hand-written ``accelerator.accumulate`` loop (k=2, DDP on 2 ranks) with gradacc.audit around its window."""
+    import torch
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+    from accelerate.utils import GradientAccumulationPlugin
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from gradacc.audit import audit_accelerate
+
+    AcceleratorState._reset_state(reset_partial_state=False)
+    GradientState._reset_state()
+    plugin = GradientAccumulationPlugin(num_steps=2, sync_each_batch=sync_each_batch)
+    accelerator = Accelerator(gradient_accumulation_plugin=plugin, cpu=True)
+    torch.manual_seed(0)  # the same weights on both ranks
+    model = BertForSequenceClassification(BertConfig(
+        vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+        max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+    model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    generator = torch.Generator().manual_seed(1 + distributed.rank())  # each rank its own micro-batches
+    window = [{"input_ids": torch.randint(1, 64, (4, 6 + 2 * i), generator=generator),
+               "labels": torch.randint(0, 2, (4,), generator=generator)} for i in range(2)]
+    with audit_accelerate(accelerator, model, optimizer, window) as audit:
+        for batch in window:
+            with accelerator.accumulate(model):
+                accelerator.backward(model(**batch).loss)
+                optimizer.step()
+                optimizer.zero_grad()
+    return audit.report
+
+
+def audited_trainer(fixed: bool) -> dict:
+    """A stock Trainer on a tiny BERT (k=2, 2 ranks) with gradacc.audit's callback: its default, or the fix."""
+    import tempfile
+
+    import torch
+    from transformers import (BertConfig, BertForSequenceClassification, PrinterCallback, Trainer,
+                              TrainingArguments)
+
+    from gradacc.audit import AccumulationAudit, token_mean_loss
+
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig(
+        vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+        max_position_embeddings=32, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1))
+    generator = torch.Generator().manual_seed(0)
+    examples = [{"input_ids": torch.randint(1, 64, (8,), generator=generator), "labels": torch.tensor(i % 2)}
+                for i in range(32)]
+    args = TrainingArguments(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                             max_steps=1, report_to="none", use_cpu=True, disable_tqdm=True, save_strategy="no")
+    audit = AccumulationAudit()
+    trainer = Trainer(model=model, args=args, train_dataset=examples, callbacks=[audit],
+                      compute_loss_func=token_mean_loss if fixed else None)
+    trainer.remove_callback(PrinterCallback)
+    trainer.train()
+    return audit.report
+
+
+def main_audit(*args: str) -> dict:
+    """``python -m gradacc audit`` under this launch: every rank audits, rank 0 prints the report."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["audit", *args])
+    return {"code": code, "stdout": out.getvalue()}
+
+
 def work() -> dict:
     seen = {"rank": distributed.rank(), "runs": {}, "uneven_runs": {}, "checks": {}}
     for backend in BACKENDS:
@@ -46,6 +112,9 @@ def work() -> dict:
     for backend in ("accelerate", "trainer"):
         seen["checks"][backend] = check(RunConfig(backend=backend, micro_batch_size=4, grad_accum_steps=2,
                                                   max_seq_length=32, num_processes=2), cases=("equal_windows",))
+    seen["audits"] = {"accumulate": audited_accelerate_loop(False), "sync_each_batch": audited_accelerate_loop(True),
+                      "trainer_default": audited_trainer(False), "trainer_fixed": audited_trainer(True)}
+    seen["cli_audit"] = main_audit("--model", "tiny-bert", "-m", "4", "-k", "2", "--max-seq-length", "32", "--json")
     seen["cli_check"] = main_check("--backend", "pytorch", "-m", "4", "-k", "2", "--max-seq-length", "32", "--json")
     return seen
 

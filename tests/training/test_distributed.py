@@ -102,6 +102,39 @@ def test_no_sync_all_reduces_once_per_window_and_k_times_without(ranks):
             assert theirs["loss"] == pytest.approx(ours["loss"], rel=TOLERANCE)
 
 
+def test_audit_of_a_users_accelerate_loop_on_two_processes_counts_the_syncs_of_its_window(ranks):
+    """gradacc.audit around a hand-written accelerator.accumulate loop (k=2, DDP): exact against the window's
+    mean-loss gradient over both ranks; one all-reduce per window, and two when each micro-batch syncs."""
+    for rank in (0, 1):
+        audits = ranks[rank]["audits"]
+        right, chatty = audits["accumulate"], audits["sync_each_batch"]
+        assert right["num_processes"] == 2 and right["ok"], right["line"]
+        assert right["rel_error"] <= TOLERANCE and right["checks"]["sync"] == {"synced_micro_batches": 1, "ok": True}
+        assert chatty["gradient"] == "exact" and chatty["checks"]["sync"] == {"synced_micro_batches": 2, "ok": False}
+        assert chatty["problems"] == [p for p in chatty["problems"] if p.startswith("gradients all-reduced in 2 of 2")]
+        assert len(chatty["problems"]) == 1
+
+
+def test_audit_of_a_stock_trainer_on_two_processes_finds_k_times_p_and_the_fix_exact(ranks):
+    """Trainer multiplies each loss by P to undo DDP's average: a #47688 head is k·P = 4× too large on 2 ranks
+    (k=2). Dropout on: each rank replays its own micro-batches' masks; the reference is summed over ranks."""
+    for rank in (0, 1):
+        default, fixed = ranks[rank]["audits"]["trainer_default"], ranks[rank]["audits"]["trainer_fixed"]
+        assert default["gradient"] == "k× too large" and "k·P = 2·2" in default["meaning"], default["line"]
+        assert default["rel_error"] == pytest.approx(3, rel=1e-4)
+        assert default["checks"]["logged_loss"]["ratio"] == pytest.approx(4, rel=1e-4)
+        assert fixed["ok"] and fixed["rel_error"] <= TOLERANCE, fixed["line"]
+
+
+def test_cli_audit_on_two_processes_prints_one_report_with_k_times_p(ranks):
+    """``python -m gradacc audit`` under torchrun: tiny-bert's stock Trainer is k·P = 4× too large; rank 0 prints."""
+    assert ranks[0]["cli_audit"]["code"] == ranks[1]["cli_audit"]["code"] == 0
+    assert ranks[1]["cli_audit"]["stdout"] == ""
+    report = json.loads(ranks[0]["cli_audit"]["stdout"])
+    assert report["gradient"] == "k× too large" and "k·P = 2·2" in report["meaning"]
+    assert report["rel_error"] == pytest.approx(3, rel=1e-4) and report["micro_batches"] == 2
+
+
 def test_two_processes_train_like_one_process_with_the_same_effective_batch(ranks):
     """2 ranks × m=4 × k=2 sees the same 16 examples per step as 1 process × m=8 × k=2: the same curve."""
     recorder = Recorder()

@@ -22,7 +22,7 @@ from gradacc.events import EventSink
 from gradacc.training.options import RunOptions
 
 
-@dataclass
+@dataclass(frozen=True)  # built whole by ``prepare``: nothing is set on a Job after it is made
 class Job:
     config: RunConfig
     model: object

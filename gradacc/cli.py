@@ -21,7 +21,8 @@ import threading
 
 from gradacc import events, paths
 from gradacc.config import (BACKENDS, CONTRASTIVE, LOSS_NORMALIZATIONS, OPTIMIZERS, PITFALLS, PRECISIONS, TASKS,
-                            RunConfig, in_cli_words)
+                            RunConfig)
+from gradacc.labels import in_cli_words
 from gradacc.errors import GradaccError
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2

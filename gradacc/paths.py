@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gradacc.errors import GradaccError
+from gradacc.labels import field_label
 
 
 def home() -> Path:
@@ -103,8 +104,6 @@ def visitors_unless(confinement: Confinement | None) -> Confinement:
 
 def _resolved(path: str | Path, allowed: tuple[Path, ...] | None, field: str) -> Path:
     """Resolve ``path`` (symlinks too); refuse it unless ``allowed`` is None or it lies inside one of them."""
-    from gradacc.config import field_label
-
     resolved = Path(path).expanduser().resolve()
     if allowed is not None and not any(resolved == folder or folder in resolved.parents for folder in allowed):
         places = ", ".join(str(f) for f in allowed)

@@ -6,7 +6,8 @@ from gradacc.app import charts, form, inputs, pacing, runview, server, train_for
 from gradacc import units
 from gradacc.app.live_chart import live_chart
 from gradacc.training.backends import DESCRIPTIONS
-from gradacc.config import BACKENDS, RunConfig, field_label
+from gradacc.config import BACKENDS, RunConfig
+from gradacc.labels import field_label
 from gradacc.errors import GradaccError
 
 K = train_form.TRAIN_FORM

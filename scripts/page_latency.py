@@ -9,9 +9,10 @@ one JSON object (seconds):
 - click_to_first_loss_s: clicking Start to the first point on the loss chart, once per run, each run in
   a new browser session (a visitor's first click: the page has loaded nothing for a run yet).
 
-    python3 scripts/page_latency.py [--runs 3]
+    python3 scripts/page_latency.py [--runs 3] > page-latency.json
+    python -m gradacc bench latency --browser-times page-latency.json   # the browser figure beside the others
 
-Uses the browser tests' helpers (tests/browser) so it drives the page exactly as they do.
+Uses the helpers the browser tests use (scripts/browsing/), so it drives the page exactly as they do.
 """
 
 from __future__ import annotations
@@ -24,14 +25,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tests" / "browser"), str(ROOT / "tests")]  # the browser tests' conftest first
+sys.path[:0] = [str(ROOT / "scripts" / "browsing")]  # the helpers the browser tests use too
 
-from conftest import CHROMIUM, CHROMIUM_ARGS, VIEWPORT  # noqa: E402
+from chromium import VIEWPORT, launch  # noqa: E402
 from playwright.sync_api import expect, sync_playwright  # noqa: E402
 
 import st_ui  # noqa: E402
 import train_page  # noqa: E402
-from support import StreamlitServer  # noqa: E402
+from app_server import StreamlitServer  # noqa: E402
 
 
 def time_first_run(browser, base_url: str) -> float:
@@ -57,7 +58,7 @@ def main() -> None:
         result = {"server_healthy_s": round(time.monotonic() - started, 2)}
         try:
             with sync_playwright() as playwright:
-                browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+                browser = launch(playwright)
                 page = browser.new_page(viewport=VIEWPORT, base_url=server.url)
                 opened = time.monotonic()
                 page.goto("/")

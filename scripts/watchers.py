@@ -17,7 +17,7 @@ browsers' core went (by process), and health latency (median, max).
                                [--kdamond-on-browsers-cpu]
 
 Not a test: figures depend on the machine and on what else runs on it (the load average is recorded).
-Uses the browser tests' helpers (tests/browser) so it drives the page exactly as they do.
+Uses the helpers the browser tests use (scripts/browsing/), so it drives the page exactly as they do.
 """
 
 from __future__ import annotations
@@ -38,14 +38,14 @@ from pathlib import Path
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tests" / "browser"), str(ROOT / "tests"), str(ROOT)]  # the browser tests' conftest first
+sys.path[:0] = [str(ROOT / "scripts" / "browsing"), str(ROOT)]  # the helpers the browser tests use too
 
-from conftest import CHROMIUM, CHROMIUM_ARGS, VIEWPORT  # noqa: E402
+from chromium import VIEWPORT, launch  # noqa: E402
 from playwright.sync_api import expect, sync_playwright  # noqa: E402
 
 import st_ui  # noqa: E402
 import train_page  # noqa: E402
-from support import StreamlitServer, wait_for  # noqa: E402
+from app_server import StreamlitServer, wait_for  # noqa: E402
 
 from gradacc.app.pacing import room_poll_seconds  # noqa: E402
 
@@ -428,7 +428,7 @@ def main() -> None:
         results = []
         try:
             with sync_playwright() as playwright:
-                browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+                browser = launch(playwright)
                 for count in args.counts:
                     results.append(one_count(browser, server, home, probe, int(count.removesuffix("b")), args.window,
                                              args.profile, busy_neighbour=count.endswith("b"),

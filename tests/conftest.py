@@ -9,18 +9,31 @@ import sys
 
 import pytest
 
-from support import ROOT
+from support import LIMIT_VARIABLES, ROOT
 
 sys.path.insert(0, str(ROOT))  # gradacc itself, without installing it
-# One intra-op thread for torch in this process and every process it starts, whatever order the tests run in:
-# tiny models on a busy 2-core machine train several times faster on one (the app's own setting, see
-# GRADACC_TORCH_THREADS). Before this, a test got one thread only if a page test's warm-up had run first.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+# One intra-op thread for torch in this process and every process it starts, whatever order the tests run in and
+# whatever the developer's shell says: tiny models on a busy 2-core machine train several times faster on one
+# (the app's own setting), and a run's floats depend on the thread count, so a recipe's F1 must not depend on
+# which test ran before it. The pin itself is the session fixture ``torch_threads_pinned`` below.
+TORCH_THREADS = 1
+os.environ["OMP_NUM_THREADS"] = str(TORCH_THREADS)
 
-# What a deployment may set; a test that does not set them itself must not inherit a developer's values.
-LIMIT_VARIABLES = ("GRADACC_MAX_EPOCHS", "GRADACC_MAX_TRAIN_SAMPLES", "GRADACC_MAX_RUN_SECONDS",
-                   "GRADACC_MAX_UPLOAD_MB", "GRADACC_ALLOW_HUB", "GRADACC_MAX_CONCURRENT_RUNS",
-                   "GRADACC_TORCH_THREADS")
+for _name in LIMIT_VARIABLES:  # a test sets the limits it means (monkeypatch); none leaks in from the shell
+    os.environ.pop(_name, None)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def torch_threads_pinned():
+    """Torch computes with TORCH_THREADS threads for the whole session, in every thread. torch is imported here,
+    before any page test starts the app's warm-up, so the warm-up finds it imported and leaves the count alone.
+    Otherwise its set_num_threads, called when its imports end, decides the count of every thread started after
+    that moment (a run's, Trainer's) and not of those started before: which count a test trains with depended
+    on how long the imports took (tests/serving/test_warmup.py shows it with the real torch)."""
+    import torch
+
+    torch.set_num_threads(TORCH_THREADS)
+    yield TORCH_THREADS
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -30,8 +30,10 @@ from __future__ import annotations
 import math
 import threading
 
-from gradacc.config import RunConfig, field_label
+from gradacc.config import RunConfig
+from gradacc.labels import field_label
 from gradacc.errors import GradaccError
+from gradacc.training.gradients import gradient_sums
 
 CASES = ("equal_windows", "short_last_window", "token_level", "language_model")
 # The language-model case: a causal LM's next-token loss, where micro-batches of texts of uneven lengths
@@ -245,22 +247,3 @@ def relative_error(gradient: dict, reference: dict) -> float:
     """‖gradient − reference‖ / ‖reference‖ over all parameters."""
     sums = gradient_sums(gradient, reference)
     return (sums["difference"] / sums["reference"]) ** 0.5
-
-
-def gradient_sums(gradient: dict, reference: dict, gradient_scale: float = 1.0) -> dict:
-    """Sums over all parameters of g = ``gradient`` × ``gradient_scale`` and r = ``reference``, taken tensor by
-    tensor (no copy of a whole gradient: on a 20M-parameter model concatenating costs a good part of a
-    window's backward): ‖g − r‖², ‖r‖², g·r and ‖g‖², in float64."""
-    import torch
-
-    if set(gradient) != set(reference):
-        raise GradaccError("The accumulated and full-batch gradients cover different parameters.", "backend")
-    parts = []
-    for name in sorted(reference):
-        g, r = gradient[name], reference[name]
-        difference = torch.add(r, g, alpha=-gradient_scale)  # r − s·g: one pass, one temporary
-        parts.append(torch.stack([torch.dot(difference, difference), torch.dot(r, r), torch.dot(g, r),
-                                  torch.dot(g, g)]).double())
-    difference, reference_sq, dot, own = (float(x) for x in torch.stack(parts).sum(dim=0))
-    return {"difference": difference, "reference": reference_sq, "dot": dot * gradient_scale,
-            "own": own * gradient_scale ** 2}

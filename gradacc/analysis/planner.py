@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from gradacc.config import field_label
+from gradacc.labels import field_label
 from gradacc.errors import GradaccError
 from gradacc.units import MB
 

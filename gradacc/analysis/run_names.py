@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gradacc.config import FIELD_LABELS, RunConfig
+from gradacc.config import RunConfig
+from gradacc.labels import FIELD_LABELS
 
 
 def title(run) -> str:
@@ -31,7 +32,7 @@ DATA_FIELDS = ("dataset", "text_column", "label_column", "dataset_split", "train
                "max_seq_length")
 # Config fields never worth naming as a difference between runs.
 NOT_DIFFERENCES = {"instrument"}
-# Legends and headlines need shorter names than the page's labels (config.FIELD_LABELS) for a few fields.
+# Legends and headlines need shorter names than the page's labels (labels.FIELD_LABELS) for a few fields.
 SHORT_NAMES = {"micro_batch_size": "m", "grad_accum_steps": "k", "loss_normalization": "normalisation",
                "learning_rate": "lr", "max_seq_length": "max length"}
 

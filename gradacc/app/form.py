@@ -9,9 +9,9 @@ from pathlib import Path
 
 from gradacc.training.sources import data as data_module
 from gradacc import paths
-from gradacc.config import (BUILTIN_DATASETS, BUILTIN_MODELS, RECIPES, RunConfig, field_label, recipe_for,
-                            too_few_examples,
+from gradacc.config import (BUILTIN_DATASETS, BUILTIN_MODELS, RECIPES, RunConfig, recipe_for, too_few_examples,
                             total_optimizer_steps)
+from gradacc.labels import field_label
 from gradacc.errors import GradaccError
 from gradacc.serving.limits import Limits
 

@@ -9,7 +9,8 @@ import streamlit as st
 
 from gradacc.app import form
 from gradacc.config import (BACKENDS, BUILTIN_DATASETS, BUILTIN_MODELS, LOSS_NORMALIZATIONS, OPTIMIZERS, PITFALLS,
-                            PRECISIONS, RunConfig, field_label)
+                            PRECISIONS, RunConfig)
+from gradacc.labels import field_label
 from gradacc.errors import GradaccError
 from gradacc.serving import uploads
 from gradacc.serving.limits import Limits
@@ -50,7 +51,7 @@ class FieldErrors:
 
 
 def number_field(prefix: str, field: str, errors: FieldErrors, *, whole: bool = True, **options):
-    """A number input labelled as ``config.FIELD_LABELS`` says, with its error slot right under it.
+    """A number input labelled as ``labels.FIELD_LABELS`` says, with its error slot right under it.
 
     A whole-number field is a float input shown with ``%g``: the browser's integer input turns a typed 2.5
     into 2 without a word, while this passes 2.5 on for ``RunConfig.validate`` to refuse. Whole values

@@ -19,7 +19,7 @@ CHART_POLL_SECONDS = 1.0
 # work competes with the training it shows. Up to FULL_PACE_PAGES pages poll every second; a larger room shares a
 # budget of ROOM_POLLS_PER_SECOND: three pages poll every 3 s, five every 4 s, ten or more every 8 s
 # (MAX_CHART_POLL_SECONDS at most). The run's owner, whose page is the one on the projector, keeps polling every
-# second. A page says when it refreshes more slowly (BENCHMARKS.md, watchers, measures the budget).
+# second. A page says when it refreshes more slowly (docs/bench/watchers.md measures the budget).
 FULL_PACE_PAGES = 2
 ROOM_POLLS_PER_SECOND = 1.25
 MAX_CHART_POLL_SECONDS = 8.0

@@ -26,7 +26,7 @@ def _create_manager() -> RunManager:
     warmup.torch_threads()  # a bad GRADACC_TORCH_THREADS stops the page with one sentence, like the limits
     # The training thread gives the GIL up inside every torch op and must win it back after: while pages are
     # drawn in other threads, each op can wait out a whole switch interval (5 ms by default). 1 ms keeps a
-    # room of watchers from stalling the run they watch.
+    # room of watchers from stalling the run they watch (docs/bench/watchers.md).
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     # plotly looks numpy and pandas up in sys.modules without importing them; while the warm-up thread is
     # half-way through importing pandas, a chart drawn here would find a partial module and fail. Import both

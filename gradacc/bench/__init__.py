@@ -41,6 +41,9 @@ def add_parser(subcommands) -> None:
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"folder for SUITE.json/.html/.png (default {DEFAULT_OUT})")
     parser.add_argument("--threads", type=int, default=DEFAULT_THREADS,
                         help="torch intra-op threads while measuring (0: torch's default)")
+    parser.add_argument("--browser-times", metavar="FILE",
+                        help="latency only: a JSON of click → first loss seconds measured in a browser "
+                             "(scripts/page_latency.py's output)")
     parser.set_defaults(run=run)
 
 
@@ -55,7 +58,8 @@ def run(args) -> int:
     threads = args.threads or threads_before
     torch.set_num_threads(threads)
     try:
-        result = suite.run(quick=args.quick, threads=threads)
+        options = {"browser_times": args.browser_times} if args.suite == "latency" else {}
+        result = suite.run(quick=args.quick, threads=threads, **options)
     except RunFailed as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

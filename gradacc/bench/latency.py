@@ -5,8 +5,9 @@
   to the ``run_started`` line (imports, data, model) is kept too;
 - warm: ``engine.train`` in this process after a warm-up run (libraries imported, tokenizer cached), timed
   from the call to the first step event;
-- browser: from clicking Start to the first point on the loss chart, as the Playwright test measured it
-  (``test-artifacts/latency.json``, written by tests/browser); read if present, never measured here.
+- browser: from clicking Start to the first point on the loss chart, read from the file given with
+  ``--browser-times`` (what ``scripts/page_latency.py`` prints, or the timings a browser test session wrote);
+  never measured here, and never looked for in a place the tests write to: a figure says where it came from.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from gradacc.bench import report, runs
 from gradacc.config import BACKENDS, RunConfig
 
 ROOT = Path(__file__).resolve().parents[2]
-BROWSER_FILE = ROOT / "test-artifacts" / "latency.json"
 RUN = dict(micro_batch_size=8, grad_accum_steps=1, max_steps=2, train_samples=64, eval_samples=8, epochs=1)
 FULL = dict(repeats=3, cold_backends=BACKENDS)
 QUICK = dict(repeats=1, cold_backends=("pytorch",))
@@ -69,23 +69,31 @@ def warm(backend: str) -> dict:
     return {"to_run_started_s": marks["run_started"], "to_first_step_s": marks["step"]}
 
 
-def browser() -> dict:
-    if not BROWSER_FILE.exists():
-        return {"measured": False, "reason": f"{BROWSER_FILE.relative_to(ROOT)} not found: not measured in this "
-                                              "run (the browser tests in tests/browser write it)"}
-    data = json.loads(BROWSER_FILE.read_text())
+def browser(path: str | None) -> dict:
+    """The click → first loss figure from ``path``: a JSON with ``first_run_click_to_first_loss_s`` (the browser
+    tests' timings) or a list ``click_to_first_loss_s`` (scripts/page_latency.py's output)."""
+    if not path:
+        return {"measured": False, "reason": "no --browser-times file given: not measured in this run"}
+    source = Path(path)
+    try:
+        data = json.loads(source.read_text())
+    except (OSError, ValueError) as error:
+        return {"measured": False, "reason": f"--browser-times {path}: {error}"}
     first = data.get("first_run_click_to_first_loss_s")
-    return {"measured": True, "source": str(BROWSER_FILE.relative_to(ROOT)),
-            "source_modified": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(BROWSER_FILE.stat().st_mtime)),
-            "measured_by": "Playwright test tests/browser/test_browser_train.py (click Start → first loss point)",
-            "click_to_first_loss_s": first, "runs": data.get("runs", []), "unit": data.get("unit")}
+    if first is None and isinstance(data.get("click_to_first_loss_s"), list) and data["click_to_first_loss_s"]:
+        first = data["click_to_first_loss_s"][0]
+    if first is None:
+        return {"measured": False, "reason": f"--browser-times {path}: no click_to_first_loss_s in it"}
+    return {"measured": True, "source": str(source),
+            "source_modified": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(source.stat().st_mtime)),
+            "click_to_first_loss_s": first, "runs": data.get("runs", []), "unit": data.get("unit", "seconds")}
 
 
 def summarise(samples: list[dict]) -> dict:
     return {key: statistics.median(s[key] for s in samples) for key in samples[0]} | {"repeats": samples}
 
 
-def run(quick: bool = False, threads: int = 1) -> dict:
+def run(quick: bool = False, threads: int = 1, browser_times: str | None = None) -> dict:
     started = time.perf_counter()
     size = QUICK if quick else FULL
     result = report.envelope("latency", quick, threads, {
@@ -105,7 +113,7 @@ def run(quick: bool = False, threads: int = 1) -> dict:
                 cold_samples[backend].append(cold(backend, threads))
     result["warm"] = {b: summarise(s) for b, s in warm_samples.items()}
     result["cold"] = {b: summarise(s) for b, s in cold_samples.items()}
-    result["browser"] = browser()
+    result["browser"] = browser(browser_times)
     result["notes"] = ["Seconds are this machine's, medians of the repeats."]
     skipped = [b for b in BACKENDS if b not in cold_samples]
     if skipped:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Iterable
 
 from gradacc import events as ev
-from gradacc.config import field_label
+from gradacc.labels import field_label
 from gradacc.errors import GradaccError, one_line
 
 log = logging.getLogger(__name__)

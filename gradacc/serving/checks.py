@@ -12,7 +12,8 @@ import concurrent.futures
 import threading
 import time
 
-from gradacc.config import RunConfig, field_label
+from gradacc.config import RunConfig
+from gradacc.labels import field_label
 from gradacc.errors import GradaccError, one_line
 from gradacc.serving import warmup
 

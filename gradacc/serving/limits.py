@@ -19,7 +19,8 @@ import os
 from dataclasses import dataclass
 
 from gradacc import env, paths
-from gradacc.config import BUILTIN_DATASETS, BUILTIN_MODELS, RunConfig, field_label
+from gradacc.config import BUILTIN_DATASETS, BUILTIN_MODELS, RunConfig
+from gradacc.labels import field_label
 from gradacc.errors import GradaccError
 from gradacc.training.sources.hub import hub_allowed  # light: os and socket only
 

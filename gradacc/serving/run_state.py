@@ -48,6 +48,7 @@ class RunState:
         self._shared_snapshot: tuple[float, RunState] | None = None  # (monotonic time taken, snapshot)
         self._by_kind: dict[str, tuple[int, list[dict]]] = {}  # kind -> (events scanned, those of the kind)
         self._viewers: dict[str, float] = {}  # session id -> monotonic time of its latest snapshot
+        self.clock = time.monotonic  # what "lately" and a snapshot's age are measured with (tests step their own)
 
     def __repr__(self) -> str:
         return f"RunState({self.run_id!r}, status={self.status!r}, events={len(self.events)})"
@@ -84,7 +85,7 @@ class RunState:
 
     def watchers(self, within: float = WATCHERS_WINDOW_S) -> int:
         """How many sessions took a snapshot of this run in the last ``within`` seconds."""
-        now = time.monotonic()
+        now = self.clock()
         since, forget_before = now - within, now - max(within, WATCHERS_WINDOW_S)
         with self._lock:
             # Forget sessions gone for longer than the window: a run watched by a talk's room for an hour would
@@ -100,7 +101,7 @@ class RunState:
         not changed. Every page watching a live run then draws the same events in that time, so their figures
         are built once for all of them (the figure cache is keyed by the event count), however fast steps come.
         """
-        now = time.monotonic()
+        now = self.clock()
         with self._lock:
             if viewer is not None:  # a watching page: counted by ``watchers``
                 self._viewers[viewer] = now

@@ -12,9 +12,10 @@ would fail until a restart. So while the libraries import, nothing else in the p
 
 Once torch is imported, the warm-up also sets how many threads it computes with (``GRADACC_TORCH_THREADS``,
 default 1): the server's cores are shared with the web server, the live page and whatever else runs there,
-and torch's default of one thread per core then oversubscribes them. Measured on 2 cores with another busy
-process on one: 16 optimizer steps took 7.8–12.7 s with 2 torch threads and 0.5–0.9 s with 1 (idle: 0.4–0.6 s
-and 0.3–0.5 s).
+and torch's default of one thread per core then oversubscribes them (see BENCHMARKS.md,
+section "Why one thread"). It does so only for the torch it imported itself: a process that had torch before the warm-up started
+(the test suite, which pins its own count) chose its threads already, and a background thread changing them
+at a moment that depends on import time would make the same run compute with other floats.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import ast
 import importlib
 import logging
 import os
+import sys
 import threading
 
 from gradacc.errors import one_line
@@ -46,16 +48,18 @@ _state = "cold"
 _failure: str | None = None
 _thread: threading.Thread | None = None
 _import = importlib.import_module  # the tests put a slow or failing import here
+_torch_was_imported = False  # torch was there before start(): its thread count is the process's own choice
 DEFAULT_TORCH_THREADS = 1
 
 
 def start() -> None:
     """Start the imports in a daemon thread; calling it again does nothing."""
-    global _state, _thread
+    global _state, _thread, _torch_was_imported
     with _state_lock:
         if _state != "cold":
             return
         _state = "warming"
+        _torch_was_imported = "torch" in sys.modules
         _importing.acquire()  # before the thread starts: a parse right after start() must wait
         _thread = threading.Thread(target=_import_all, name="gradacc-warm-up", daemon=True)
     _thread.start()
@@ -106,7 +110,7 @@ def _import_all() -> None:
                 log.warning("warm-up could not import %s", module_name, exc_info=True)
                 if _failure is None:
                     _failure = f"{module_name}: {one_line(error)}"
-        if "torch" in imported:
+        if "torch" in imported and not _torch_was_imported:
             try:
                 imported["torch"].set_num_threads(torch_threads())
             except Exception as error:  # a bad GRADACC_TORCH_THREADS: said on the page like an import error

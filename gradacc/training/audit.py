@@ -4,7 +4,7 @@ On the run's first optimizer step with k > 1 the audit recomputes, on the same m
 weights, the gradient of the window's mean loss over its items (``reference``) and compares it with the
 gradient the run accumulated and is about to apply:
 
-    relative error = ‖g_run − g_reference‖ / ‖g_reference‖      (analysis.equivalence's, from gradient_sums)
+    relative error = ‖g_run − g_reference‖ / ‖g_reference‖   (training.gradients, as the equivalence check)
 
 and says what the error means: ≈ k − 1 is a k× gradient (a head that ignores ``num_items_in_batch``,
 transformers #47688), a plain scale j/k a short window divided by the configured k, a residual that is no
@@ -33,7 +33,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from gradacc.analysis.equivalence import gradient_sums
+from gradacc.training.gradients import gradient_sums
 from gradacc.training.windows import loss_weight
 
 logger = logging.getLogger("gradacc.audit")

@@ -14,9 +14,9 @@ What a run needs, measured (``measure_need``):
 - on CUDA, the device's own share: the CUDA libraries' workspaces (cuBLAS keeps tens of MB per stream once it
   has run), the buffers the backward pass allocates for a moment and the allocator's rounding to whole segments,
   measured as what the caching allocator reserves at its peak over one real forward and backward pass of the same
-  two examples, less that pass's activations and gradients.
-  Without it, a real H200 refused tiny-bert at m=64, measured at 13 MB, under budgets of 14, 16, 20 and 53 MB:
-  its allocator peaked at 86 MB.
+  two examples, less that pass's activations and gradients. Without it the measured need misses most of what a
+  small model takes on a GPU, and runs the budget admits are refused by the allocator (see BENCHMARKS.md,
+  section "cuda: one H200, once").
 
 During the run every measured micro-batch (the first of each window) is checked against the budget with its
 real activation bytes (``Guard.check_activations``): dynamic padding, or data the probe did not see, can make a

@@ -30,8 +30,8 @@ def flush_denormals(on: bool) -> None:
     """Subnormal floats (below ~1.2e-38) as zero on this thread (and the threads it starts) while it trains.
 
     x86 CPUs compute subnormals in microcode, many times slower, and tiny-bert's training passes through them:
-    the same run's speed swung between 943 and 1,382 samples/s from one ten-second window to the next, and flushed
-    it held at 1,500-1,575 (BENCHMARKS.md, watchers). No figure gradacc shows comes near 1e-38.
+    unflushed, the same run's speed swings from one window to the next (see docs/bench/watchers.md, linked from
+    BENCHMARKS.md's watchers row). No figure gradacc shows comes near 1e-38.
     """
     import torch
 
@@ -108,8 +108,8 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
 
 
 def _warnings(emitted: list[dict], config: RunConfig) -> list[str]:
-    """A run that completed badly says so (see gradacc.analysis.health); a bug there never fails the run."""
-    from gradacc.analysis.health import run_warnings
+    """A run that completed badly says so (see gradacc.training.health); a bug there never fails the run."""
+    from gradacc.training.health import run_warnings
 
     try:
         return run_warnings(emitted, config)
@@ -153,9 +153,9 @@ def announce(job) -> dict:
     started = events.run_started(config=config.to_dict(), effective_batch=config.effective_batch,
                                  total_steps=job.total_steps, steps_per_epoch=job.steps_per_epoch,
                                  train_examples=len(job.train_examples), eval_examples=len(job.eval_examples),
-                                 static_memory=static, device=str(job.device)) | {"notes": job.notes}
-    if guard is not None:  # what the run was measured to need, and what caps it
-        started["memory_need"] = guard.need.to_dict() | {"cap_bytes": guard.cap.bytes, "cap_source": guard.cap.source}
+                                 static_memory=static, device=str(job.device), notes=job.notes,
+                                 memory_need=guard.need.to_dict() | {"cap_bytes": guard.cap.bytes,
+                                                                     "cap_source": guard.cap.source} if guard else None)
     return started
 
 

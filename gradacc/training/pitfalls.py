@@ -14,7 +14,7 @@ the right loop would have done at the same optimizer step:
 - the right window loss: each micro-batch's mean loss (a forward hook) weighted as ``loss_weight`` weights it,
   against the loss the run logged.
 
-Every step event of such a run carries these figures as ``pitfall``; gradacc.analysis.health turns them into
+Every step event of such a run carries these figures as ``pitfall``; gradacc.training.health turns them into
 ``run_ended`` warnings. Runs without pitfalls attach nothing and pay nothing.
 """
 

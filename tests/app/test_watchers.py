@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from gradacc import events as ev
@@ -16,8 +14,19 @@ def step(n: int, loss: float = 1.0) -> dict:
             "activation_bytes": 2e5, "elapsed_s": 0.1 * n}
 
 
+class Clock:
+    """A monotonic clock the test moves by hand: windows of seconds are crossed without sleeping."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def live_run(steps: int = 3) -> RunState:
     run = RunState("r1", "owner", None, {"micro_batch_size": 8, "grad_accum_steps": 4}, "queued")
+    run.clock = Clock()
     run.record({"event": ev.RUN_STARTED, "total_steps": 100, "static_memory": {"total": 3e6}})
     for n in range(1, steps + 1):
         run.record(step(n))
@@ -44,6 +53,11 @@ def test_a_shared_snapshot_is_renewed_when_it_is_too_old_or_the_status_changes()
     run.record(step(4))
     assert run.snapshot(reuse_for=0.0) is not shared  # no reuse asked
     shared = run.snapshot(reuse_for=60.0)
+    run.clock.now += 30.0
+    assert run.snapshot(reuse_for=60.0) is shared  # young enough
+    run.clock.now += 31.0
+    assert run.snapshot(reuse_for=60.0) is not shared  # too old
+    shared = run.snapshot(reuse_for=60.0)
     run.record({"event": ev.RUN_ENDED, "status": ev.COMPLETED, "steps": 4})
     ended = run.snapshot(reuse_for=60.0)
     assert ended is not shared and ended.status == ev.COMPLETED and ended.ended["steps"] == 4
@@ -55,9 +69,10 @@ def test_watchers_counts_sessions_seen_lately_once_each():
         run.snapshot(reuse_for=1.0, viewer=viewer)
     run.snapshot()  # the owner's own bookkeeping, no viewer: not a watcher
     assert run.watchers() == 3
-    time.sleep(0.05)
+    run.clock.now += 5.0
     run.snapshot(viewer="d")
-    assert run.watchers(within=0.04) == 1
+    assert run.watchers(within=4.0) == 1
+    assert run.watchers(within=6.0) == 4
 
 
 def test_events_by_kind_stay_right_as_the_run_grows():
@@ -102,15 +117,16 @@ def test_the_loss_chart_says_when_it_draws_fewer_points_than_steps():
     assert "steps" not in charts.loss_figure(events[:10]).layout.xaxis.title.text
 
 
-def test_sessions_gone_longer_than_the_window_are_forgotten(monkeypatch):
-    from gradacc.serving import run_state
+def test_sessions_gone_longer_than_the_window_are_forgotten():
+    from gradacc.serving.run_state import WATCHERS_WINDOW_S
 
-    monkeypatch.setattr(run_state, "WATCHERS_WINDOW_S", 0.02)
     run = live_run()
     run.snapshot(viewer="left")
-    time.sleep(0.05)
+    run.clock.now += WATCHERS_WINDOW_S / 2
     run.snapshot(viewer="stayed")
-    assert run.watchers(within=0.02) == 1
+    assert run.watchers() == 2 and list(run._viewers) == ["left", "stayed"]  # both inside the window
+    run.clock.now += WATCHERS_WINDOW_S / 2 + 1
+    assert run.watchers() == 1
     assert list(run._viewers) == ["stayed"]  # not only uncounted: dropped
 
 

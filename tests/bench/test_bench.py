@@ -94,43 +94,41 @@ def test_sweep(tmp_path, capsys):
     assert math.isfinite(result["final_eval_f1_range"])
 
 
-@pytest.fixture
-def browser_figures(tmp_path, monkeypatch):
-    """Where the latency suite looks for the browser tests' figures: a file of this test's own in test-artifacts/
-    (absent unless the test writes it), not the one a browser test run may have left there."""
-    from gradacc.bench import latency
-
-    path = latency.ROOT / "test-artifacts" / f"latency-{tmp_path.name}.json"
-    monkeypatch.setattr(latency, "BROWSER_FILE", path)
-    yield path
-    path.unlink(missing_ok=True)
-
-
-def test_latency(tmp_path, capsys, browser_figures):
+def test_latency(tmp_path, capsys):
     result = bench("latency", tmp_path, capsys)
     for backend in BACKENDS:
         warm = result["warm"][backend]
         assert positive(warm["to_first_step_s"]) and warm["to_run_started_s"] <= warm["to_first_step_s"]
     cold = result["cold"]["pytorch"]
     assert positive(cold["to_first_step_s"]) and cold["to_run_started_s"] <= cold["to_first_step_s"]
-    # No browser figures: said to be missing, never made up.
-    reason = (f"test-artifacts/{browser_figures.name} not found: not measured in this run (the browser tests in "
-              "tests/browser write it)")
+    # No browser figures given: said to be missing, never made up, never looked for in test-artifacts/.
+    reason = "no --browser-times file given: not measured in this run"
     assert result["browser"] == {"measured": False, "reason": reason}
     assert f"Browser click → first loss: {reason}." in result["notes"]
 
 
-def test_latency_reads_the_browser_tests_figures(browser_figures):
+@pytest.mark.parametrize("written, first", [
+    ({"runs": [{"test": "first run", "click_to_first_loss_s": 1.7},
+               {"test": "uploaded csv", "click_to_first_loss_s": 2.4}],
+      "first_run_click_to_first_loss_s": 1.7, "unit": "seconds"}, 1.7),  # a browser test session's timings
+    ({"server_healthy_s": 3.0, "click_to_first_loss_s": [2.1, 1.9]}, 2.1),  # scripts/page_latency.py's output
+])
+def test_latency_reads_browser_figures_from_the_file_it_is_given(tmp_path, written, first):
     from gradacc.bench import latency
 
-    browser_figures.parent.mkdir(exist_ok=True)
-    runs = [{"test": "first run", "click_to_first_loss_s": 1.7}, {"test": "uploaded csv", "click_to_first_loss_s": 2.4}]
-    browser_figures.write_text(json.dumps({"runs": runs, "first_run_click_to_first_loss_s": 1.7, "unit": "seconds"}))
-    found = latency.browser()
-    assert (found["measured"], found["source"], found["click_to_first_loss_s"]) == \
-        (True, f"test-artifacts/{browser_figures.name}", 1.7)
-    assert found["runs"] == runs and found["unit"] == "seconds"
+    path = tmp_path / "times.json"
+    path.write_text(json.dumps(written))
+    found = latency.browser(str(path))
+    assert (found["measured"], found["source"], found["click_to_first_loss_s"]) == (True, str(path), first)
+    assert found["runs"] == written.get("runs", [])
 
+
+def test_latency_says_why_a_browser_file_gave_no_figure(tmp_path):
+    from gradacc.bench import latency
+
+    (tmp_path / "empty.json").write_text("{}")
+    assert latency.browser(str(tmp_path / "empty.json"))["reason"].endswith("no click_to_first_loss_s in it")
+    assert latency.browser(str(tmp_path / "absent.json"))["measured"] is False
 
 
 def test_ga_bug(tmp_path, capsys):
@@ -143,6 +141,12 @@ def test_ga_bug(tmp_path, capsys):
         for key in ("naive_weight_l2", "exact_weight_l2", "naive_eval_loss_rel_diff", "exact_eval_loss_rel_diff"):
             assert math.isfinite(row[key]) and row[key] >= 0
     assert set(result["goals"]) == {"naive_grows_with_k", "exact_stays_at_rounding"}
+    # The bug, reproduced even in --quick: naive drifts further from the full batch as k grows, exact does not.
+    assert [r["naive_weight_l2"] for r in rows[1:]] == sorted(r["naive_weight_l2"] for r in rows[1:])
+    assert rows[1]["naive_weight_l2"] > 0
+    assert max(r["exact_weight_l2"] for r in rows) < 0.01 * rows[-1]["naive_weight_l2"]
+    assert {name: goal["met"] for name, goal in result["goals"].items()} == {
+        "naive_grows_with_k": True, "exact_stays_at_rounding": True}
     assert "naive ‖Δw‖₂" in result["printed"]
 
 

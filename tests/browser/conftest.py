@@ -14,11 +14,7 @@ from pathlib import Path
 import pytest
 from support import ARTIFACTS, StreamlitServer
 
-CHROMIUM = os.environ.get("GRADACC_CHROMIUM", "/usr/bin/chromium")
-# The flags that keep Chromium off the network (this machine has none) and quiet as root.
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
-VIEWPORT = {"width": 1400, "height": 1000}
+from chromium import CHROMIUM, VIEWPORT, launch  # scripts/browsing/, on the path through support
 
 
 def in_ci() -> bool:
@@ -77,7 +73,7 @@ def browser():
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        browser = launch(playwright)
         yield browser
         browser.close()
 
@@ -94,7 +90,7 @@ def page(browser, app_url, request, artifacts):
         failures = artifacts / "failures"
         failures.mkdir(exist_ok=True)
         try:
-            import st_ui  # beside this file; imported here so a missing playwright only skips
+            import st_ui  # scripts/browsing/; imported here so a missing playwright only skips
 
             st_ui.screenshot(page, failures / f"{request.node.name}.png")
         except Exception as error:  # a crashed page must not hide the test's own failure

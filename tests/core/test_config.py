@@ -6,7 +6,8 @@ import pytest
 
 import dataclasses
 
-from gradacc.config import CLI_FLAGS, FIELD_LABELS, RunConfig, effective_batch, in_cli_words
+from gradacc.config import RunConfig, effective_batch
+from gradacc.labels import CLI_FLAGS, FIELD_LABELS, in_cli_words
 from gradacc.errors import GradaccError
 
 
@@ -42,8 +43,8 @@ def test_bad_values_give_one_sentence_naming_the_field(field, value, message):
 def test_every_field_has_a_page_label_and_a_cli_flag():
     """Adding a RunConfig field means one line in each table: its messages then read in the page's words."""
     for field in dataclasses.fields(RunConfig):
-        assert FIELD_LABELS.get(field.name), f"{field.name} has no label in config.FIELD_LABELS"
-        assert field.name in CLI_FLAGS, f"{field.name} has no entry in config.CLI_FLAGS (None if no flag)"
+        assert FIELD_LABELS.get(field.name), f"{field.name} has no label in labels.FIELD_LABELS"
+        assert field.name in CLI_FLAGS, f"{field.name} has no entry in labels.CLI_FLAGS (None if no flag)"
 
 
 def test_the_cli_says_the_flag_where_the_page_says_the_label():

@@ -1,7 +1,11 @@
 """The package's layers, as rules that fail when broken (the layout itself is in README's "Where the code is"):
 
 - only app.py, pages/ and gradacc/app/ import streamlit;
-- gradacc/training/ and gradacc/analysis/ import nothing from gradacc.serving, gradacc.app or gradacc.bench;
+- the ground floor (gradacc's shared vocabulary: units, events, errors, paths, env, config, labels) imports no
+  layer, only itself; gradacc/export/ (the trackers, fed by the event stream) imports only the ground floor;
+- gradacc/training/ imports nothing from analysis, serving, app, bench or the CLI; gradacc/analysis/ nothing
+  from serving, app, bench or the CLI (arrows run down: app → serving → analysis → training → ground);
+- scripts/ and gradacc/ never import tests/ nor read what the tests write (test-artifacts/);
 - importing gradacc's shared modules, gradacc.serving or gradacc.app does not import torch (pages paint before
   the seconds-long torch import; the serving layer hands training to a thread that imports it).
 
@@ -63,6 +67,52 @@ def is_allowed_streamlit_user(path: Path) -> bool:
     return any(path == allowed or allowed in path.parents for allowed in STREAMLIT_ALLOWED)
 
 
+GROUND_FLOOR = ("gradacc.units", "gradacc.events", "gradacc.errors", "gradacc.paths", "gradacc.env", "gradacc.config",
+                "gradacc.labels")
+# What each layer must not import: everything above it.
+ABOVE = {
+    "export": ("gradacc.training", "gradacc.analysis", "gradacc.serving", "gradacc.app", "gradacc.bench",
+               "gradacc.cli"),
+    "training": ("gradacc.analysis", "gradacc.serving", "gradacc.app", "gradacc.bench", "gradacc.cli"),
+    "analysis": ("gradacc.serving", "gradacc.app", "gradacc.bench", "gradacc.cli"),
+}
+TESTS = ROOT / "tests"
+TEST_OUTPUT = "test-artifacts"
+
+
+def upward_imports(path: Path, forbidden: tuple[str, ...], source: str | None = None) -> list[str]:
+    return sorted(name for name in imported_modules(path, source) if any(within(name, f) for f in forbidden))
+
+
+def ground_floor_offences(path: Path, source: str | None = None) -> list[str]:
+    """What a ground-floor module imports of gradacc besides the ground floor (and the package itself)."""
+    return sorted(name for name in imported_modules(path, source)
+                  if within(name, "gradacc") and name != "gradacc" and not any(within(name, g) for g in GROUND_FLOOR))
+
+
+def bare_test_module_names() -> set[str]:
+    """The bare names under which modules of tests/ import (the suite puts tests/ and tests/browser/ on
+    sys.path): conftest, support, app_support, ..."""
+    return {path.stem for path in TESTS.rglob("*.py")} - {"__init__"}
+
+
+def imports_of_tests(path: Path, source: str | None = None) -> list[str]:
+    bare = bare_test_module_names()
+    return sorted(name for name in imported_modules(path, source)
+                  if within(name, "tests") or name.split(".")[0] in bare)
+
+
+def reads_test_output(path: Path, source: str | None = None) -> list[str]:
+    """String constants (docstrings aside) that name the tests' output folder."""
+    tree = ast.parse(path.read_text(encoding="utf-8") if source is None else source, filename=str(path))
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)
+                  and isinstance(node.body[0].value, ast.Constant)}
+    return [node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and TEST_OUTPUT in node.value and id(node) not in docstrings]
+
+
 def test_the_rules_read_imports_in_every_form():
     """The reader the rules rely on: plain, from, relative and function-level imports all count."""
     source = ("import streamlit as st\nfrom ..serving import manager\nfrom . import engine\n"
@@ -81,14 +131,58 @@ def test_only_the_app_its_pages_and_gradacc_app_import_streamlit():
     assert any(within(name, "streamlit") for name in imported_modules(PACKAGE / "app" / "inputs.py"))
 
 
-@pytest.mark.parametrize("forbidden", ["gradacc.serving", "gradacc.app", "gradacc.bench"])
-@pytest.mark.parametrize("layer, more_than", [("training", 10), ("analysis", 5)])
-def test_training_and_analysis_import_nothing_from_the_layers_above_them(layer, more_than, forbidden):
+@pytest.mark.parametrize("layer, more_than", [("training", 10), ("analysis", 5), ("export", 0)])
+def test_training_analysis_and_export_import_nothing_from_the_layers_above_them(layer, more_than):
     modules = sources(PACKAGE / layer)
     assert len(modules) > more_than, f"gradacc/{layer}/ was not found where the layout puts it"
-    offenders = {str(path.relative_to(ROOT)): sorted(name for name in imported_modules(path) if within(name, forbidden))
-                 for path in modules}
+    offenders = {str(path.relative_to(ROOT)): upward_imports(path, ABOVE[layer]) for path in modules}
     assert {path: names for path, names in offenders.items() if names} == {}
+
+
+@pytest.mark.parametrize("layer, planted, caught", [
+    ("training", "from gradacc.analysis.health import run_warnings\n", ["gradacc.analysis.health",
+                                                                         "gradacc.analysis.health.run_warnings"]),
+    ("training", "def later():\n    from gradacc import cli\n", ["gradacc.cli"]),
+    ("analysis", "from ..serving import manager\n", ["gradacc.serving", "gradacc.serving.manager"]),
+    ("export", "import gradacc.training.engine\n", ["gradacc.training.engine"]),
+])
+def test_an_upward_import_is_caught(layer, planted, caught):
+    assert upward_imports(PACKAGE / layer / "probe.py", ABOVE[layer], planted) == caught
+
+
+def test_the_ground_floor_imports_no_layer():
+    modules = [PACKAGE / f"{name.split('.')[-1]}.py" for name in GROUND_FLOOR]
+    assert all(path.is_file() for path in modules), "a ground-floor module is not where the layout puts it"
+    assert {str(path.relative_to(ROOT)): ground_floor_offences(path) for path in modules
+            if ground_floor_offences(path)} == {}
+
+
+def test_a_ground_floor_import_of_a_layer_is_caught():
+    """paths.py once imported config for a label while config imported paths; labels.py broke the circle."""
+    planted = ("from gradacc.errors import GradaccError\nfrom gradacc import labels\n"
+               "def later():\n    from gradacc.training.budget import check\n")
+    assert ground_floor_offences(PACKAGE / "paths.py", planted) == ["gradacc.training.budget",
+                                                                   "gradacc.training.budget.check"]
+
+
+def test_scripts_and_the_package_never_import_tests_nor_read_their_output():
+    modules = sources(PACKAGE, ROOT / "scripts", ROOT / "app.py", ROOT / "pages")
+    assert any(path.name == "watchers.py" for path in modules)
+    offenders = {str(path.relative_to(ROOT)): imports_of_tests(path) + reads_test_output(path) for path in modules}
+    assert {path: found for path, found in offenders.items() if found} == {}
+
+
+@pytest.mark.parametrize("planted, caught", [
+    ("from conftest import CHROMIUM\n", ["conftest", "conftest.CHROMIUM"]),
+    ("import st_ui\n", []),  # the page helpers live in scripts/browsing/, which tests may import
+    ("def later():\n    from support import StreamlitServer\n", ["support", "support.StreamlitServer"]),
+    ("from tests.browser import conftest\n", ["tests.browser", "tests.browser.conftest"]),
+    ("FILE = ROOT / 'test-artifacts' / 'latency.json'\n", ["test-artifacts"]),
+    ('"""Reads nothing of test-artifacts/ (a docstring may say so)."""\n', []),
+])
+def test_an_import_of_tests_or_a_read_of_their_output_is_caught(planted, caught):
+    probe = ROOT / "scripts" / "probe.py"
+    assert imports_of_tests(probe, planted) + reads_test_output(probe, planted) == caught
 
 
 def light_modules() -> list[str]:

@@ -65,3 +65,18 @@ def test_built_in_names_and_local_paths_are_not_hub_ids(tmp_path):
     assert is_hub_model("prajjwal1/bert-tiny")
     assert not is_hub_dataset("builtin-sentiment") and not is_hub_dataset("reviews.csv")
     assert not is_hub_dataset(str(tmp_path)) and is_hub_dataset("imdb")
+
+
+def test_the_suite_clears_every_limit_a_deployment_may_set():
+    """LIMIT_VARIABLES (support.py, cleared by conftest) names every variable limits.py reads, so a developer's own limit (say
+    GRADACC_MAX_RUN_MEMORY_MB) never reaches a test that did not set it."""
+    import os
+    import re
+
+    from support import LIMIT_VARIABLES
+    from gradacc.serving import limits
+
+    documented = set(re.findall(r"^\s+(GRADACC_\w+)\s", limits.__doc__, flags=re.MULTILINE))
+    assert "GRADACC_MAX_RUN_MEMORY_MB" in documented
+    assert documented <= set(LIMIT_VARIABLES)
+    assert [name for name in LIMIT_VARIABLES if name in os.environ] == []

@@ -126,6 +126,7 @@ def test_a_real_out_of_memory_error_is_reported_with_the_measured_need(need64, m
     assert ended["out_of_memory"]["cap_source"] == "budget"
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none here or on CI)")
 def test_on_cuda_the_allocator_is_capped_at_the_budget_and_a_run_within_it_completes(monkeypatch):
     monkeypatch.setenv("GRADACC_DEVICE", "cuda")

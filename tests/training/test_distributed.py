@@ -21,7 +21,7 @@ from gradacc.training import launch, windows
 from gradacc.config import RunConfig, optimizer_steps_per_epoch
 from gradacc.training.engine import train
 from gradacc.errors import GradaccError
-from gradacc.events import Recorder
+from gradacc.events import Recorder, schema_problems
 from support import ROOT, free_port, wait_for
 
 BACKENDS = ("pytorch", "accelerate", "trainer")
@@ -65,6 +65,7 @@ def test_each_backend_takes_ceil_ceil_steps_per_rank_with_effective_batch_m_k_p(
     for rank in (0, 1):
         events = ranks[rank]["runs"][backend]
         assert events[-1]["status"] == "completed", events[-1]["reason"]
+        assert [problem for e in events for problem in schema_problems(e)] == []  # sync_rounds set, per rank
         started = of(events, "run_started")[0]
         steps = of(events, "step")
         # 64 examples over 2 ranks → 32 each → 8 micro-batches of 4 → 4 windows of k=2.
@@ -196,6 +197,7 @@ def test_launcher_runs_accelerate_launch_and_streams_rank_0_events(gradacc_home)
     assert ended["status"] == "completed", ended["reason"]
     assert recorder.events[-1] == ended
     assert [e["event"] for e in recorder.events] == ["run_started", "step", "step", "eval", "run_ended"]
+    assert [problem for e in recorder.events for problem in schema_problems(e)] == []  # as streamed from rank 0
     assert recorder.of("run_started")[0]["effective_batch"] == 16
     assert [s["sync_rounds"] >= 1 for s in recorder.of("step")] == [True, True]
 

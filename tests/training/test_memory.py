@@ -66,6 +66,7 @@ def test_cuda_readings_fall_back_to_none_on_cpu():
     assert snapshot["rss_bytes"] > 10_000_000
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 def test_cuda_peak_is_measured_on_gpu():
     device = torch.device("cuda")

@@ -156,7 +156,7 @@ def test_several_pitfalls_on_the_command_line_each_say_what_they_broke(capsys):
 
 
 def test_a_pitfall_run_announces_itself_and_names_the_pitfall_as_the_likely_cause():
-    from gradacc.analysis.health import run_warnings
+    from gradacc.training.health import run_warnings
     from gradacc.training.engine import train
 
     recorder = ev.Recorder()

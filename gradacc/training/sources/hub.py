@@ -12,7 +12,7 @@ import threading
 from typing import Mapping
 from urllib.parse import urlparse
 
-from gradacc.config import field_label
+from gradacc.labels import field_label
 from gradacc.errors import GradaccError
 
 CONNECT_TIMEOUT_S = 3.0

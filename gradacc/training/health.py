@@ -1,7 +1,9 @@
 """Did a run go well? One-line warnings from its events, for ``run_ended`` (no torch, no Streamlit).
 
 A green "Completed" under a collapsed model is worse than no status at all: these checks read only the
-event list and the config, so the engine, the store and a test all reach the same verdict.
+event list and the config, so the engine, the store and a test all reach the same verdict. They live in the
+training layer because a run judges itself at its end (the engine puts them on ``run_ended``); the layers
+above only read the verdict.
 """
 
 from __future__ import annotations

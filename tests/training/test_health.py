@@ -3,7 +3,7 @@
 import pytest
 
 from gradacc import events as ev
-from gradacc.analysis import health
+from gradacc.training import health
 from gradacc.config import RunConfig
 
 

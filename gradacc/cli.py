@@ -250,12 +250,12 @@ def main(argv: list[str] | None = None) -> int:
 def _train(args) -> int:
     from gradacc.training import distributed
     from gradacc.training.engine import train
+    from gradacc.training.options import RunOptions
 
     from gradacc.export.trackers import parse_report_to
 
     parse_report_to(args.report_to)  # a misspelt tracker fails here, before torch is imported
-    config = config_from_args(args)
-    config.validate()
+    config = config_from_args(args).validate()
     limits = _apply_limits(config)
     writes = distributed.is_main_process()  # only rank 0 prints and writes events
     metrics_file = open(args.metrics_out, "w", encoding="utf-8") if args.metrics_out and writes else None
@@ -270,12 +270,12 @@ def _train(args) -> int:
         show(event)
 
     stop = threading.Event()
-    run_id = events.new_run_id()
+    options = RunOptions(report_to=args.report_to, log_dir=args.log_dir, run_id=events.new_run_id(),
+                         sync_each_micro_batch=args.sync_each_micro_batch,
+                         confinement=None if args.confine else paths.TRUST_USER,  # None: the visitors' folders
+                         max_run_memory_mb=limits.max_run_memory_mb if limits else None)
     try:
-        ended = train(config, on_event, stop, report_to=args.report_to, log_dir=args.log_dir, run_id=run_id,
-                      sync_each_micro_batch=args.sync_each_micro_batch,
-                      confinement=None if args.confine else paths.TRUST_USER,  # None: the visitors' folders
-                      memory_limit_mb=limits.max_run_memory_mb if limits else None)
+        ended = train(config, on_event, stop, options)
     except KeyboardInterrupt:  # Ctrl-C: the engine stops within one micro-batch on its own next check
         stop.set()
         raise
@@ -288,7 +288,7 @@ def _train(args) -> int:
         print(f"error: {where}{in_cli_words(ended['reason'], ended.get('field'))}", file=sys.stderr)
         return EXIT_BAD_INPUT if ended.get("field") else EXIT_FAILED
     if writes:
-        _say_where_trackers_wrote(args, run_id)
+        _say_where_trackers_wrote(args, options.run_id)
     return EXIT_OK
 
 

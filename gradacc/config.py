@@ -115,6 +115,9 @@ class RunConfig:
     # Split of a hub dataset id (online only).
     dataset_split: str = "train"
     micro_batch_size: int = 8
+    # k, the micro-batches accumulated per optimizer step. gradacc's code calls it grad_accum_steps everywhere
+    # (the CLI's --grad-accum-steps); only the libraries' own parameters keep their name for it:
+    # TrainingArguments(gradient_accumulation_steps=...), Accelerator(gradient_accumulation_steps=...).
     grad_accum_steps: int = 4
     # Fields typed ``X | None = None`` below are the model's recipe (RECIPES): None means "not set, take
     # the recipe's value", and ``resolved()``/``validate()`` fill them in. So a value's origin is known
@@ -173,21 +176,36 @@ class RunConfig:
         """Recipe fields the user left unset (they take the model's recipe)."""
         return [name for name in RECIPE_FIELDS if getattr(self, name) is None]
 
-    def resolve(self) -> "RunConfig":
-        """Fill every unset recipe field from the model's recipe, in place; return self."""
-        recipe = self.recipe
-        for name in self.unset_fields():
-            setattr(self, name, getattr(recipe, name))
-        return self
-
     def resolved(self) -> "RunConfig":
         """A copy with the recipe filled in (this config is left as it is)."""
-        return dataclasses.replace(self).resolve()
+        recipe = self.recipe
+        return dataclasses.replace(self, **{name: getattr(recipe, name) for name in self.unset_fields()})
+
+    def __setattr__(self, name: str, value) -> None:
+        # Any change makes a config unchecked again: validate() then checks it anew instead of returning it.
+        object.__setattr__(self, "_validated", False)
+        object.__setattr__(self, name, value)
+
+    @property
+    def validated(self) -> bool:
+        """Whether ``validate()`` returned this config (and nothing changed it since)."""
+        return self.__dict__.get("_validated", False)
 
     def validate(self) -> "RunConfig":
-        """Fill unset fields from the recipe, then raise GradaccError with one sentence for the first bad
-        value; return self."""
-        self.resolve()
+        """A resolved, checked copy: unset fields filled from the recipe, values normalised (3.0 steps → 3);
+        GradaccError with one sentence for the first bad value. This config is left as it is.
+
+        A config is validated where it enters (the Train page, the CLI, ``train``, a launched rank); the hops
+        after pass the returned object on, and ``validate()`` on it returns it as it is."""
+        if self.validated:
+            return self
+        checked = self.resolved()
+        checked._check()
+        object.__setattr__(checked, "_validated", True)
+        return checked
+
+    def _check(self) -> None:
+        """``validate``'s checks, normalising this (fresh) copy's values in place."""
         _choice("backend", self.backend, BACKENDS)
         _choice("loss_normalization", self.loss_normalization, LOSS_NORMALIZATIONS)
         if self.task is not None:
@@ -217,7 +235,6 @@ class RunConfig:
         self._validate_memory_levers()
         self._validate_pitfalls()
         self._validate_contrastive()
-        return self
 
     def _validate_pitfalls(self) -> None:
         label = field_label("pitfalls")

@@ -12,6 +12,10 @@ from typing import Mapping
 
 from gradacc.errors import GradaccError
 
+# The deployment's cap on one run's memory, in MB: read by serving.limits, named in training.budget's refusal,
+# and handed to a launch's ranks (training.launch), which read it back through their CLI.
+MAX_RUN_MEMORY_MB = "GRADACC_MAX_RUN_MEMORY_MB"
+
 
 def whole_number(env: Mapping[str, str], name: str) -> int | None:
     """A whole number of at least 1; None when the variable is unset or empty."""

@@ -191,10 +191,11 @@ def full_batch_gradient(config: RunConfig, token_level: bool, first_windows: int
     from gradacc.training.backends.common import to_device
     from gradacc.training.engine import quiet_libraries
     from gradacc.training.job import prepare
+    from gradacc.training.options import RunOptions
 
     quiet_libraries()
-    job = prepare(config, lambda event: None, threading.Event(), token_level=token_level, whole_micro_batch=False,
-                  confinement=confinement)
+    job = prepare(config, lambda event: None, threading.Event(),
+                  RunOptions(token_level=token_level, whole_micro_batch=False, confinement=confinement))
     if job.variation.varies:
         raise GradaccError(dropouts.refusal(config.model, job.variation), "model")
     plan = windows.shard(len(job.train_examples), config.micro_batch_size, config.num_processes)

@@ -18,7 +18,7 @@ from gradacc.config import PITFALLS, RunConfig
 
 # Settings shown in the header, in this order, with the name people use for them.
 HEADER = (("micro_batch_size", "micro_batch_size", "m"),
-          ("grad_accum_steps", "gradient_accumulation_steps", "k"),
+          ("grad_accum_steps", "grad_accum_steps", "k: gradient_accumulation_steps in 🤗 Accelerate and Trainer"),
           ("epochs", "epochs", None),
           ("learning_rate", "learning_rate", None),
           ("loss_normalization", "loss_normalization", "exact: weight by items in the window; naive: ÷ k"),
@@ -171,7 +171,7 @@ _STEP_ITSELF = re.compile(r"\b(optimizer\.(step|zero_grad)|precision\.step|lr_sc
 _TRAINER_SETTINGS = {"gradient_accumulation_steps=": "step", "compute_loss_func=": "scale"}
 # Measuring and reporting, not training: drawn dimmed, so the loop reads as the loop.
 _INSTRUMENTATION = re.compile(
-    r"\b(meter|report|measuring|activation_bytes|window_loss|micro_batches \+= 1|check_stop|sync_probe|SyncProbe|"
+    r"\b(meter|report|measuring|activation_bytes|check_stop|sync_probe|SyncProbe|"
     r"StepReporter|ActivationMeter|activation_meter|WindowTally|window|callback|EventCallback|before_optimizer_step|"
     r"check_finite|job=job|logged_loss)\b")
 

@@ -27,12 +27,12 @@ def all_errors(config: RunConfig, limits: Limits | None = None, train_examples: 
     ``validate`` stops at the first bad value; to show each message next to its own widget, a bad field
     is reset to its default and validation repeated until the rest pass.
     """
-    candidate = RunConfig.from_dict(config.to_dict())
+    candidate = config.replace()  # a copy: bad fields are reset on it
     defaults = RunConfig()
     errors: dict[str, str] = {}
     for _ in range(len(candidate.to_dict()) + 1):
         try:
-            candidate.validate()
+            candidate = candidate.validate()
             break
         except GradaccError as error:
             field = error.field if error.field and hasattr(defaults, error.field) else GENERAL
@@ -42,6 +42,7 @@ def all_errors(config: RunConfig, limits: Limits | None = None, train_examples: 
             if field == GENERAL:
                 break
             setattr(candidate, field, getattr(defaults, field))
+    candidate = candidate.resolved()  # validated, or as far as the resets went: the recipe filled in either way
     for field, message in (limits or Limits()).errors(candidate).items():
         errors.setdefault(field, message)
     for field, message in local_path_errors(candidate).items():

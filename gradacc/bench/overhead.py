@@ -99,6 +99,7 @@ def reference_loop(config: RunConfig, on_step) -> None:
     from gradacc.training.job import prepare
 
     job = prepare(config, lambda event: None, threading.Event())
+    config = job.config  # validated: the recipe's learning rate and warm-up filled in
     model, k = job.model, config.grad_accum_steps
     model.train()
     loader = DataLoader(job.train_examples, batch_size=config.micro_batch_size, collate_fn=job.collate)

@@ -52,7 +52,7 @@ class Limits:
                    allow_hub=hub_allowed(variables),
                    max_concurrent_runs=env.whole_number(variables, "GRADACC_MAX_CONCURRENT_RUNS")
                    or DEFAULT_MAX_CONCURRENT_RUNS,
-                   max_run_memory_mb=env.number(variables, "GRADACC_MAX_RUN_MEMORY_MB", 0.0) or None)
+                   max_run_memory_mb=env.number(variables, env.MAX_RUN_MEMORY_MB, 0.0) or None)
 
     @property
     def max_upload_bytes(self) -> int:

@@ -72,6 +72,8 @@ class RunManager:
         self._changed = threading.Condition(self._lock)  # notified whenever a run starts or ends
         self._live: dict[str, RunState] = {}  # queued and running
         self._queue: collections.deque[str] = collections.deque()
+        # Each queued run's config as submit() validated it: the run thread trains that object, not a copy of it.
+        self._configs: dict[str, RunConfig] = {}
         self._workers: dict[str, _Worker] = {}
         self._ended_threads: list[threading.Thread] = []
         self._finished: collections.OrderedDict[str, RunState] = collections.OrderedDict()
@@ -86,8 +88,9 @@ class RunManager:
         """Queue a run (FIFO); it starts as soon as a slot is free. Raises GradaccError for a bad config."""
         if isinstance(config, dict):
             config = RunConfig.from_dict(config)
-        # A copy, validated now so a bad value is reported next to its widget instead of after the queue.
-        config = RunConfig.from_dict(config.to_dict()).validate()
+        # Validated now (the page's validated config passes as it is), so a bad value is reported next to its
+        # widget instead of after the queue.
+        config = config.validate()
         run_id = ev.new_run_id()
         with self._lock:
             if self._closed:
@@ -95,6 +98,7 @@ class RunManager:
             self.store.create_run(run_id, owner, config.to_dict(), label, status="queued")
             self._live[run_id] = RunState(run_id, owner, label, config.to_dict(), "queued")
             self._queue.append(run_id)
+            self._configs[run_id] = config
             self._schedule()
         return run_id
 
@@ -205,10 +209,11 @@ class RunManager:
     def _schedule(self) -> None:
         self._reap()
         while self._queue and len(self._workers) < self.max_concurrent and not self._closed:
-            self._start(self._live[self._queue.popleft()])
+            run_id = self._queue.popleft()
+            self._start(self._live[run_id], self._configs.pop(run_id))
 
-    def _start(self, state: RunState) -> None:
-        worker = _Worker(state.run_id, lambda worker: self._work(state, worker))
+    def _start(self, state: RunState, config: RunConfig) -> None:
+        worker = _Worker(state.run_id, lambda worker: self._work(state, worker, config))
         if self.max_run_seconds and self.max_run_seconds > 0:
             worker.timer = threading.Timer(self.max_run_seconds, _hit_limit,
                                            args=(state, worker.stop, limit_reason(self.max_run_seconds)))
@@ -222,6 +227,7 @@ class RunManager:
         self._changed.notify_all()
 
     def _end_unstarted(self, state: RunState, reason: str) -> None:
+        self._configs.pop(state.run_id, None)
         self._record(state, ev.run_ended(status=ev.STOPPED, reason=reason, steps=0, wall_s=0.0))
         del self._live[state.run_id]
         self._remember_finished(state)
@@ -251,15 +257,14 @@ class RunManager:
 
     # --- the worker thread -----------------------------------------------------------------
 
-    def _work(self, state: RunState, worker: _Worker) -> None:
+    def _work(self, state: RunState, worker: _Worker, config: RunConfig) -> None:
         try:
-            config = RunConfig.from_dict(state.config)
             # While the app's warm-up imports torch, this thread must not import (see gradacc.serving.warmup); the
             # status meanwhile says "loading the model and data", and Stop still works.
             while not warmup.wait_until_warm(timeout=0.2) and not worker.stop.is_set():
                 pass
             train = self._train_fn or train_for(config)
-            limit = {"memory_limit_mb": self.max_run_memory_mb} if self.max_run_memory_mb else {}
+            limit = {"max_run_memory_mb": self.max_run_memory_mb} if self.max_run_memory_mb else {}
             result = train(config, lambda event: self._record(state, event), worker.stop, **limit)
             if state.ended is None:
                 ended = result if isinstance(result, dict) and result.get("event") == ev.RUN_ENDED else None

@@ -764,6 +764,7 @@ def audit_stock_trainer(config, steps: int = 1, window_timer=None, confinement=N
     from gradacc.training.backends.trainer_loop import _Samples
     from gradacc.training.engine import quiet_libraries
     from gradacc.training.job import prepare
+    from gradacc.training.options import RunOptions
 
     m, k = config.micro_batch_size, config.grad_accum_steps
     if not isinstance(k, bool) and isinstance(k, int) and k < 2:
@@ -773,7 +774,7 @@ def audit_stock_trainer(config, steps: int = 1, window_timer=None, confinement=N
     config = config.replace(backend="trainer", train_samples=m * k * steps * config.num_processes, epochs=1, max_steps=steps,
                             eval_samples=8, instrument=False).validate()
     quiet_libraries()
-    job = prepare(config, lambda event: None, threading.Event(), confinement=confinement)
+    job = prepare(config, lambda event: None, threading.Event(), RunOptions(confinement=confinement))
     audit = accumulation_audit_class()()
     with tempfile.TemporaryDirectory(prefix="gradacc-audit-") as output_dir:
         args = TrainingArguments(output_dir=output_dir, per_device_train_batch_size=m, gradient_accumulation_steps=k,

@@ -29,11 +29,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gradacc.env import MAX_RUN_MEMORY_MB
 from gradacc.errors import RunFailed
 from gradacc.units import MB, format_bytes
-
-MAX_RUN_MEMORY_VARIABLE = "GRADACC_MAX_RUN_MEMORY_MB"
-
 
 @dataclass(frozen=True)
 class Cap:
@@ -44,14 +42,14 @@ class Cap:
 
     def phrase(self) -> str:
         if self.source == "deployment":
-            return f"but this deployment allows a run at most {self.bytes / MB:,.0f} MB ({MAX_RUN_MEMORY_VARIABLE})"
+            return f"but this deployment allows a run at most {self.bytes / MB:,.0f} MB ({MAX_RUN_MEMORY_MB})"
         return f"of a {self.bytes / MB:,.0f} MB budget"
 
 
-def cap_for(budget_mb: float | None, deployment_limit_mb: float | None) -> Cap | None:
+def cap_for(budget_mb: float | None, max_run_memory_mb: float | None) -> Cap | None:
     """The tighter of the run's budget and the deployment's limit; None when neither is set."""
     caps = [Cap(budget_mb * MB, "budget")] if budget_mb else []
-    caps += [Cap(deployment_limit_mb * MB, "deployment")] if deployment_limit_mb else []
+    caps += [Cap(max_run_memory_mb * MB, "deployment")] if max_run_memory_mb else []
     return min(caps, key=lambda cap: cap.bytes) if caps else None
 
 
@@ -231,32 +229,44 @@ def _zero_copy(parameter, device):
     return copy
 
 
-def measure_need(job, precision) -> Need:
+def guard_for(config, max_run_memory_mb: float | None, model, examples: list[dict], collate, device,
+              precision) -> Guard | None:
+    """Measure what the run needs and refuse it (``OutOfMemory``) when that exceeds its cap: the tighter of
+    ``config.memory_budget_mb`` and the deployment's ``max_run_memory_mb``. None when nothing caps it."""
+    cap = cap_for(config.memory_budget_mb, max_run_memory_mb)
+    if cap is None:
+        return None
+    guard = Guard(measure_need(model, examples, collate, config, device, precision), cap, config, device)
+    guard.check_start()
+    guard.cap_device()
+    return guard
+
+
+def measure_need(model, examples: list[dict], collate, config, device, precision) -> Need:
     """Static bytes and the activation line at the run's longest sequence (see the module's docstring)."""
     import torch
 
     from gradacc.training.backends.common import to_device
     from gradacc.training.memory import ActivationMeter
 
-    model, examples = job.model, job.train_examples
-    static = static_need(model, job.config, job.device)
-    on_cuda = job.device.type == "cuda"
-    held_before = _cuda_reserved(job.device) if on_cuda else 0.0  # this run's parameters included
+    static = static_need(model, config, device)
+    on_cuda = device.type == "cuda"
+    held_before = _cuda_reserved(device) if on_cuda else 0.0  # this run's parameters included
     longest = sorted(range(len(examples)), key=lambda i: len(examples[i]["input_ids"]), reverse=True)[:2]
     meter = ActivationMeter(model)
     points, length = {}, 0
     was_training = model.training
     model.train()  # dropout masks are activations too
     # The probe must not move the random stream the run's dropout draws from.
-    with torch.random.fork_rng(devices=[job.device.index or 0] if job.device.type == "cuda" else []):
+    with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
         for size in range(1, len(longest) + 1):
-            batch = to_device(job.collate([examples[i] for i in longest[:size]]), job.device)
+            batch = to_device(collate([examples[i] for i in longest[:size]]), device)
             length = max(length, int(batch["input_ids"].shape[1]))
             with precision.autocast(), meter.measure():
                 outputs = model(**batch)
             points[size] = meter.bytes
             del outputs  # frees the graph before the next pass
-        device_bytes = (_cuda_share(model, batch, precision, job.device, points[len(longest)], held_before)
+        device_bytes = (_cuda_share(model, batch, precision, device, points[len(longest)], held_before)
                         if on_cuda else 0.0)
     model.train(was_training)
     if len(points) == 1:

@@ -6,16 +6,16 @@
 
 from __future__ import annotations
 
-import os
+import dataclasses
 import threading
 import time
-from collections.abc import Callable, Iterable
 
-from gradacc import events, paths
+from gradacc import events
 from gradacc.config import RunConfig
 from gradacc.errors import GradaccError, RunFailed, RunStopped, one_line
 from gradacc.events import EventSink
 from gradacc.training import budget
+from gradacc.training.options import RunOptions
 
 
 def quiet_libraries() -> None:
@@ -38,32 +38,23 @@ def flush_denormals(on: bool) -> None:
     torch.set_flush_denormal(on)
 
 
-def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.Event | None = None, *,
-          token_level: bool = False, whole_micro_batch: bool = True, before_optimizer_step: Callable | None = None,
-          trainer_library_default: bool = False, sync_each_micro_batch: bool = False,
-          collate: Callable | None = None, report_to: str | Iterable[str] | None = None,
-          log_dir: str | os.PathLike | None = None, run_id: str | None = None,
-          confinement: paths.Confinement | None = None, memory_limit_mb: float | None = None) -> dict:
+def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.Event | None = None,
+          options: RunOptions | None = None, **keywords) -> dict:
     """Train ``config``; emit events to ``on_event``; return the ``run_ended`` event.
 
-    The keyword options are what the equivalence check, the benchmarks and the CLI ask of a run beyond its
-    config (see ``Job`` for each); a misspelt one is a TypeError, not a silent no-op.
-
-    ``report_to``: ``"tensorboard"``, ``"trackio"``, both (comma-separated or a list) or None; written from
-    these same events (gradacc.export.trackers), under ``log_dir``, the run named ``run_id`` (a new id if None).
-    A tracker that cannot start fails the run before training, with ``field`` ``report_to`` or ``log_dir``.
-    ``confinement``: where a local model or data path may lie; the command line passes ``paths.TRUST_USER``,
-    None means the app's visitors' folders (GRADACC_DATA_DIRS, GRADACC_MODEL_DIRS).
-    ``memory_limit_mb``: the deployment's cap on a run's memory (``Limits.max_run_memory_mb``); a run that needs
-    more, like one past its own ``memory_budget_mb``, fails as out of memory before step 1.
+    ``options`` (``RunOptions``) is what the equivalence check, the benchmarks, the CLI and the app ask of a run
+    beyond its config; each may also be given as a keyword (``train(config, on_event, report_to="tensorboard")``),
+    which overrides ``options``. A misspelt one is a TypeError, not a silent no-op. A tracker that cannot start
+    fails the run before training, with ``field`` ``report_to`` or ``log_dir``.
     """
+    options = dataclasses.replace(options or RunOptions(), **keywords)
     on_event = on_event or (lambda event: None)
     stop = stop or threading.Event()
     started = time.perf_counter()
     steps_done = 0
     bad_field = None
-    guard = None
     out_of_memory = None
+    job = None  # with its memory guard, if any: released at the end, consulted on a real out-of-memory
     emitted: list[dict] = []  # what the warnings at the end are computed from
     trackers = None
     flush_denormals(True)  # and off again at the end: a caller's thread is left as threads start
@@ -78,11 +69,9 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
             trackers(event)
 
     try:
-        trackers = _open_trackers(config, report_to, log_dir, run_id)
-        job = _prepare(config, emit, stop, token_level=token_level, whole_micro_batch=whole_micro_batch,
-                       before_optimizer_step=before_optimizer_step, trainer_library_default=trainer_library_default,
-                       sync_each_micro_batch=sync_each_micro_batch, collate=collate, confinement=confinement)
-        job.memory_guard = guard = _memory_guard(job, memory_limit_mb)
+        config = config.validate()  # where a run enters the engine; a validated config passes as it is
+        trackers = _open_trackers(config, options)
+        job = _prepare(config, emit, stop, options)  # measures the run's memory and refuses it past its cap
         emit(announce(job))
         job.check_stop()
         _run_backend(job)
@@ -97,6 +86,7 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
         status, reason = events.FAILED, str(error)
     except Exception as error:  # noqa: BLE001 - a demo shows a reason, never a traceback
         status, reason = events.FAILED, describe_failure(error, config)
+        guard = job.memory_guard if job is not None else None
         if guard is not None and is_out_of_memory(error):  # a real allocator failure under a budget (CUDA)
             failure = guard.real_out_of_memory()
             reason, out_of_memory = str(failure), failure.details
@@ -105,8 +95,8 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
             trackers.close()
         raise
     finally:
-        if guard is not None:
-            guard.release_device()
+        if job is not None and job.memory_guard is not None:
+            job.memory_guard.release_device()
         flush_denormals(False)
     ended = events.run_ended(status=status, reason=reason, steps=steps_done, wall_s=time.perf_counter() - started,
                              field=bad_field, warnings=_warnings(emitted, config) if status == events.COMPLETED else [],
@@ -127,33 +117,22 @@ def _warnings(emitted: list[dict], config: RunConfig) -> list[str]:
         return [f"could not check the run for warnings ({type(error).__name__}: {error})"]
 
 
-def _open_trackers(config: RunConfig, report_to, log_dir, run_id):
+def _open_trackers(config: RunConfig, options: RunOptions):
     """The run's trackers (rank 0 only: one process writes), opened before anything slow so a bad one fails fast."""
     from gradacc.export import trackers
     from gradacc.training import distributed
 
-    if not trackers.parse_report_to(report_to) or not distributed.is_main_process():
+    if not trackers.parse_report_to(options.report_to) or not distributed.is_main_process():
         return None
-    config.validate()
-    return trackers.open_trackers(report_to, log_dir, run_id or events.new_run_id(), config.to_dict())
+    return trackers.open_trackers(options.report_to, options.log_dir, options.run_id or events.new_run_id(),
+                                  config.to_dict())
 
 
-def _prepare(config, emit, stop, **options):
+def _prepare(config, emit, stop, options: RunOptions):
     from gradacc.training.job import prepare
 
     quiet_libraries()
-    return prepare(config, emit, stop, **options)
-
-
-def _memory_guard(job, memory_limit_mb: float | None):
-    """Measure what the run needs and refuse it when that exceeds its cap; None when nothing caps it."""
-    cap = budget.cap_for(job.config.memory_budget_mb, memory_limit_mb)
-    if cap is None:
-        return None
-    guard = budget.Guard(budget.measure_need(job, job.precision), cap, job.config, job.device)
-    guard.check_start()
-    guard.cap_device()
-    return guard
+    return prepare(config, emit, stop, options)
 
 
 def _run_backend(job) -> None:

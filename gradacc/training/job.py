@@ -12,17 +12,17 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from gradacc.training.sources import data as data_module
-from gradacc.training import distributed, windows
+from gradacc.training import budget, distributed, windows
 from gradacc.training import dropout as dropouts
 from gradacc.training.sources import models
-from gradacc import paths
 from gradacc.config import (CAUSAL_LM, CONTRASTIVE, PITFALLS, RunConfig, optimizer_steps_per_epoch,
                             too_few_examples, total_optimizer_steps)
 from gradacc.errors import GradaccError, RunStopped
 from gradacc.events import EventSink
+from gradacc.training.options import RunOptions
 
 
-@dataclass
+@dataclass(frozen=True)  # built whole by ``prepare``: nothing is set on a Job after it is made
 class Job:
     config: RunConfig
     model: object
@@ -43,17 +43,13 @@ class Job:
     batch_items: list[int]
     token_level: bool = False
     notes: list[str] = field(default_factory=list)
-    # Called with the model right before each optimizer step (the equivalence check reads gradients here).
+    # The backends' options, from ``RunOptions`` (see there); trainer_library_default also from the config.
     before_optimizer_step: Callable | None = None
-    # Trainer only: leave Trainer's own loss scaling untouched (shows the library default, pitfall included).
-    # From the config (a run that shows the pitfall); the equivalence check sets it per case.
     trainer_library_default: bool = False
-    # Several processes: all-reduce gradients after every micro-batch instead of once per window (no no_sync),
-    # to measure what no_sync saves.
     sync_each_micro_batch: bool = False
     # The memory levers: autocast (and fp16's grad scaler) for the forward pass, set by ``prepare``.
     precision: object = None
-    # Set when the run has a memory budget or the deployment a limit (``gradacc.training.budget.Guard``).
+    # When the run has a memory budget or the deployment a limit (``gradacc.training.budget.Guard``).
     memory_guard: object = None
     # How far two training-mode passes of the first two examples differ at the run's dropout
     # (``gradacc.training.dropout.Variation``); the equivalence check refuses a model that varies at dropout 0.
@@ -113,19 +109,13 @@ def _with_predicted_tokens(train_examples, eval_examples):
     return keep_train, keep_eval, len(train_examples) + len(eval_examples) - len(keep_train) - len(keep_eval)
 
 
-def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, token_level: bool = False,
-            whole_micro_batch: bool = True, *, before_optimizer_step: Callable | None = None,
-            trainer_library_default: bool = False, sync_each_micro_batch: bool = False,
-            collate: Callable | None = None, confinement: paths.Confinement | None = None) -> Job:
-    """Validate, load data and model, tokenise and order the data; GradaccError on bad input.
-
-    ``whole_micro_batch``: refuse a micro-batch larger than the training set (a run's config is surely
-    wrong then; the equivalence check builds such windows on purpose). ``collate``: replaces the default
-    collator (the memory benchmark pads every micro-batch to one length). ``confinement``: where local
-    paths may lie (``paths.TRUST_USER`` from the command line; None: the app's visitors' folders). The other
-    options are ``Job``'s.
+def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, options: RunOptions = RunOptions()) -> Job:
+    """Validate, load data and model, tokenise and order the data, measure the run's memory when something caps
+    it (refusing it, ``budget.OutOfMemory``, past the cap); GradaccError on bad input. ``options``: see
+    ``RunOptions``.
     """
-    config.validate()
+    token_level, collate, confinement = options.token_level, options.collate, options.confinement
+    config = config.validate()  # as it is when validated where it entered (train, a test, a benchmark)
     # The task the run will have, shown in run_started's config: named, or inferred from the model.
     config = config.replace(task=models.infer_task(config))
     if config.num_processes != distributed.world_size():
@@ -139,7 +129,7 @@ def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, token_lev
         text_data = data_module.TextData([p["query"] for p in pairs[0]], [], [p["query"] for p in pairs[1]], [], [])
     else:
         text_data = data_module.load_text_data(config, confinement)
-    if whole_micro_batch and config.micro_batch_size > len(text_data.train_texts):
+    if options.whole_micro_batch and config.micro_batch_size > len(text_data.train_texts):
         raise GradaccError(too_few_examples(config.micro_batch_size, len(text_data.train_texts)), "micro_batch_size")
     _stop_requested(stop)
     loaded = models.load(config, text_data.num_labels, text_data.label_names, token_level, confinement)
@@ -197,6 +187,7 @@ def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, token_lev
     dropout_note = dropouts.note(config.model, config.dropout, variation)
     if dropout_note:
         notes.append(dropout_note)
+    guard = budget.guard_for(config, options.max_run_memory_mb, model, train_examples, collate, device, precision)
     return Job(config=config, model=model, precision=precision, tokenizer=loaded.tokenizer,
                train_examples=train_examples, eval_examples=eval_examples, label_names=text_data.label_names,
                collate=collate, emit=emit, stop=stop, variation=variation,
@@ -206,9 +197,9 @@ def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, token_lev
                total_steps=total_optimizer_steps(config, len(train_examples)),
                micro_batches=plan[rank], window_items=windows.window_totals(rank_items, config.grad_accum_steps),
                batch_items=rank_items[rank], token_level=token_level, notes=notes,
-               before_optimizer_step=before_optimizer_step,
-               trainer_library_default=trainer_library_default or config.trainer_library_default,
-               sync_each_micro_batch=sync_each_micro_batch)
+               before_optimizer_step=options.before_optimizer_step,
+               trainer_library_default=options.trainer_library_default or config.trainer_library_default,
+               sync_each_micro_batch=options.sync_each_micro_batch, memory_guard=guard)
 
 
 def _dropout_variation(model, collate, examples: list[dict], device, precision):

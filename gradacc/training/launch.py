@@ -31,6 +31,7 @@ from pathlib import Path
 
 from gradacc import events
 from gradacc.config import RunConfig
+from gradacc.env import MAX_RUN_MEMORY_MB
 from gradacc.errors import one_line
 from gradacc.events import EventSink
 
@@ -40,10 +41,10 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds grad
 
 
 def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.Event | None = None,
-          memory_limit_mb: float | None = None) -> dict:
+          max_run_memory_mb: float | None = None) -> dict:
     """Run ``config`` on ``config.num_processes`` processes; emit rank 0's events; return ``run_ended``.
 
-    ``memory_limit_mb``: the deployment's cap on each process's memory (the ranks' CLI reads it back)."""
+    ``max_run_memory_mb``: the deployment's cap on each process's memory (the ranks' CLI reads it back)."""
     on_event = on_event or (lambda event: None)
     stop = stop or threading.Event()
     started = time.perf_counter()
@@ -53,7 +54,7 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
         try:
             process = subprocess.Popen(command(str(config_file), config.num_processes, free_port()),
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
-                                       env=_environment(memory_limit_mb),
+                                       env=_environment(max_run_memory_mb),
                                        start_new_session=True)  # its own process group: Stop reaches every rank
         except OSError as error:
             ended = events.run_ended(status=events.FAILED, reason=f"could not start the launcher: {error}", steps=0,
@@ -117,10 +118,10 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _environment(memory_limit_mb: float | None = None) -> dict:
+def _environment(max_run_memory_mb: float | None = None) -> dict:
     env = dict(os.environ)
-    if memory_limit_mb:
-        env["GRADACC_MAX_RUN_MEMORY_MB"] = f"{memory_limit_mb:g}"
+    if max_run_memory_mb:
+        env[MAX_RUN_MEMORY_MB] = f"{max_run_memory_mb:g}"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"  # events arrive as they happen
     return env

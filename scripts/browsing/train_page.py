@@ -17,10 +17,10 @@ FIRST_LOSS_TIMEOUT_MS = 90_000
 RUN_TIMEOUT_MS = 180_000
 
 
-def configure(page: Page, micro_batch: int, accum_steps: int, epochs: int = 1,
+def configure(page: Page, micro_batch: int, grad_accum_steps: int, epochs: int = 1,
               train_samples: int | None = None, eval_samples: int | None = None) -> None:
     st_ui.set_number(page, "Micro-batch size (m)", micro_batch)
-    st_ui.set_number(page, "Accumulation steps (k)", accum_steps)
+    st_ui.set_number(page, "Accumulation steps (k)", grad_accum_steps)
     st_ui.set_number(page, "Epochs", epochs)
     if train_samples is not None or eval_samples is not None:
         assert st_ui.open_expander(page, ADVANCED), f"no {ADVANCED!r} section on the Train page"
@@ -28,7 +28,7 @@ def configure(page: Page, micro_batch: int, accum_steps: int, epochs: int = 1,
             st_ui.set_number(page, "Training samples", train_samples)
         if eval_samples is not None:
             st_ui.set_number(page, "Eval samples", eval_samples)
-    expect(st_ui.metric_value(page, "Effective batch")).to_have_text(str(micro_batch * accum_steps))
+    expect(st_ui.metric_value(page, "Effective batch")).to_have_text(str(micro_batch * grad_accum_steps))
 
 
 def run_in_url(url: str) -> str | None:

@@ -22,9 +22,9 @@ def test_the_source_is_exactly_the_function_that_runs(backend):
 
 def test_settings_are_shown_in_a_header_and_where_the_loop_reads_them():
     code = codeview.backend_code(RunConfig(backend="pytorch", micro_batch_size=16, grad_accum_steps=3, epochs=5))
-    assert "micro_batch_size = 16" in code and "gradient_accumulation_steps = 3" in code
+    assert "micro_batch_size = 16" in code and "grad_accum_steps = 3" in code
     assert "effective_batch = 48" in code
-    assert "gradient_accumulation_steps = config.grad_accum_steps  # ← grad_accum_steps = 3" in code
+    assert "grad_accum_steps = config.grad_accum_steps  # ← grad_accum_steps = 3" in code
     assert "for epoch in range(1, config.epochs + 1):  # ← epochs = 5" in code
     ast.parse(code)  # still valid Python
 

@@ -18,7 +18,7 @@ def test_shows_the_loop_the_backend_runs_with_the_settings(app_home, backend):
     set_numbers(at, "code", {"micro_batch_size": 16, "grad_accum_steps": 2})
     code = at.code[0].value
     assert code.startswith("# gradacc.training.backends.")
-    assert "micro_batch_size = 16" in code and "gradient_accumulation_steps = 2" in code
+    assert "micro_batch_size = 16" in code and "grad_accum_steps = 2" in code
     assert "effective_batch = 32" in code
     assert "def train(job)" in code
     for fragment in EXPECTED[backend]:
@@ -32,7 +32,7 @@ def test_follows_the_train_page_settings_and_refuses_bad_ones(app_home):
     at.radio(key="form.train.backend").set_value("accelerate").run()
     at.switch_page("pages/code.py").run()
     assert at.radio(key="form.code.backend").value == "accelerate"
-    assert "gradient_accumulation_steps = 3" in at.code[0].value
+    assert "grad_accum_steps = 3" in at.code[0].value
 
     at.switch_page("pages/train.py").run()  # the Train form kept its values while the visitor was away
     assert at.number_input(key="form.train.micro_batch_size").value == 6

@@ -105,7 +105,7 @@ def test_the_plan_reaches_the_code_page_and_later_train_edits_are_kept(app_home)
     at.switch_page("pages/code.py").run()
     code = at.code[0].value
     header = {line.split("#")[0].strip() for line in code.splitlines()}
-    assert {f"micro_batch_size = {m}", f"gradient_accumulation_steps = {k}", "epochs = 5"} <= header
+    assert {f"micro_batch_size = {m}", f"grad_accum_steps = {k}", "epochs = 5"} <= header
     at.switch_page("pages/train.py").run()
     assert at.number_input(key="form.train.epochs").value == 5
     assert at.number_input(key="form.train.micro_batch_size").value == m

@@ -15,8 +15,8 @@ SAMPLES = {"train_samples": 256, "eval_samples": 64}
 EPOCHS = 1
 
 
-def train(page, micro_batch: int, accum_steps: int) -> None:
-    train_page.configure(page, micro_batch=micro_batch, accum_steps=accum_steps, epochs=EPOCHS, **SAMPLES)
+def train(page, micro_batch: int, grad_accum_steps: int) -> None:
+    train_page.configure(page, micro_batch=micro_batch, grad_accum_steps=grad_accum_steps, epochs=EPOCHS, **SAMPLES)
     train_page.start_and_time_first_loss(page)
     train_page.wait_until_ended(page, "Completed")
 
@@ -24,8 +24,8 @@ def train(page, micro_batch: int, accum_steps: int) -> None:
 def test_compare_two_ways_to_an_effective_batch_of_32(page, artifacts):
     st_ui.open_app(page)
     st_ui.set_number(page, "Dropout", 0, shown="0.00")
-    train(page, micro_batch=32, accum_steps=1)
-    train(page, micro_batch=8, accum_steps=4)
+    train(page, micro_batch=32, grad_accum_steps=1)
+    train(page, micro_batch=8, grad_accum_steps=4)
 
     st_ui.go_to(page, "Compare runs")
     # This visitor's two runs are picked for them (other tests' runs are on this server too; the CSV

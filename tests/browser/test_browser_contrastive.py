@@ -17,7 +17,7 @@ def test_train_minilm_contrastive_and_see_retrieval(page, artifacts):
     st_ui.choose(page, "Task", "contrastive")
     st_ui.set_number(page, "GradCache mini-batch", 4)
     # 32 pairs, m=16, k=2: 1 optimizer step and one retrieval eval over 32 held-out pairs.
-    train_page.configure(page, micro_batch=16, accum_steps=2, epochs=1, train_samples=32, eval_samples=32)
+    train_page.configure(page, micro_batch=16, grad_accum_steps=2, epochs=1, train_samples=32, eval_samples=32)
     train_page.start(page)
     expect(st_ui.metric_value(page, "Eval MRR@10")).to_have_text(re.compile(r"^[01]\.\d{3}$"),
                                                                 timeout=train_page.RUN_TIMEOUT_MS)

@@ -16,7 +16,7 @@ def test_train_tiny_gpt_and_see_perplexity(page, artifacts):
     st_ui.choose(page, "Dataset", "builtin-text")
     expect(page.get_by_text("Task from the model:")).to_contain_text("causal-lm")
     # 64 texts, m=8, k=2: 4 optimizer steps and one eval, seconds on a CPU.
-    train_page.configure(page, micro_batch=8, accum_steps=2, epochs=1, train_samples=64, eval_samples=32)
+    train_page.configure(page, micro_batch=8, grad_accum_steps=2, epochs=1, train_samples=64, eval_samples=32)
     train_page.start(page)
     expect(st_ui.metric_value(page, "Eval perplexity")).to_have_text(re.compile(r"^\d+(\.\d\d)$"),
                                                                     timeout=train_page.RUN_TIMEOUT_MS)

@@ -11,7 +11,7 @@ def test_a_finished_run_downloads_its_tensorboard_files(page, artifacts, tmp_pat
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     st_ui.open_app(page)
-    train_page.configure(page, micro_batch=8, accum_steps=2, epochs=1, train_samples=64, eval_samples=32)
+    train_page.configure(page, micro_batch=8, grad_accum_steps=2, epochs=1, train_samples=64, eval_samples=32)
     run_id = train_page.start(page)
     train_page.wait_until_ended(page, "Completed")
 

@@ -12,7 +12,7 @@ def test_run_draws_loss_memory_and_f1(page, artifacts):
     st_ui.open_app(page)
     expect(page.get_by_role("heading", name="Gradient accumulation, live")).to_be_visible()
     # 256 samples at a higher learning rate: seconds on a CPU, and an F1 in the README's picture that is not 0.
-    train_page.configure(page, micro_batch=8, accum_steps=2, epochs=1, train_samples=256, eval_samples=64)
+    train_page.configure(page, micro_batch=8, grad_accum_steps=2, epochs=1, train_samples=256, eval_samples=64)
     st_ui.set_number(page, "Learning rate", 0.003, shown="3.0e-3")
     expect(st_ui.metric_value(page, "Optimizer steps")).to_have_text("16")  # ceil(ceil(256/8)/2)
 
@@ -42,7 +42,7 @@ def test_stop_ends_a_run(page, artifacts):
     st_ui.open_app(page)
     # 2000 samples at m=8, k=2 for 10 epochs: 1250 steps, tens of seconds even on a fast machine, so the run
     # is still going when Stop is pressed.
-    train_page.configure(page, micro_batch=8, accum_steps=2, epochs=10, train_samples=2000, eval_samples=32)
+    train_page.configure(page, micro_batch=8, grad_accum_steps=2, epochs=10, train_samples=2000, eval_samples=32)
     train_page.start(page)
     running = st_ui.alert(train_page.status_panel(page), re.compile(r"^Running on"))
     expect(running).to_be_visible(timeout=train_page.FIRST_LOSS_TIMEOUT_MS)

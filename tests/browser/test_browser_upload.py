@@ -38,7 +38,7 @@ def test_train_on_an_uploaded_csv(page, artifacts):
     expect(page.get_by_role("combobox", name="Label column")).to_have_value("label")
     expect(st_ui.metric_value(page, "Training examples")).to_have_text("48")  # 60 rows less 20 % held out
 
-    train_page.configure(page, micro_batch=4, accum_steps=2, epochs=1)
+    train_page.configure(page, micro_batch=4, grad_accum_steps=2, epochs=1)
     times = train_page.start_and_time_first_loss(page)
     expect(st_ui.metric_value(page, "Eval F1")).to_have_text(re.compile(r"^[01]\.\d{3}$"),
                                                             timeout=train_page.RUN_TIMEOUT_MS)

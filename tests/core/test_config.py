@@ -72,3 +72,14 @@ def test_effective_batch_is_m_times_k_times_processes():
 def test_round_trip_through_a_dict_ignores_unknown_keys():
     config = RunConfig(backend="trainer", micro_batch_size=4)
     assert RunConfig.from_dict({**config.to_dict(), "unknown": 1}) == config
+
+
+def test_validate_returns_a_checked_copy_and_leaves_its_input_as_it_was():
+    config = RunConfig(grad_accum_steps=3.0)
+    checked = config.validate()
+    assert config.epochs is None and type(config.grad_accum_steps) is float and not config.validated
+    assert checked.epochs == config.recipe.epochs and type(checked.grad_accum_steps) is int and checked.validated
+    assert checked.validate() is checked  # the hops after the entry pass it on without checking again
+    checked.grad_accum_steps = 0  # changed after: checked anew
+    with pytest.raises(GradaccError, match="Accumulation steps"):
+        checked.validate()

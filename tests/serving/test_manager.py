@@ -355,3 +355,18 @@ def test_slots_and_run_limit_come_from_the_environment(make_manager, monkeypatch
         with pytest.raises(GradaccError, match=f"^{name} must be"):
             make_manager()
         monkeypatch.delenv(name)
+
+
+def test_the_run_trains_the_config_submit_validated_and_leaves_the_callers_as_it_was(make_manager):
+    trained = []
+
+    def recording_train(config, on_event, stop):
+        trained.append(config)
+        return fake_train(config, on_event, stop)
+
+    manager = make_manager(recording_train)
+    submitted = RunConfig(micro_batch_size=2, grad_accum_steps=3.0)
+    run_id = manager.submit(submitted, owner="alice")
+    assert manager.wait(run_id, timeout=5)
+    assert submitted.epochs is None and not submitted.validated  # the caller's config, untouched
+    assert trained[0].validated and type(trained[0].grad_accum_steps) is int and trained[0].epochs is not None

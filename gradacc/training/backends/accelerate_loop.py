@@ -15,8 +15,8 @@ import contextlib
 
 from torch.utils.data import DataLoader
 
-from gradacc.training.backends.common import (StepReporter, activation_meter, check_finite, clip_gradients, evaluate,
-                                              make_optimizer, make_scheduler)
+from gradacc.training.backends.common import (StepReporter, WindowTally, activation_meter, check_finite, clip_gradients,
+                                              evaluate, make_optimizer, make_scheduler)
 from gradacc.training.distributed import SyncProbe
 from gradacc.training.windows import loss_weight
 
@@ -41,7 +41,7 @@ def new_accelerator(job):
 
 def train(job) -> None:
     config = job.config
-    gradient_accumulation_steps = config.grad_accum_steps
+    grad_accum_steps = config.grad_accum_steps
     accelerator = new_accelerator(job)
     num_processes = accelerator.num_processes
     dataloader = DataLoader(job.train_examples, batch_size=config.micro_batch_size, shuffle=False,
@@ -54,13 +54,13 @@ def train(job) -> None:
     report = StepReporter(job, num_processes)
     report.sync_probe = SyncProbe.attach(model)  # None unless prepare wrapped the model in DDP
 
-    step, window_loss, micro_batches, activation_bytes = 0, 0.0, 0, None
+    step, window = 0, WindowTally()  # the window being accumulated: its loss, micro-batches, activation bytes
     for epoch in range(1, config.epochs + 1):
         model.train()
         for index, batch in enumerate(dataloader):
             job.check_stop()
             report.micro_batch(batch)
-            measuring = config.instrument and micro_batches == 0
+            measuring = config.instrument and window.micro_batches == 0
             # Inside accumulate(): no gradient sync until the window's last micro-batch (or the dataloader's last).
             with accelerator.accumulate(model):
                 with meter.measure() if measuring else contextlib.nullcontext():
@@ -70,12 +70,10 @@ def train(job) -> None:
                 # Accumulation, 1 of 3: scale the loss. accelerator.backward divides by k itself (even in a short
                 # last window); the exact weights undo that.
                 weight = loss_weight(config.loss_normalization, job.batch_items[index], job.window_items[index],
-                                     gradient_accumulation_steps, num_processes)
+                                     grad_accum_steps, num_processes)
                 # Accumulation, 2 of 3: backward every micro-batch.
-                accelerator.backward(loss * weight * gradient_accumulation_steps)
-                window_loss += loss.item() * weight
-                micro_batches += 1
-                activation_bytes = meter.bytes if measuring else activation_bytes
+                accelerator.backward(loss * weight * grad_accum_steps)
+                window.add(loss.item() * weight, meter.bytes if measuring else None)
                 norm = None
                 if accelerator.sync_gradients:
                     if job.before_optimizer_step:
@@ -89,9 +87,7 @@ def train(job) -> None:
 
             if accelerator.sync_gradients:
                 step += 1
-                report.step(step=step, epoch=epoch, micro_batches=micro_batches, loss=window_loss, grad_norm=norm,
-                            lr=lr, activation_bytes=activation_bytes)
-                window_loss, micro_batches = 0.0, 0
+                report.step(window, step=step, epoch=epoch, grad_norm=norm, lr=lr)
                 if step == job.total_steps:
                     break
         report.evaluation(epoch=epoch, step=step, metrics=evaluate(model, job))

@@ -10,6 +10,7 @@ import contextlib
 import importlib.util
 import math
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -230,6 +231,30 @@ def batch_examples(batch: dict) -> int:
     return int(ids.shape[0])
 
 
+@dataclass
+class WindowTally:
+    """The optimizer step being accumulated: each micro-batch's share of the window's loss, how many there were,
+    the activation bytes measured. Every backend adds each micro-batch; ``StepReporter.step`` reports the window
+    and starts the next (Trainer's loop does not expose it: ``GradaccTrainer`` adds, ``EventCallback`` reports)."""
+
+    loss: float = 0.0
+    micro_batches: int = 0
+    # Activations are measured on the first micro-batch of each window; the last reading is kept.
+    activation_bytes: int | None = None
+    measuring: bool = False  # the forward pass running now is measured
+
+    def add(self, loss: float, activation_bytes: int | None = None) -> None:
+        """One micro-batch: its scaled loss (a window's add up to the window's mean loss) and, when measured,
+        its activation bytes."""
+        self.loss += loss
+        self.micro_batches += 1
+        if activation_bytes is not None:
+            self.activation_bytes = activation_bytes
+
+    def next_window(self) -> None:
+        self.loss, self.micro_batches = 0.0, 0
+
+
 class StepReporter:
     """Counts what went through the model and emits ``step`` and ``eval`` events.
 
@@ -258,17 +283,19 @@ class StepReporter:
         # A contrastive micro-batch's tokens are those of its queries and its positives.
         self.tokens_seen += int(sum(value.sum() for key, value in batch.items() if key.endswith("attention_mask")))
 
-    def step(self, *, step: int, epoch: int, micro_batches: int, loss: float, grad_norm: float | None, lr: float,
-             activation_bytes: int | None) -> None:
-        samples, tokens, loss_sum = distributed.sum_over_ranks([self.samples_seen, self.tokens_seen, loss],
+    def step(self, window: WindowTally, *, step: int, epoch: int, grad_norm: float | None, lr: float) -> None:
+        """The ``step`` event of the optimizer step that just ended ``window``; then ``window`` starts the next."""
+        samples, tokens, loss_sum = distributed.sum_over_ranks([self.samples_seen, self.tokens_seen, window.loss],
                                                                self.job.device)
+        activation_bytes = window.activation_bytes
         self.job.emit(events.step(step=step, epoch=epoch, samples_seen=int(samples), tokens_seen=int(tokens),
-                                  micro_batches=micro_batches, loss=loss_sum / self.num_processes,
+                                  micro_batches=window.micro_batches, loss=loss_sum / self.num_processes,
                                   grad_norm=grad_norm, lr=lr, elapsed_s=time.perf_counter() - self.started,
                                   memory=memory.snapshot(activation_bytes, self.job.device, self.job.config.instrument),
                                   sync_rounds=self.sync_probe.take() if self.sync_probe else None,
                                   pitfall=self.pitfall_probe.take() if self.pitfall_probe else None))
         memory.reset_cuda_peak(self.job.device)
+        window.next_window()
 
     def evaluation(self, *, epoch: int, step: int, metrics: dict) -> None:
         named = {**metrics, "majority_f1": metrics.get("eval_majority_f1", metrics.get("majority_f1"))}

@@ -21,8 +21,8 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from gradacc.training import distributed
-from gradacc.training.backends.common import (StepReporter, activation_meter, check_finite, clip_gradients, evaluate,
-                                              make_optimizer, make_scheduler, to_device)
+from gradacc.training.backends.common import (StepReporter, WindowTally, activation_meter, check_finite, clip_gradients,
+                                              evaluate, make_optimizer, make_scheduler, to_device)
 from gradacc.training.distributed import SyncProbe
 from gradacc.training.pitfalls import Probe as PitfallProbe
 from gradacc.training.windows import loss_weight
@@ -30,7 +30,7 @@ from gradacc.training.windows import loss_weight
 
 def train(job) -> None:
     config = job.config
-    gradient_accumulation_steps = config.grad_accum_steps
+    grad_accum_steps = config.grad_accum_steps
     num_processes = config.num_processes
     model = job.model
     # This rank's own micro-batches (on one process: consecutive micro-batches of m, in the seeded order).
@@ -46,7 +46,7 @@ def train(job) -> None:
     report.sync_probe = SyncProbe.attach(model)  # None unless the model is DDP-wrapped
     report.pitfall_probe = PitfallProbe.attach(job, model, optimizer)  # None unless the run asks for pitfalls
 
-    step, window_loss, micro_batches, activation_bytes = 0, 0.0, 0, None
+    step, window = 0, WindowTally()  # the window being accumulated: its loss, micro-batches, activation bytes
     for epoch in range(1, config.epochs + 1):
         model.train()
         for index, batch in enumerate(dataloader):
@@ -54,22 +54,22 @@ def train(job) -> None:
             if job.pitfall("zero-grad-per-micro-batch"): optimizer.zero_grad()  # WRONG: a step keeps 1 micro-batch
             batch = to_device(batch, job.device)
             report.micro_batch(batch)
-            last_of_window = (index + 1) % gradient_accumulation_steps == 0 or index + 1 == len(dataloader)
+            last_of_window = (index + 1) % grad_accum_steps == 0 or index + 1 == len(dataloader)
             if job.pitfall("drop-last-window"):  # WRONG: the epoch's short last window never steps
-                last_of_window = (index + 1) % gradient_accumulation_steps == 0
+                last_of_window = (index + 1) % grad_accum_steps == 0
             # DDP all-reduces gradients during backward(); inside no_sync() they only add up on this rank.
             # Forward and backward both go inside: DDP decides at forward time whether backward syncs.
             skip_sync = num_processes > 1 and not last_of_window and not job.sync_each_micro_batch
             with model.no_sync() if skip_sync else contextlib.nullcontext():
                 # Activations are measured on the first micro-batch of each window (the hooks cost time).
-                measuring = config.instrument and micro_batches == 0
+                measuring = config.instrument and window.micro_batches == 0
                 with meter.measure() if measuring else contextlib.nullcontext(), precision.autocast():
                     outputs = model(**batch)
                 loss = outputs.loss
                 check_finite(loss, step + 1)
                 # Accumulation, 1 of 3: scale each micro-batch's loss (÷ k, or by its share of the window's items).
                 loss = loss * loss_weight(config.loss_normalization, job.batch_items[index], job.window_items[index],
-                                          gradient_accumulation_steps, num_processes)
+                                          grad_accum_steps, num_processes)
                 # Accumulation, 2 of 3: backward() every micro-batch; the gradients add up in each .grad.
                 precision.scale(loss).backward()
             if job.pitfall("clip-per-micro-batch"): clip_gradients(model, config.max_grad_norm)  # WRONG: k clips
@@ -77,9 +77,7 @@ def train(job) -> None:
                 lr_scheduler.step()
             logged_loss = loss.item()  # the scaled losses of a window add up to its mean loss
             if job.pitfall("log-undivided-loss"): logged_loss = outputs.loss.item()  # WRONG: not ÷ k
-            window_loss += logged_loss
-            micro_batches += 1
-            activation_bytes = meter.bytes if measuring else activation_bytes
+            window.add(logged_loss, meter.bytes if measuring else None)
 
             # Accumulation, 3 of 3: step and zero the gradients once per window of k micro-batches.
             if last_of_window:
@@ -92,9 +90,7 @@ def train(job) -> None:
                 lr_scheduler.step()
                 optimizer.zero_grad()
                 step += 1
-                report.step(step=step, epoch=epoch, micro_batches=micro_batches, loss=window_loss, grad_norm=norm,
-                            lr=lr, activation_bytes=activation_bytes)
-                window_loss, micro_batches = 0.0, 0
+                report.step(window, step=step, epoch=epoch, grad_norm=norm, lr=lr)
                 if step == job.total_steps:
                     break
         report.evaluation(epoch=epoch, step=step, metrics=evaluate(model, job))

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -25,19 +24,20 @@ import torch.nn.functional as F
 from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
 
 from gradacc.errors import RunStopped
-from gradacc.training.backends.common import (EVAL_BATCH_SIZE, StepReporter, activation_meter, check_finite, evaluate,
-                                              make_optimizer, next_token_predictions, warmup_steps)
+from gradacc.training.backends.common import (EVAL_BATCH_SIZE, StepReporter, WindowTally, activation_meter, check_finite,
+                                              evaluate, make_optimizer, next_token_predictions, warmup_steps)
 from gradacc.training.distributed import SyncProbe
 from gradacc.training.memory import ActivationMeter
 from gradacc.training.metrics import classification_metrics, language_model_metrics
+from gradacc.training.windows import loss_weight
 
 
-def make_loss_function(normalization: str, gradient_accumulation_steps: int, num_processes: int = 1,
-                       causal_lm: bool = False):
-    """Trainer's ``compute_loss_func``: summed cross-entropy over the window's items, or each mean ÷ k.
+def make_loss_function(normalization: str, grad_accum_steps: int, num_processes: int = 1, causal_lm: bool = False):
+    """Trainer's ``compute_loss_func``: each micro-batch's mean cross-entropy times ``windows.loss_weight``, the
+    weight every backend uses (its share of the window's items, or 1/k).
 
     ``num_items_in_batch`` counts the window on all ranks, and Trainer multiplies the returned loss by the
-    number of processes (DDP then averages over them): right for ``exact``, undone for ``naive``.
+    number of processes (DDP then averages over them), so the weight is divided by it here.
     A causal LM predicts token t+1 at position t: logits and labels are shifted as ``*ForCausalLM`` does
     (and Trainer then counts ``num_items_in_batch`` over ``labels[..., 1:]``).
     """
@@ -49,32 +49,11 @@ def make_loss_function(normalization: str, gradient_accumulation_steps: int, num
             logits, labels = logits[..., :-1, :], labels[..., 1:]
         summed = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=-100,
                                  reduction="sum")
-        if normalization == "exact":
-            return summed / num_items_in_batch
-        return summed / (labels != -100).sum() / gradient_accumulation_steps / num_processes
+        items = (labels != -100).sum().clamp(min=1)  # summed is 0 then too
+        weight = loss_weight(normalization, items, num_items_in_batch, grad_accum_steps, num_processes)
+        return summed / items * weight / num_processes
 
     return compute_loss
-
-
-@dataclass
-class WindowTally:
-    """The optimizer step being accumulated, which Trainer's loop does not expose: ``GradaccTrainer`` adds each
-    micro-batch, ``EventCallback`` reports the window and starts the next at each optimizer step."""
-
-    loss: float = 0.0
-    micro_batches: int = 0
-    # Activations are measured on the first micro-batch of each window; the last reading is kept.
-    activation_bytes: int | None = None
-    measuring: bool = False  # the forward pass running now is measured
-
-    def add(self, loss: float, activation_bytes: int | None) -> None:
-        self.loss += loss
-        self.micro_batches += 1
-        if activation_bytes is not None:
-            self.activation_bytes = activation_bytes
-
-    def next_window(self) -> None:
-        self.loss, self.micro_batches = 0.0, 0
 
 
 class GradaccTrainer(Trainer):
@@ -141,10 +120,8 @@ class EventCallback(TrainerCallback):
         # One training log per optimizer step (logging_steps=1): the step event. Its "loss" is Trainer's
         # running figure; the window's own comes from the tally.
         if logs and "loss" in logs and "eval_loss" not in logs:
-            self.report.step(step=state.global_step, epoch=int(-(-state.epoch // 1)),
-                             micro_batches=self.window.micro_batches, loss=self.window.loss,
-                             grad_norm=logs.get("grad_norm"), lr=self.lr, activation_bytes=self.window.activation_bytes)
-            self.window.next_window()
+            self.report.step(self.window, step=state.global_step, epoch=int(-(-state.epoch // 1)),
+                             grad_norm=logs.get("grad_norm"), lr=self.lr)
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.job.stop.is_set():

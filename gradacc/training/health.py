@@ -193,8 +193,6 @@ def learning_rate_warning(config: RunConfig) -> str | None:
 
 def likely_cause(config: RunConfig) -> str | None:
     """The setting most likely to blame, said with the value the model's recipe uses."""
-    recipe = config.recipe
-    lr = config.learning_rate
     # log-undivided-loss changes only what is logged, never the training: it causes no bad result.
     training = [name for name in config.pitfalls if name != "log-undivided-loss"]
     if training:

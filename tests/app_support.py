@@ -80,9 +80,11 @@ def live_charts(at: AppTest) -> dict[str, dict]:
 
 
 def chart(at: AppTest, title: str) -> dict:
+    from gradacc.app.charts import unwrap
+
     for figure in charts(at):
         text = figure["layout"].get("title", {})
-        if (text.get("text") if isinstance(text, dict) else text) == title:
+        if unwrap((text.get("text") if isinstance(text, dict) else text) or "") == title:  # wrapped for a room
             return figure
     raise AssertionError(f"no chart titled {title!r}")
 

@@ -140,10 +140,11 @@ class Visitor:
     (by widget key) and reads the page the script draws, until ``script_finished``.
     """
 
-    def __init__(self, server: StreamlitServer, query_string: str = ""):
+    def __init__(self, server: StreamlitServer, query_string: str = "", page: str = "train"):
         from websockets.sync.client import connect
 
         self.query_string = query_string
+        self.page = page  # the page's URL path: the Train page, unless told otherwise
         self.socket = connect(f"ws://127.0.0.1:{server.port}/_stcore/stream", subprotocols=["streamlit"],
                               origin=server.url, open_timeout=10, max_size=None)
         self.socket.__enter__()  # the context-manager form (a bare connect() is deprecated)
@@ -160,7 +161,8 @@ class Visitor:
         message = BackMsg()
         state = message.rerun_script
         state.query_string = self.query_string
-        state.page_script_hash = self._page_hash
+        state.page_script_hash = "" if self.page else self._page_hash  # a named page is found by its name
+        state.page_name = self.page
         for key, value in (values or {}).items():
             widget = state.widget_states.widgets.add()
             widget.id = self.widget_id(key)

@@ -174,6 +174,11 @@ def wrap(text: str, limit: int = TITLE_CHARS) -> str:
     return " <br>".join(lines)  # the space kept: the drawn title's text still reads as one sentence
 
 
+def unwrap(text: str) -> str:
+    """A title as one line again (what ``wrap`` was given)."""
+    return text.replace(" <br>", " ")
+
+
 def _style(figure: go.Figure, title: str, x_title: str, y_title: str) -> go.Figure:
     # Legend under the plot: with several runs it wraps onto lines of its own instead of over the title.
     # Large type: these charts are shown on stage and must read from the back of a room.

@@ -98,8 +98,9 @@ def demo_view():
     snapshots = [pacing.watch(run, poll_seconds) for run in current]
     pacing.keep_pace(poll_seconds, *current)
     wanted = st.session_state.get(SCROLL) or {}
-    if wanted.pop("runs", False):  # just clicked: the runs' status and charts, not the button, on screen
-        scroll.into_view("demo-live", nonce=f"runs {run_ids}")
+    with st.container():  # a fixed slot: the charts below keep their place (comparison.draw says why)
+        if wanted.pop("runs", False):  # just clicked: the runs' status and charts, not the button, on screen
+            scroll.into_view("demo-live", nonce=f"runs {run_ids}")
     columns = st.container(key="demo-live").columns(len(snapshots))
     labels = comparison.names(snapshots)
     for column, run in zip(columns, snapshots):
@@ -110,8 +111,9 @@ def demo_view():
             bar = runview.progress(run)
             if bar is not None:  # queued, or failed before its first step: the sentence above says it all
                 st.progress(bar[0], text=bar[1])
-    if any(run.is_live for run in snapshots):
-        st.caption("The result is written here when both runs are done.")
+    with st.container():
+        if any(run.is_live for run in snapshots):
+            st.caption("The result is written here when both runs are done.")
     if len(snapshots) == len(scenario.runs):  # the headline describes the two runs the scenario compares
         first, second = scenario.compares
         snapshots = [snapshots[first], snapshots[second],

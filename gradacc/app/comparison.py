@@ -57,10 +57,14 @@ def draw(snapshots, key: str, x: str = "samples_seen") -> dict | None:
     """
     labels = names(snapshots)
     figures = headline(snapshots)
-    show_headline(figures, snapshots, labels)
-    for run in snapshots:
-        for warning in (run.ended or {}).get("warnings") or []:
-            st.caption(f"⚠️ {labels[run.run_id]}: {warning}")
+    # One slot each, drawn empty until there is something to say: an element that appears above the charts would
+    # shift them, and Streamlit mounts a shifted chart anew (a blank frame, a lost zoom) instead of redrawing it.
+    with st.container():
+        show_headline(figures, snapshots, labels)
+    with st.container():
+        for run in snapshots:
+            for warning in (run.ended or {}).get("warnings") or []:
+                st.caption(f"⚠️ {labels[run.run_id]}: {warning}")
     curves = [(labels[run.run_id], run.events) for run in snapshots]
     loss_title = figures["loss_claim"] if figures else "Training loss against samples seen"
     memory_title = (f"Memory per step: {figures['memory_claim']}" if figures and figures["memory_claim"]

@@ -8,11 +8,19 @@ from playwright.sync_api import expect
 import st_ui
 
 PROJECTOR = {"width": 1280, "height": 720}
-# Points drawn on the demo's loss chart (the first live chart), all runs together.
+# Points drawn on the demo's loss chart (the first live chart), all runs together, and how many displayed chart
+# elements the page has mounted so far: a chart mounted anew blinks empty (and loses a zoom) instead of being redrawn
+# in place. One in a closed expander (process memory) is nobody's view: left out.
 LOSS_POINTS = """() => {
-  const chart = document.querySelector('.gradacc-live-chart');
+  const charts = [...document.querySelectorAll('.gradacc-live-chart')].filter((chart) => chart.offsetParent !== null);
+  window.gradaccMounted ??= new WeakSet();
+  window.gradaccMounts ??= 0;
+  for (const chart of charts) {
+    if (!window.gradaccMounted.has(chart)) { window.gradaccMounted.add(chart); window.gradaccMounts += 1; }
+  }
   // calcdata: the points plotly computed, one array per trace (the figure's own x may be packed binary).
-  return chart && chart.calcdata ? chart.calcdata.reduce((n, trace) => n + trace.length, 0) : 0;
+  const points = charts.length && charts[0].calcdata ? charts[0].calcdata.reduce((n, trace) => n + trace.length, 0) : 0;
+  return [points, window.gradaccMounts, charts.length];
 }"""
 
 
@@ -42,11 +50,13 @@ def play(page, artifacts, name: str, timeout_ms: int = 150_000, onlooker: bool =
     for _ in range(timeout_ms // 500):
         if headline.count():
             break
-        points.append(page.evaluate(LOSS_POINTS))
+        points.append(page.evaluate(LOSS_POINTS)[0])
         page.wait_for_timeout(500)
     expect(headline).to_be_visible(timeout=30_000)
     grew = sorted(set(points) - {0})
-    assert points == sorted(points), points  # never shrinking
+    assert points == sorted(points), points  # never shrinking, never blank for a moment
+    _, mounts, charts = page.evaluate(LOSS_POINTS)
+    assert mounts == charts, f"{mounts} charts mounted for {charts} on the page"  # each drawn in place, poll after poll
     if growing:
         assert len(grew) >= 2, points  # seen growing, poll after poll
     # Over (a third run may still train after the headline of the first two): it can be run again.

@@ -97,6 +97,10 @@ class StepEvent(TypedDict):
     grad_norm: float | None
     lr: float
     elapsed_s: float
+    # CPU seconds of the training thread since the run started: the step's own work, which another process's load
+    # does not stretch (what the headline compares). Only on the CPU with one torch thread (other threads' work,
+    # and a GPU's, would not be in it).
+    cpu_s: NotRequired[float]
     samples_per_s: float
     sync_rounds: int | None  # DDP gradient all-reduces in this window; None on one process
     activation_bytes: int | None  # the memory fields (training.memory.snapshot)
@@ -203,12 +207,12 @@ def run_started(*, config: dict, effective_batch: int, total_steps: int, steps_p
 
 def step(*, step: int, epoch: int, samples_seen: int, tokens_seen: int, micro_batches: int, loss: float,
          grad_norm: float | None, lr: float, elapsed_s: float, memory: dict, sync_rounds: int | None = None,
-         pitfall: dict | None = None) -> StepEvent:
+         pitfall: dict | None = None, cpu_s: float | None = None) -> StepEvent:
     """``memory``: the memory fields (MEMORY_FIELDS, training.memory.snapshot); one not measured is None.
     ``sync_rounds``: DDP gradient all-reduces (one per bucket) in this window; None on one process.
     ``pitfall``: in a run with pitfalls, what the right loop would have done at this step (training.pitfalls):
     planned_lr, grad_norm_stepped, grad_norm_right and grad_cosine, examples_stepped, examples_seen and examples_trained
-    (all steps so far), loss_right; absent otherwise."""
+    (all steps so far), loss_right; absent otherwise. ``cpu_s``: see StepEvent; None leaves it out."""
     unknown = set(memory) - set(MEMORY_FIELDS)
     if unknown:  # a new memory figure is declared in StepEvent and MEMORY_FIELDS first
         raise TypeError(f"step: unknown memory field(s) {sorted(unknown)}")
@@ -218,6 +222,8 @@ def step(*, step: int, epoch: int, samples_seen: int, tokens_seen: int, micro_ba
                    **{name: memory.get(name) for name in MEMORY_FIELDS})
     if pitfall is not None:
         event["pitfall"] = pitfall
+    if cpu_s is not None:
+        event["cpu_s"] = cpu_s
     return event
 
 

@@ -19,6 +19,9 @@ MATCH = 1e-2
 # A loss this many times the other's is said as a ratio ("570× larger"): a relative difference, bounded by 100 %,
 # would hide it.
 RATIO = 2.0
+# Medians of time per step closer than this share are not told apart: a ratio that would print as 1.0× or 1.1×
+# says less than the noise of runs made one after the other on a shared machine.
+TIME_NOISE = 0.15
 # Eval keys that are bookkeeping, not a metric.
 NOT_METRICS = {"event", "time", "epoch", "step", "majority_f1"}
 
@@ -36,20 +39,22 @@ def run_figures(run_events: list[dict]) -> dict:
         "curve": {e["samples_seen"]: e["loss"] for e in steps if e.get("loss") is not None},
         "peak_activation_bytes": max(activations) if activations else None,
         "time_per_step_s": last["elapsed_s"] / last["step"] if last.get("step") else None,
-        "step_seconds": step_seconds(steps),
+        "step_seconds": step_seconds(steps, "elapsed_s"),
+        # The steps' own work (events.StepEvent.cpu_s), where every step measured it.
+        "step_cpu_seconds": step_seconds(steps, "cpu_s") if steps and all("cpu_s" in e for e in steps) else None,
         "samples_per_s": last.get("samples_per_s"),
         "eval": {key: value for key, value in (evals[-1] if evals else {}).items()
                  if key not in NOT_METRICS and isinstance(value, (int, float)) and not isinstance(value, bool)},
     }
 
 
-def step_seconds(steps: list[dict]) -> list[float]:
-    """Seconds each optimizer step took (from consecutive steps' elapsed time; the first, which pays for warm-up,
-    and a step after an evaluation are left out)."""
+def step_seconds(steps: list[dict], clock: str = "elapsed_s") -> list[float]:
+    """Seconds each optimizer step took by ``clock`` (elapsed_s: wall; cpu_s: the training thread's CPU), from
+    consecutive steps; the first, which pays for warm-up, and a step after an evaluation are left out."""
     seconds, previous = [], None
     for event in steps:
         if previous is not None and event.get("epoch") == previous.get("epoch"):
-            seconds.append(event["elapsed_s"] - previous["elapsed_s"])
+            seconds.append(event[clock] - previous[clock])
         previous = event
     return seconds
 
@@ -125,12 +130,16 @@ def headline(events_a: list[dict], events_b: list[dict], name_differences: bool 
     ratios = loss_ratios(a["curve"], b["curve"])
     figures["loss_ratio_median"] = statistics.median(ratios) if ratios else None
     figures["loss_ratio_extreme"] = max(ratios, key=lambda r: max(r, 1 / r)) if ratios else None
-    spread_a, spread_b = quartiles(a["step_seconds"]), quartiles(b["step_seconds"])
+    # CPU time where both runs measured it: wall time also counts whatever else the machine did meanwhile, and the
+    # runs being compared ran one after the other.
+    clock = "step_cpu_seconds" if a["step_cpu_seconds"] and b["step_cpu_seconds"] else "step_seconds"
+    spread_a, spread_b = quartiles(a[clock]), quartiles(b[clock])
     figures["step_seconds_quartiles"] = [spread_a, spread_b]
+    figures["step_seconds_clock"] = "cpu" if clock == "step_cpu_seconds" else "wall"
     figures["loss_claim"] = _loss_claim(figures, a["config"], b["config"], name_differences)
     figures["memory_claim"] = _memory_claim(figures["activation_ratio"])
     parts = [_pitfall_claim(a["config"], b["config"]), figures["loss_claim"], figures["memory_claim"],
-             _time_claim(spread_a, spread_b), _eval_claim(figures["eval"])]
+             _time_claim(spread_a, spread_b, figures["step_seconds_clock"]), _eval_claim(figures["eval"])]
     figures["headline"] = " · ".join(part for part in parts if part)
     return figures
 
@@ -219,15 +228,17 @@ def _memory_claim(ratio: float | None) -> str | None:
     return f"activations {ratio:.1f}× smaller" if ratio > 1 else f"activations {1 / ratio:.1f}× larger"
 
 
-def _time_claim(spread_a, spread_b) -> str | None:
-    """B's time per step against A's, from the median seconds per step, said only when the middle halves of the
-    two runs' steps do not overlap (a busy machine moves single steps a lot); else 'within noise'."""
+def _time_claim(spread_a, spread_b, clock: str = "wall") -> str | None:
+    """B's time per step against A's, from the median seconds per step (``clock``: "cpu", the training thread's CPU
+    time, or "wall"), said only when the middle halves of the two runs' steps do not overlap (a busy machine moves
+    single steps a lot) and the medians differ by TIME_NOISE or more; else 'within noise'."""
     if spread_a is None or spread_b is None or not spread_a[1] or not spread_b[1]:
         return None
     ratio = spread_b[1] / spread_a[1]
-    if spread_b[0] <= spread_a[2] and spread_a[0] <= spread_b[2]:
+    if (spread_b[0] <= spread_a[2] and spread_a[0] <= spread_b[2]) or abs(math.log(ratio)) < math.log(1 + TIME_NOISE):
         return "time per step within noise"
-    return (f"{ratio:.1f}× slower per step" if ratio > 1 else f"{1 / ratio:.1f}× faster per step") + " (median)"
+    said = f"{ratio:.1f}× slower per step" if ratio > 1 else f"{1 / ratio:.1f}× faster per step"
+    return said + (" (median CPU time)" if clock == "cpu" else " (median)")
 
 
 def _eval_claim(metrics: dict) -> str | None:

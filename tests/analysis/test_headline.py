@@ -11,8 +11,9 @@ from gradacc.config import RunConfig
 
 
 def run_events(m=8, k=4, losses=(0.7, 0.5, 0.3), activation=1_000_000, seconds_per_step=1.0, f1=0.9,
-               eval_metrics=None, jitter=(0.0,), **config_changes) -> list[dict]:
-    """One run's events; step n ends at n × seconds_per_step plus jitter[n % len(jitter)]."""
+               eval_metrics=None, jitter=(0.0,), cpu_seconds_per_step=None, **config_changes) -> list[dict]:
+    """One run's events; step n ends at n × seconds_per_step plus jitter[n % len(jitter)] of wall time, and at
+    n × cpu_seconds_per_step of the training thread's CPU time (none measured when None)."""
     config = RunConfig(micro_batch_size=m, grad_accum_steps=k, **config_changes).validate()
     batch = config.effective_batch
     found = [ev.run_started(config=config.to_dict(), effective_batch=batch, total_steps=len(losses),
@@ -21,7 +22,8 @@ def run_events(m=8, k=4, losses=(0.7, 0.5, 0.3), activation=1_000_000, seconds_p
     for step, loss in enumerate(losses, 1):
         found.append(ev.step(step=step, epoch=1, samples_seen=step * batch, tokens_seen=0, micro_batches=k,
                              loss=loss, grad_norm=1.0, lr=1e-3, elapsed_s=step * seconds_per_step + jitter[step % len(jitter)],
-                             memory={"activation_bytes": activation, "rss_bytes": 1, "cuda_peak_bytes": None}))
+                             memory={"activation_bytes": activation, "rss_bytes": 1, "cuda_peak_bytes": None},
+                             cpu_s=None if cpu_seconds_per_step is None else step * cpu_seconds_per_step))
     if eval_metrics is None:
         found.append(ev.eval_(epoch=1, step=len(losses), eval_loss=0.3, eval_accuracy=0.9, eval_f1=f1))
     else:
@@ -122,6 +124,25 @@ def test_time_per_step_is_stated_only_when_the_steps_tell_the_runs_apart():
     assert "time per step within noise" in headline.headline(one, twin)["headline"]
     slower = run_events(losses=losses, seconds_per_step=3.45)  # against the first run's median step of 1.15 s
     assert "3.0× slower per step (median)" in headline.headline(one, slower)["headline"]
+    barely = run_events(losses=losses, seconds_per_step=1.25)  # steady, but 1.09× is no claim to make on a room
+    assert "time per step within noise" in headline.headline(one, barely)["headline"]
+
+
+def test_time_per_step_compares_the_steps_own_cpu_time_where_both_runs_measured_it():
+    losses = (0.7, 0.6, 0.5, 0.45, 0.4, 0.35, 0.3)
+    # The same work per step; the second run's wall time doubled by another process's load.
+    quiet = run_events(losses=losses, seconds_per_step=1.0, cpu_seconds_per_step=0.9)
+    loaded = run_events(losses=losses, seconds_per_step=2.0, cpu_seconds_per_step=0.9)
+    figures = headline.headline(quiet, loaded)
+    assert figures["step_seconds_clock"] == "cpu"
+    assert "time per step within noise" in figures["headline"]
+    more_work = run_events(losses=losses, seconds_per_step=2.0, cpu_seconds_per_step=1.8)
+    assert "2.0× slower per step (median CPU time)" in headline.headline(quiet, more_work)["headline"]
+    # One run without CPU times (a GPU run, or several torch threads): both are compared by wall time.
+    wall_only = run_events(losses=losses, seconds_per_step=2.0)
+    figures = headline.headline(quiet, wall_only)
+    assert figures["step_seconds_clock"] == "wall"
+    assert "2.0× slower per step (median)" in figures["headline"]
 
 
 def test_cli_compare_refuses_a_file_that_is_not_events(tmp_path, capsys):

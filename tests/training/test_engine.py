@@ -96,3 +96,23 @@ def test_a_misspelt_run_option_is_a_type_error_not_a_silent_attribute():
     # Options are keyword parameters of train, not names set onto the Job: a typo fails before anything runs.
     with pytest.raises(TypeError, match="sync_each_microbatch"):
         train(RunConfig(**SMALL), None, None, sync_each_microbatch=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_each_step_carries_the_training_threads_cpu_time_on_one_torch_thread(backend, one_torch_thread):
+    # What the headline compares between runs made one after the other: the steps' own work, not the machine's load.
+    recorder, ended = run(backend=backend, grad_accum_steps=2)
+    assert ended["status"] == "completed", ended["reason"]
+    steps = recorder.of("step")
+    cpu = [step["cpu_s"] for step in steps]
+    assert all(b > a for a, b in zip(cpu, cpu[1:])), cpu  # every step costs CPU time of the training thread
+    assert all(0 < step["cpu_s"] <= step["elapsed_s"] * 1.01 for step in steps), steps  # one thread: never above wall
+
+
+def test_several_torch_threads_leave_cpu_time_out(one_torch_thread):
+    import torch
+
+    torch.set_num_threads(2)  # the other threads' share of the work would be missing from the training thread's
+    recorder, ended = run(grad_accum_steps=2)
+    assert ended["status"] == "completed", ended["reason"]
+    assert not any("cpu_s" in step for step in recorder.of("step"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import math
+import threading
 import time
 from dataclasses import dataclass
 
@@ -272,6 +273,11 @@ class StepReporter:
         # Set when the run asks for pitfalls: what the right loop would have done at each step (training.pitfalls).
         self.pitfall_probe = None
         self.started = time.perf_counter()
+        # The training thread's CPU time measures a step's work whatever else the machine runs, where that thread
+        # does all of it: on the CPU with one torch thread (events.StepEvent.cpu_s).
+        self.thread = threading.get_ident()
+        self.started_cpu = time.thread_time() if (torch.device(job.device).type == "cpu"
+                                                  and torch.get_num_threads() == 1) else None
 
     def micro_batch(self, batch: dict) -> None:
         if self.job.memory_guard is not None:
@@ -293,9 +299,16 @@ class StepReporter:
                                   grad_norm=grad_norm, lr=lr, elapsed_s=time.perf_counter() - self.started,
                                   memory=memory.snapshot(activation_bytes, self.job.device, self.job.config.instrument),
                                   sync_rounds=self.sync_probe.take() if self.sync_probe else None,
-                                  pitfall=self.pitfall_probe.take() if self.pitfall_probe else None))
+                                  pitfall=self.pitfall_probe.take() if self.pitfall_probe else None,
+                                  cpu_s=self.cpu_seconds()))
         memory.reset_cuda_peak(self.job.device)
         window.next_window()
+
+    def cpu_seconds(self) -> float | None:
+        """The training thread's CPU seconds since the run started; None where they do not measure its work."""
+        if self.started_cpu is None or threading.get_ident() != self.thread:
+            return None
+        return time.thread_time() - self.started_cpu
 
     def evaluation(self, *, epoch: int, step: int, metrics: dict) -> None:
         named = {**metrics, "majority_f1": metrics.get("eval_majority_f1", metrics.get("majority_f1"))}

@@ -21,18 +21,21 @@ BUILTIN_PAIRS_TRAIN = 3000  # training pairs of builtin-pairs (tests/training/te
 GENERAL = "config"  # errors that belong to no single widget
 
 
-def all_errors(config: RunConfig, limits: Limits | None = None, train_examples: int | None = None) -> dict[str, str]:
-    """Every field ``RunConfig.validate`` or the deployment limits refuse, as {field: one sentence}.
+def check(config: RunConfig, limits: Limits | None = None,
+          train_examples: int | None = None) -> tuple[RunConfig | None, dict[str, str]]:
+    """``config`` checked once, where it enters: (the validated config, {}) when ``RunConfig.validate`` and the
+    deployment's limits accept it (Start submits that object, which is not validated again), else (None, {field: one
+    sentence} for every field refused).
 
     ``validate`` stops at the first bad value; to show each message next to its own widget, a bad field
-    is reset to its default and validation repeated until the rest pass.
+    is reset to its default on a copy and validation repeated until the rest pass.
     """
-    candidate = config.replace()  # a copy: bad fields are reset on it
+    candidate = config
     defaults = RunConfig()
     errors: dict[str, str] = {}
     for _ in range(len(candidate.to_dict()) + 1):
         try:
-            candidate = candidate.validate()
+            candidate = candidate.validate()  # a checked copy; ``config`` is left as it is
             break
         except GradaccError as error:
             field = error.field if error.field and hasattr(defaults, error.field) else GENERAL
@@ -41,8 +44,9 @@ def all_errors(config: RunConfig, limits: Limits | None = None, train_examples: 
             errors[field] = error.message
             if field == GENERAL:
                 break
-            setattr(candidate, field, getattr(defaults, field))
-    candidate = candidate.resolved()  # validated, or as far as the resets went: the recipe filled in either way
+            candidate = candidate.replace(**{field: getattr(defaults, field)})
+    if not candidate.validated:
+        candidate = candidate.resolved()  # as far as the resets went: the recipe filled in for the checks below
     for field, message in (limits or Limits()).errors(candidate).items():
         errors.setdefault(field, message)
     for field, message in local_path_errors(candidate).items():
@@ -52,7 +56,7 @@ def all_errors(config: RunConfig, limits: Limits | None = None, train_examples: 
     if train_examples is not None and "micro_batch_size" not in errors \
             and candidate.micro_batch_size > train_examples:
         errors["micro_batch_size"] = too_few_examples(candidate.micro_batch_size, train_examples)
-    return errors
+    return (None, errors) if errors else (candidate, {})
 
 
 def local_path_errors(config: RunConfig) -> dict[str, str]:

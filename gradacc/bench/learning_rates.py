@@ -134,7 +134,8 @@ def figure(result: dict):
     from plotly.subplots import make_subplots
 
     models = list(result["chosen"])
-    fig = make_subplots(rows=1, cols=len(models), subplot_titles=models)
+    metric_names = {model: result["reference"][model]["metric"].replace("eval_", "") for model in models}
+    fig = make_subplots(rows=1, cols=len(models), subplot_titles=[f"{m} ({metric_names[m]})" for m in models])
     colours = {"sgd": "#1f77b4", "adafactor": "#ff7f0e", "adamw": "#2ca02c"}
     for col, model in enumerate(models, start=1):
         for optimizer in result["settings"]["grids"]:
@@ -147,7 +148,6 @@ def figure(result: dict):
                         legendgroup="adamw", showlegend=col == 1, marker=dict(color=colours["adamw"], size=10,
                                                                                symbol="star"), row=1, col=col)
         fig.update_xaxes(type="log", title_text="learning rate", row=1, col=col)
-        fig.update_yaxes(title_text=ref["metric"].replace("_", " "), row=1, col=col)
     fig.update_layout(title="Held-out score by learning rate, per optimizer (mean over seeds)",
                       template="plotly_white")
     return fig

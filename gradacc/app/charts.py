@@ -161,9 +161,9 @@ def _plain_layout(title: str, x_title: str, y_title: str) -> dict:
 TITLE_CHARS = 32
 TITLE_SIZE = 20
 TEXT_SIZE = 16  # ticks, axis titles and legends: readable from the back of a room
-# Pixels kept free above the title for plotly's toolbar (the modebar, 2 to 24 px from the top, shown on hover): a
-# wrapped title is as wide as the toolbar's row, so the two must not share one.
-MODEBAR_STRIP = 30
+# Pixels kept free above the title for plotly's toolbar (the modebar, shown on hover: on a Streamlit page from 2 to
+# about 28 px below the chart's top). A wrapped title is as wide as the toolbar's row: the two must not share it.
+MODEBAR_STRIP = 36
 # plotly draws a title of several lines this much (0.7 em) higher than a title of one line at the same place.
 MULTILINE_LIFT = round(0.7 * TITLE_SIZE)
 

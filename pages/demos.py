@@ -82,7 +82,6 @@ def gradient_checks():
     coupled_view.draw(checks, key="demo")
 
 
-
 @st.fragment(run_every=poll_seconds)
 def demo_view():
     current = [run for run in (manager.get(run_id) for run_id in run_ids) if run is not None]

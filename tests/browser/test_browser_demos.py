@@ -26,7 +26,7 @@ LOSS_POINTS = """() => {
 
 # Whether plotly's toolbar (shown on hover) and the chart's title overlap: boxes as the page draws them.
 TOOLBAR_OVER_TITLE = """chart => {
-  const box = (e) => { const b = e.getBoundingClientRect(); return {left: b.left, top: b.top, right: b.right, bottom: b.bottom}; };
+  const box = (e) => e.getBoundingClientRect().toJSON();
   const [toolbar, title] = [chart.querySelector('.modebar'), chart.querySelector('.gtitle')];
   if (!toolbar || !title) return {missing: !toolbar ? 'modebar' : 'title'};
   const [a, b] = [box(toolbar), box(title)];

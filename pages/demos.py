@@ -98,7 +98,10 @@ def demo_view():
         if wanted.pop("runs", False):  # just clicked: the runs' status and charts, not the button, on screen
             scroll.into_view("demo-live", nonce=f"runs {run_ids}")
     columns = st.container(key="demo-live").columns(len(snapshots))
-    labels = comparison.names(snapshots)
+    # The scenario's own names ("naive ÷k", "GradCache batch 64"): what differs between five runs, spelt out, is no
+    # name a room can read. A watched demo cut short (a run deleted) falls back to what differs.
+    labels = ({run.run_id: demo_run.label for demo_run, run in zip(scenario.runs, current)}
+              if len(current) == len(scenario.runs) else comparison.names(snapshots))
     for column, run in zip(columns, snapshots):
         with column, st.container(key=f"demo-run-{run.run_id}"):
             st.markdown(f"**{labels[run.run_id]}**")
@@ -114,7 +117,7 @@ def demo_view():
         first, second = scenario.compares
         snapshots = [snapshots[first], snapshots[second],
                      *(run for index, run in enumerate(snapshots) if index not in scenario.compares)]
-    figures = comparison.draw(snapshots, key="demo")
+    figures = comparison.draw(snapshots, key="demo", labels=labels)
     if figures is not None and wanted.get("headline"):
         # The result, the moment it is written, and again once every run has ended: runs still training above it
         # change their panels' heights meanwhile, which moves it under the page's header.

@@ -48,14 +48,15 @@ def show_headline(figures: dict | None, runs, labels: dict[str, str]) -> None:
         box(f"### {figures['headline']}\n{against}", icon="📣")
 
 
-def draw(snapshots, key: str, x: str = "samples_seen") -> dict | None:
+def draw(snapshots, key: str, x: str = "samples_seen", labels: dict[str, str] | None = None) -> dict | None:
     """Headline (once the first two runs ended), loss, eval and memory charts, and the summary table.
 
     ``snapshots``: runs as the pages take them each poll (``RunState.snapshot``), so text and charts are drawn
-    from one set of events. ``key`` keeps this view's widgets and cached figures apart from another view's. Returns the
+    from one set of events. ``key`` keeps this view's widgets and cached figures apart from another view's.
+    ``labels``: {run id: name} to call the runs by (a demo's own names); else names() says what differs. Returns the
     headline.
     """
-    labels = names(snapshots)
+    labels = labels or names(snapshots)
     figures = headline(snapshots)
     # One slot each, drawn empty until there is something to say: an element that appears above the charts would
     # shift them, and Streamlit mounts a shifted chart anew (a blank frame, a lost zoom) instead of redrawing it.

@@ -47,7 +47,7 @@ def expect_toolbars_clear_of_titles(page) -> None:
 
 
 def play(page, artifacts, name: str, timeout_ms: int = 150_000, onlooker: bool = False,
-         growing: bool = True, viewport: dict = PROJECTOR, drawn_in_place: bool = True) -> str:
+         growing: bool = True, viewport: dict = PROJECTOR) -> str:
     """Open the demo at projector size, run it, sample the loss chart until the headline is written; check what a
     room sees (the live runs in view after the click, a curve growing over several polls, the headline whole in
     view, no console error while the live charts draw) and return the headline's text. ``onlooker``: a second
@@ -55,7 +55,7 @@ def play(page, artifacts, name: str, timeout_ms: int = 150_000, onlooker: bool =
     ``growing``: the curve must be seen growing; a demo that the tests' scale shrinks to a second or two cannot be
     (its pace at full scale is measured with ``python -m gradacc.analysis.demos NAME``, README). ``viewport``: the
     screen (PROJECTOR, WIDE_PROJECTOR); every chart's toolbar, shown on hover, must leave its title readable.
-    ``drawn_in_place``: each chart mounted once (False only for a demo with a known remount, named where passed)."""
+    Every displayed chart must be mounted once, then redrawn in place poll after poll."""
     problems = st_ui.console_problems(page)
     page.set_viewport_size(viewport)
     st_ui.open_app(page, f"/demos?demo={name}")
@@ -82,8 +82,7 @@ def play(page, artifacts, name: str, timeout_ms: int = 150_000, onlooker: bool =
     grew = sorted(set(points) - {0})
     assert points == sorted(points), points  # never shrinking, never blank for a moment
     _, mounts, charts = page.evaluate(LOSS_POINTS)
-    if drawn_in_place:  # each drawn in place, poll after poll
-        assert mounts == charts, f"{mounts} charts mounted for {charts} on the page"
+    assert mounts == charts, f"{mounts} charts mounted for {charts} on the page"
     if growing:
         assert len(grew) >= 2, points  # seen growing, poll after poll
     # Over (a third run may still train after the headline of the first two): it can be run again.
@@ -133,7 +132,7 @@ def test_trainer_pitfall_says_the_k_times_loss_and_why(page, artifacts):
 def test_the_lm_demo_says_naives_drift_and_exacts_in_two_lines(page, artifacts):
     text = play(page, artifacts, "naive-vs-exact-lm")
     assert text.startswith("Loss curves differ"), text
-    assert re.search(r"exact against it: loss curves identical \(max difference", text), text
+    assert re.search(r"exact m=2, k=16 against it: loss curves identical \(max difference", text), text
     assert lines(page.locator(".st-key-headline h3")) <= 2
 
 
@@ -212,9 +211,9 @@ COUPLED_TIMEOUT_MS = 300_000
 
 
 def test_coupled_losses_says_what_its_runs_and_gradient_checks_show(page, artifacts):
-    # Known bug, not yet fixed: when the gradient checks end while runs still train, the page's full rerun (from
-    # pages/demos.py gradient_checks) mounts two charts anew, a blink (seen in one of four runs): not asserted here.
-    text = play(page, artifacts, "coupled-losses", timeout_ms=COUPLED_TIMEOUT_MS, drawn_in_place=False)
+    # Its charts are drawn in place too: the gradient checks, below the runs since they moved there, end with a full
+    # rerun that no longer shifts (and so remounts) the charts above them.
+    text = play(page, artifacts, "coupled-losses", timeout_ms=COUPLED_TIMEOUT_MS)
     claims, against = [line for line in text.splitlines() if line.strip()]
     curves = {name: dict(points) for name, points in page.evaluate(DRAWN_CURVES)}
     names = list(curves)

@@ -10,7 +10,7 @@ How to add a scenario: append a ``Scenario`` to ``SCENARIOS``. Give it
 - ``compares``: which two runs the headline describes, ``(a, b)`` indices into ``runs`` (b is described
   against a: "activations 4× smaller" means b's are); ``expect``: one sentence of what the headline shows;
 - sizes (``train_samples``, ``eval_samples``, ``epochs``) for a speaker's pace: the whole scenario should take
-  about 20–40 s on a 2-vCPU machine (measure it with ``python -m gradacc.analysis.demos NAME``).
+  about 20–60 s on a 2-vCPU machine (measure it with ``python -m gradacc.analysis.demos NAME``).
 
 ``tests/analysis/test_demos.py`` checks every scenario builds valid configs; the tests shrink them with
 ``GRADACC_DEMO_SCALE`` (a fraction of the training samples, and of epochs past two; 1 on stage), so the same

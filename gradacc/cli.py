@@ -104,7 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--target-effective-batch", type=_value, required=True)
     plan.add_argument("--optimizer", choices=OPTIMIZERS, default=RunConfig.optimizer,
                       help="the optimizer the run will use: the pick keeps it (another needs its own learning rate)")
-    plan.add_argument("--change-optimizer", action="store_true", help="let the pick use another optimizer")
+    plan.add_argument("--change-optimizer", action="store_true",
+                      help="let the pick use another optimizer whose learning rate the model's recipe holds "
+                           "(the pick says it: pass it as --lr)")
     plan.add_argument("--json", action="store_true")
 
     check = commands.add_parser("check", help="gradient equivalence: naive vs exact normalisation")
@@ -432,7 +434,7 @@ def _plan(args) -> int:
     planner.check_plan_inputs(float(args.memory_budget_mb), args.target_effective_batch)  # before measuring
     result = planner.plan_levers(planner.measure_levers(args.model, args.max_seq_length), float(args.memory_budget_mb),
                                  args.target_effective_batch)
-    top = planner.pick(result, args.optimizer, args.change_optimizer)
+    top = planner.pick(result, args.optimizer, args.change_optimizer, model=args.model)
     if args.json:
         print(json.dumps(result | {"pick": top}, default=str))
         return EXIT_OK
@@ -454,8 +456,16 @@ def _plan(args) -> int:
         row = top["row"]
         print(f"pick: {planner.setting_label(row)}, m={row['micro_batch_size']}, k={row['grad_accum_steps']}. "
               f"{top['why']}")
+        if top["learning_rate"] is not None:  # another optimizer: the run takes its flags and its own rate
+            print(f"train it with: --optimizer {row['optimizer']} --lr {top['learning_rate']:g}")
     elif result["fastest"] is not None:
-        print(f"pick: nothing with {args.optimizer} fits; --change-optimizer lets the pick use another one")
+        unrated = planner.unrated_optimizers(result, args.optimizer, args.model)
+        if args.change_optimizer and unrated:
+            print(f"pick: nothing with {args.optimizer} fits; {' and '.join(unrated)} would, but {args.model}'s "
+                  "recipe has no learning rate measured for it: give --lr yourself if you run one")
+        else:
+            print(f"pick: nothing with {args.optimizer} fits"
+                  + ("" if args.change_optimizer else "; --change-optimizer lets the pick use another one"))
     if result["reason"]:
         print(in_cli_words(result["reason"], "budget_mb"))  # the page's label, the flag here
     print(f"activation line checked on a micro-batch of {planner.HELD_OUT_SIZE} it was not fitted on: largest error "

@@ -43,15 +43,30 @@ PITFALLS = {
 }
 
 
+# These optimizers take one learning rate (the recipes' learning_rate); the others (SGD, Adafactor) their own.
+ADAMW_LIKE = ("adamw", "adamw-fused", "adamw-8bit")
+
+
 @dataclass(frozen=True)
 class Recipe:
-    """How a model trains well on the built-in data: the values a run takes when the user sets none."""
+    """How a model trains well on the built-in data: the values a run takes when the user sets none.
+
+    ``learning_rate`` is AdamW's (and its kin's, ADAMW_LIKE); ``optimizer_rates`` holds the rates of the optimizers
+    that update on another scale (SGD, Adafactor), measured for this model by ``python -m gradacc bench
+    learning-rates``. An optimizer with no rate here has none in the recipe: the run must set one."""
 
     learning_rate: float
     warmup_ratio: float
     epochs: int
     max_seq_length: int
     dropout: float
+    optimizer_rates: dict[str, float] = field(default_factory=dict, hash=False)
+
+    def learning_rate_for(self, optimizer: str) -> float | None:
+        """The recipe's learning rate for ``optimizer``; None when the recipe has none for it."""
+        if optimizer in ADAMW_LIKE:
+            return self.learning_rate
+        return self.optimizer_rates.get(optimizer)
 
 
 # One row per built-in model; add a model here and the Train page, the CLI and RunConfig all use its row.
@@ -59,34 +74,46 @@ class Recipe:
 # scratch only with a high rate (eval F1 0.000 at 1e-3, 0.884 at 5e-3; other seeds can still sit on the plateau
 # after one epoch). Its two-epoch default run ends at 0.883 with 5e-3 (0.945 with 1e-3, which fails one epoch). MiniLM (512 examples, 16 steps) reached F1 0.698 at 5e-5 and 0.910 at 2e-4; at 1e-3 a
 # pretrained model collapses (the issue: F1 0.000 after a spike at step ~55 of 63).
+# optimizer_rates: SGD's and Adafactor's own rates, from `python -m gradacc bench learning-rates` (the sweep and
+# its scores are in BENCHMARKS.md); an optimizer is absent where its best rate trained far worse than AdamW at
+# the recipe's (SGD stuck on one class), so a run of it must set a rate.
 RECIPES = {
-    "tiny-bert": Recipe(learning_rate=5e-3, warmup_ratio=0.1, epochs=2, max_seq_length=64, dropout=0.1),
-    "all-MiniLM-L6-v2": Recipe(learning_rate=2e-4, warmup_ratio=0.1, epochs=1, max_seq_length=64, dropout=0.1),
+    "tiny-bert": Recipe(learning_rate=5e-3, warmup_ratio=0.1, epochs=2, max_seq_length=64, dropout=0.1,
+                        optimizer_rates={"adafactor": 3e-3}),
+    "all-MiniLM-L6-v2": Recipe(learning_rate=2e-4, warmup_ratio=0.1, epochs=1, max_seq_length=64, dropout=0.1,
+                               optimizer_rates={"adafactor": 3e-4}),
     # A causal LM from scratch on builtin-text (measured in the issue-12 report: eval loss falls clearly in
     # about 20 s at m=8, k=4); dropout 0, since the LM scenarios compare curves.
-    "tiny-gpt": Recipe(learning_rate=5e-3, warmup_ratio=0.1, epochs=1, max_seq_length=64, dropout=0.0),
+    "tiny-gpt": Recipe(learning_rate=5e-3, warmup_ratio=0.1, epochs=1, max_seq_length=64, dropout=0.0,
+                       optimizer_rates={"adafactor": 3e-3}),
     # Two small MLPs over mean word embeddings, the same recipe for both so only the norm differs. Measured on the
     # built-in data, m=8, k=4, seed 42: eval F1 after 3 epochs at 2e-2 BatchNorm 0.874, LayerNorm 0.907 (about 1 s);
     # at 5e-3 and 2 epochs 0.733 and 0.704.
-    "bow-batchnorm": Recipe(learning_rate=2e-2, warmup_ratio=0.1, epochs=3, max_seq_length=64, dropout=0.0),
-    "bow-layernorm": Recipe(learning_rate=2e-2, warmup_ratio=0.1, epochs=3, max_seq_length=64, dropout=0.0),
+    "bow-batchnorm": Recipe(learning_rate=2e-2, warmup_ratio=0.1, epochs=3, max_seq_length=64, dropout=0.0,
+                            optimizer_rates={"sgd": 0.3, "adafactor": 1e-1}),
+    "bow-layernorm": Recipe(learning_rate=2e-2, warmup_ratio=0.1, epochs=3, max_seq_length=64, dropout=0.0,
+                            optimizer_rates={"adafactor": 3e-2}),
 }
 # Any other model (a local folder or a hub id) is a pretrained checkpoint: fine-tune it gently.
 PRETRAINED_RECIPE = Recipe(learning_rate=5e-5, warmup_ratio=0.1, epochs=2, max_seq_length=128, dropout=0.1)
-RECIPE_FIELDS = tuple(f.name for f in dataclasses.fields(Recipe))
+# The run fields a recipe fills (its optimizer_rates fill learning_rate, for the run's optimizer).
+RECIPE_FIELDS = tuple(f.name for f in dataclasses.fields(Recipe) if f.name != "optimizer_rates")
 
 
 def recipe_for(model: str | None) -> Recipe:
     return RECIPES.get((model or "").strip(), PRETRAINED_RECIPE)
 
 
-# The recipes' learning rates are AdamW's; these optimizers take the same rate, the others (SGD, Adafactor) their own.
-ADAMW_LIKE = ("adamw", "adamw-fused", "adamw-8bit")
-
-
 def shares_learning_rate(optimizer: str, other: str) -> bool:
     """Whether a learning rate tuned for ``optimizer`` suits ``other`` (same update rule, another kernel)."""
     return optimizer == other or (optimizer in ADAMW_LIKE and other in ADAMW_LIKE)
+
+
+def no_recipe_rate(model: str, optimizer: str) -> str:
+    """Why a run of ``optimizer`` on ``model`` cannot take its learning rate from the recipe (none was measured)."""
+    shown = model if model in RECIPES else "a pretrained model (a folder or hub id)"
+    return (f"{field_label('learning_rate')}: {optimizer} needs one of its own, and the recipe for {shown} has "
+            f"none for it (its {recipe_for(model).learning_rate:g} is AdamW's); set one.")
 
 
 def default_dataset(model: str | None) -> str:
@@ -179,7 +206,11 @@ class RunConfig:
     def resolved(self) -> "RunConfig":
         """A copy with the recipe filled in (this config is left as it is)."""
         recipe = self.recipe
-        return dataclasses.replace(self, **{name: getattr(recipe, name) for name in self.unset_fields()})
+        values = {name: getattr(recipe, name) for name in self.unset_fields()}
+        if "learning_rate" in values and isinstance(self.optimizer, str):
+            # The rate of the run's own optimizer: None where the recipe has none (validate refuses it).
+            values["learning_rate"] = recipe.learning_rate_for(self.optimizer)
+        return dataclasses.replace(self, **values)
 
     def __setattr__(self, name: str, value) -> None:
         # Any change makes a config unchecked again: validate() then checks it anew instead of returning it.
@@ -217,6 +248,9 @@ class RunConfig:
         self.epochs = _integer("epochs", self.epochs, 1, 1000)
         if self.max_steps is not None:
             self.max_steps = _integer("max_steps", self.max_steps, 1, 10_000_000)
+        if self.learning_rate is None:  # left unset, and the recipe has no rate for this optimizer
+            _choice("optimizer", self.optimizer, OPTIMIZERS)
+            raise GradaccError(no_recipe_rate(self.model, self.optimizer), "learning_rate")
         self.learning_rate = _number("learning_rate", self.learning_rate, low=0.0, high=10.0, low_open=True)
         self.warmup_ratio = _number("warmup_ratio", self.warmup_ratio, low=0.0, high=1.0)
         self.weight_decay = _number("weight_decay", self.weight_decay, low=0.0, high=10.0)

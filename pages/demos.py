@@ -82,10 +82,6 @@ def gradient_checks():
     coupled_view.draw(checks, key="demo")
 
 
-if scenario.checks == "coupled":
-    gradient_checks()
-
-
 @st.fragment(run_every=poll_seconds)
 def demo_view():
     current = [run for run in (manager.get(run_id) for run_id in run_ids) if run is not None]
@@ -119,8 +115,13 @@ def demo_view():
         snapshots = [snapshots[first], snapshots[second],
                      *(run for index, run in enumerate(snapshots) if index not in scenario.compares)]
     figures = comparison.draw(snapshots, key="demo")
-    if figures is not None and wanted.pop("headline", False):  # the result, the moment it is written
-        scroll.into_view("headline", nonce=f"headline {run_ids}")
+    if figures is not None and wanted.get("headline"):
+        # The result, the moment it is written, and again once every run has ended: runs still training above it
+        # change their panels' heights meanwhile, which moves it under the page's header.
+        settled = not any(run.is_live for run in snapshots)
+        scroll.into_view("headline", nonce=f"headline {run_ids} {'settled' if settled else 'written'}")
+        if settled:
+            wanted.pop("headline")
     if not any(run.is_live for run in current) and len(current) == len(scenario.runs):
         # Built when clicked, from the runs as stored: a speaker's offline copy, or a free static Space.
         runs = [(demo_run.label, run.events) for demo_run, run in zip(scenario.runs, current)]
@@ -131,3 +132,7 @@ def demo_view():
 
 
 demo_view()
+# Below the runs: the checks' sentences and table arrive while the runs train, and above them they would push the
+# runs and the headline, already scrolled into view, down off the screen.
+if scenario.checks == "coupled":
+    gradient_checks()

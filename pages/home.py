@@ -13,9 +13,17 @@ server.owner_id()  # this session's id, as on every page that can start runs
 if st.query_params.get("run"):
     st.switch_page("pages/train.py", query_params={"run": st.query_params["run"]})
 
+# Streamlit keeps a page link on one line and clips what does not fit: a demo's title, cut on a projector, reads as
+# a different claim. Here the links wrap instead.
+st.html("""<style>
+.st-key-home-links [data-testid=stPageLink-NavLink] [data-testid=stMarkdownContainer],
+.st-key-home-links [data-testid=stPageLink-NavLink] p { white-space: normal; overflow: visible; line-height: 1.4; }
+</style>""")
+
 st.title("gradacc: gradient accumulation, live")
 st.markdown(f"#### {server.PITCH}")
-demo_column, train_column = st.columns(2, gap="large")
+# The demos' titles are long: their column takes three fifths, so most of them fit on one line at 1280 pixels.
+demo_column, train_column = st.container(key="home-links").columns([3, 2], gap="large")
 with demo_column:
     st.subheader("Watch a demo")
     st.caption("One click opens it; press **Run this demo** there: two runs side by side, about half a minute.")

@@ -6,7 +6,7 @@ import streamlit as st
 from gradacc.analysis import planner
 from gradacc.app import charts, inputs, server, train_form
 from gradacc import units
-from gradacc.config import RunConfig, field_label, shares_learning_rate
+from gradacc.config import RunConfig, field_label, recipe_for, shares_learning_rate
 from gradacc.errors import GradaccError, one_line
 from gradacc.serving import warmup
 
@@ -108,15 +108,24 @@ def advice(row: dict) -> str:
 optimizer = train_form.train_config().optimizer  # the Train form's: the planner keeps it unless allowed
 change_optimizer = st.checkbox(f"Let the planner change the optimizer (the Train form uses {optimizer})",
                                key=K + "change_optimizer", persist_state="session",
-                               help="A lighter optimizer keeps less state, but it trains differently and needs a "
-                                    "learning rate of its own.")
-allowed = planner.allowed_rows(plan, optimizer, change_optimizer)
+                               help="A lighter optimizer keeps less state, but it trains differently: it takes "
+                                    "its own learning rate, measured for the model's recipe (a model with none "
+                                    "measured is not offered another optimizer).")
+plan_model = measurement["model"]
+allowed = planner.allowed_rows(plan, optimizer, change_optimizer, model=plan_model)
 fitting = [row for row in allowed if row["fits"]]
-top = planner.pick(plan, optimizer, change_optimizer)
+top = planner.pick(plan, optimizer, change_optimizer, model=plan_model)
 chosen = None
 if plan["rows"] and not fitting and not plan["reason"]:
-    errors.show({"budget_mb": f"Nothing with {optimizer} fits {field_label('budget_mb')} {budget_mb:g}: let the "
-                              "planner change the optimizer, or raise the budget."}, general)
+    unrated = planner.unrated_optimizers(plan, optimizer, plan_model)
+    if change_optimizer and unrated:
+        instead = (f"{' and '.join(unrated)} would, but {plan_model}'s recipe has no learning rate measured for "
+                   f"{'them' if len(unrated) > 1 else 'it'}: raise the budget")
+    else:
+        instead = "let the planner change the optimizer, or raise the budget" if not change_optimizer \
+            else "raise the budget"
+    errors.show({"budget_mb": f"Nothing with {optimizer} fits {field_label('budget_mb')} {budget_mb:g}: "
+                              f"{instead}."}, general)
 if top:
     pick_column, lightest_column = st.columns(2)
     pick_column.success(f"Pick: {advice(top['row'])}. {top['why']}")
@@ -136,7 +145,9 @@ if top:
     if st.button("Use these settings on the Train page", key="use_plan"):
         levers = planner.levers_of(chosen)
         if shares_learning_rate(optimizer, levers["optimizer"]):
-            del levers["optimizer"]  # the same rule (adamw-fused stays fused)
+            del levers["optimizer"]  # the same rule (adamw-fused stays fused), and the form's learning rate
+        else:  # another optimizer brings its own rate, measured for this model (allowed_rows offers no other)
+            levers["learning_rate"] = recipe_for(measurement["model"]).learning_rate_for(levers["optimizer"])
         train_form.carry_train_settings(limits, model=measurement["model"],
                                         max_seq_length=measurement["max_seq_length"],
                                         micro_batch_size=chosen["micro_batch_size"],

@@ -51,7 +51,7 @@ config = RunConfig(backend=backend, model=model, dataset=dataset, task=task, tex
                    label_column=label_column, gradcache_mini_batch=gradcache_mini_batch, **settings)
 train_form.keep_train_config(config)  # the other pages read the Train form's settings from here
 train_examples, data_problems = inputs.train_examples(config)
-problems = form.all_errors(config, limits, train_examples)
+checked, problems = form.check(config, limits, train_examples)  # validated once, here
 if dataset_problem:
     problems["dataset"] = dataset_problem
 for field, message in data_problems.items():
@@ -73,7 +73,7 @@ examples.metric("Training examples", train_examples if train_examples is not Non
 
 general = st.container()
 errors.show(problems, general)
-lr_warning = None if problems else health.learning_rate_warning(config.resolved())
+lr_warning = None if problems else health.learning_rate_warning(checked)
 if lr_warning:  # said before Start; the run's end warnings name the same cause afterwards
     general.warning(lr_warning, icon="⚠️")
 
@@ -104,7 +104,7 @@ def start(run_config: RunConfig) -> None:
 start_column, stop_column, _ = st.columns([1, 1, 5])
 if start_column.button("Start", type="primary", key="start", disabled=bool(problems) or own_live,
                        help="Fix the settings marked in red first." if problems else None):
-    start(config)
+    start(checked)
 if own_live and stop_column.button("Stop", key="stop"):
     manager.stop(run_id, owner)
     st.toast("Stopping after the current micro-batch…")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from gradacc.config import shares_learning_rate
+from gradacc.config import recipe_for, shares_learning_rate
 from gradacc.labels import field_label
 from gradacc.errors import GradaccError
 from gradacc.units import MB
@@ -198,29 +198,45 @@ def lever_count(row: dict, optimizer: str) -> int:
             + (not shares_learning_rate(optimizer, row["optimizer"])))
 
 
-def allowed_rows(plan: dict, optimizer: str, change_optimizer: bool) -> list[dict]:
+def allowed_rows(plan: dict, optimizer: str, change_optimizer: bool, *, model: str) -> list[dict]:
     """The plan's rows the pick may choose from: only ``optimizer``'s (the Train form's) unless the user allows
-    another one, since another optimizer needs its own learning rate."""
-    return [row for row in plan["rows"] if change_optimizer or shares_learning_rate(optimizer, row["optimizer"])]
+    another one; then also those of each optimizer whose learning rate ``model``'s recipe holds (measured), never
+    one that would have to borrow another optimizer's rate."""
+    recipe = recipe_for(model)
+    return [row for row in plan["rows"] if shares_learning_rate(optimizer, row["optimizer"])
+            or (change_optimizer and recipe.learning_rate_for(row["optimizer"]) is not None)]
 
 
-def pick(plan: dict, optimizer: str = "adamw", change_optimizer: bool = False) -> dict | None:
+def unrated_optimizers(plan: dict, optimizer: str, model: str) -> list[str]:
+    """Optimizers that fit the budget but that the planner does not offer: ``model``'s recipe has no learning rate
+    measured for them (a pretrained folder or hub id with SGD or Adafactor)."""
+    recipe = recipe_for(model)
+    return list(dict.fromkeys(row["optimizer"] for row in plan["rows"] if row["fits"]
+                              and not shares_learning_rate(optimizer, row["optimizer"])
+                              and recipe.learning_rate_for(row["optimizer"]) is None))
+
+
+def pick(plan: dict, optimizer: str, change_optimizer: bool, *, model: str) -> dict | None:
     """The setting to use and why, or None when no allowed setting fits.
 
     Accumulation costs no time per example; checkpointing recomputes the forward pass and another precision or
     optimizer changes the training. So among the allowed settings that fit, the fastest wins only when it is more
     than TIME_NOISE faster than a setting with fewer levers; otherwise the one with fewest levers (accumulation
-    alone, where it fits) is picked. Returns {"row", "why"}: ``why`` is one sentence for the page."""
-    fitting = [row for row in allowed_rows(plan, optimizer, change_optimizer) if row["fits"]]
+    alone, where it fits) is picked. Returns {"row", "why", "learning_rate"}: ``why`` is one sentence for the page;
+    ``learning_rate`` is the picked optimizer's own rate from ``model``'s recipe when the pick changes the
+    optimizer to one that does not take ``optimizer``'s rate, else None (the run keeps its rate)."""
+    fitting = [row for row in allowed_rows(plan, optimizer, change_optimizer, model=model) if row["fits"]]
     if not fitting:
         return None
     fastest = min(row["seconds_per_example"] for row in fitting)
     close = [row for row in fitting if row["seconds_per_example"] <= fastest * (1 + TIME_NOISE)]
     chosen = min(close, key=lambda row: (lever_count(row, optimizer), row["seconds_per_example"]))
-    return {"row": chosen, "why": _why(chosen, fitting, plan["rows"], optimizer)}
+    rate = None if shares_learning_rate(optimizer, chosen["optimizer"]) \
+        else recipe_for(model).learning_rate_for(chosen["optimizer"])
+    return {"row": chosen, "why": _why(chosen, fitting, plan["rows"], optimizer, model, rate), "learning_rate": rate}
 
 
-def _why(chosen: dict, fitting: list[dict], rows: list[dict], optimizer: str) -> str:
+def _why(chosen: dict, fitting: list[dict], rows: list[dict], optimizer: str, model: str, rate: float | None) -> str:
     levers = lever_count(chosen, optimizer)
     mk = f"m = {chosen['micro_batch_size']}, k = {chosen['grad_accum_steps']}"
     slower = [row for row in fitting if lever_count(row, optimizer) > levers
@@ -241,9 +257,14 @@ def _why(chosen: dict, fitting: list[dict], rows: list[dict], optimizer: str) ->
         why = (f"{_levers_named(chosen, optimizer).capitalize()} is "
                f"{1 - chosen['seconds_per_example'] / fewer['seconds_per_example']:.0%} faster per example than "
                f"{setting_label(fewer)} (more than the timing's noise), at {mk}")
-    if not shares_learning_rate(optimizer, chosen["optimizer"]):
-        why += f". {chosen['optimizer']} does not take {optimizer}'s learning rate: set one of its own"
+    if rate is not None:
+        why += (f". {chosen['optimizer']} trains at its own learning rate, {rate:g}, measured for "
+                f"{_recipe_named(model)} (python -m gradacc bench learning-rates), not {optimizer}'s")
     return why + "."
+
+
+def _recipe_named(model: str) -> str:
+    return f"{model}'s recipe" if recipe_for(model) is not recipe_for(None) else "the recipe for a pretrained model"
 
 
 def _levers_named(row: dict, optimizer: str) -> str:

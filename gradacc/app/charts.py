@@ -161,6 +161,11 @@ def _plain_layout(title: str, x_title: str, y_title: str) -> dict:
 TITLE_CHARS = 32
 TITLE_SIZE = 20
 TEXT_SIZE = 16  # ticks, axis titles and legends: readable from the back of a room
+# Pixels kept free above the title for plotly's toolbar (the modebar, shown on hover: on a Streamlit page from 2 to
+# about 28 px below the chart's top). A wrapped title is as wide as the toolbar's row: the two must not share it.
+MODEBAR_STRIP = 36
+# plotly draws a title of several lines this much (0.7 em) higher than a title of one line at the same place.
+MULTILINE_LIFT = round(0.7 * TITLE_SIZE)
 
 
 def wrap(text: str, limit: int = TITLE_CHARS) -> str:
@@ -184,10 +189,12 @@ def _style(figure: go.Figure, title: str, x_title: str, y_title: str) -> go.Figu
     # Large type: these charts are shown on stage and must read from the back of a room.
     title = wrap(title)
     lines = title.count("<br>") + 1
-    figure.update_layout(title=dict(text=title, font=dict(size=TITLE_SIZE), x=0, xanchor="left", y=0.98,
-                                    yanchor="top"),
+    # The title hangs from the top, under the toolbar's strip (pad), whatever the chart's height.
+    pad = MODEBAR_STRIP + (MULTILINE_LIFT if lines > 1 else 0)
+    figure.update_layout(title=dict(text=title, font=dict(size=TITLE_SIZE), x=0, xanchor="left", y=1,
+                                    yref="container", yanchor="top", pad=dict(t=pad)),
                          font=dict(size=TEXT_SIZE), hovermode="x unified",
-                         margin=dict(l=70, r=20, t=36 + 26 * lines, b=50),
+                         margin=dict(l=70, r=20, t=MODEBAR_STRIP + 26 * lines + 12, b=50),
                          legend=dict(orientation="h", yanchor="top", y=-0.4, xanchor="left", x=0))
     if x_title:
         figure.update_layout(xaxis_title=x_title)

@@ -21,18 +21,21 @@ BUILTIN_PAIRS_TRAIN = 3000  # training pairs of builtin-pairs (tests/training/te
 GENERAL = "config"  # errors that belong to no single widget
 
 
-def all_errors(config: RunConfig, limits: Limits | None = None, train_examples: int | None = None) -> dict[str, str]:
-    """Every field ``RunConfig.validate`` or the deployment limits refuse, as {field: one sentence}.
+def check(config: RunConfig, limits: Limits | None = None,
+          train_examples: int | None = None) -> tuple[RunConfig | None, dict[str, str]]:
+    """``config`` checked once, where it enters: (the validated config, {}) when ``RunConfig.validate`` and the
+    deployment's limits accept it (Start submits that object, which is not validated again), else (None, {field: one
+    sentence} for every field refused).
 
     ``validate`` stops at the first bad value; to show each message next to its own widget, a bad field
-    is reset to its default and validation repeated until the rest pass.
+    is reset to its default on a copy and validation repeated until the rest pass.
     """
-    candidate = config.replace()  # a copy: bad fields are reset on it
+    candidate = config
     defaults = RunConfig()
     errors: dict[str, str] = {}
     for _ in range(len(candidate.to_dict()) + 1):
         try:
-            candidate = candidate.validate()
+            candidate = candidate.validate()  # a checked copy; ``config`` is left as it is
             break
         except GradaccError as error:
             field = error.field if error.field and hasattr(defaults, error.field) else GENERAL
@@ -41,8 +44,9 @@ def all_errors(config: RunConfig, limits: Limits | None = None, train_examples: 
             errors[field] = error.message
             if field == GENERAL:
                 break
-            setattr(candidate, field, getattr(defaults, field))
-    candidate = candidate.resolved()  # validated, or as far as the resets went: the recipe filled in either way
+            candidate = candidate.replace(**{field: getattr(defaults, field)})
+    if not candidate.validated:
+        candidate = candidate.resolved()  # as far as the resets went: the recipe filled in for the checks below
     for field, message in (limits or Limits()).errors(candidate).items():
         errors.setdefault(field, message)
     for field, message in local_path_errors(candidate).items():
@@ -52,7 +56,7 @@ def all_errors(config: RunConfig, limits: Limits | None = None, train_examples: 
     if train_examples is not None and "micro_batch_size" not in errors \
             and candidate.micro_batch_size > train_examples:
         errors["micro_batch_size"] = too_few_examples(candidate.micro_batch_size, train_examples)
-    return errors
+    return (None, errors) if errors else (candidate, {})
 
 
 def local_path_errors(config: RunConfig) -> dict[str, str]:
@@ -81,18 +85,42 @@ def local_path_errors(config: RunConfig) -> dict[str, str]:
 PAGE_RECIPE_FIELDS = ("learning_rate", "epochs", "dropout", "max_seq_length")
 
 
-def recipe_moves(old_model: str, new_model: str, values: dict, limits: Limits | None = None) -> dict:
+def recipe_moves(old_model: str, new_model: str, values: dict, limits: Limits | None = None,
+                 optimizer: str = "adamw") -> dict:
     """The page's fields that move to ``new_model``'s recipe: those still at ``old_model``'s recipe value
-    (the visitor has not touched them), as {field: new value}. A field the visitor changed keeps its value."""
+    (the visitor has not touched them), as {field: new value}. A field the visitor changed keeps its value.
+    The learning rate is the recipes' rate for the form's ``optimizer``; where either recipe has none, it stays."""
     old, new = recipe_for(old_model), recipe_for(new_model)
     moves = {}
     for name in PAGE_RECIPE_FIELDS:
         was, becomes = getattr(old, name), getattr(new, name)
+        if name == "learning_rate":
+            was, becomes = old.learning_rate_for(optimizer), new.learning_rate_for(optimizer)
+            if was is None or becomes is None:
+                continue
         if name == "epochs" and limits and limits.max_epochs:
             was, becomes = min(was, limits.max_epochs), min(becomes, limits.max_epochs)
         if values.get(name) == was and becomes != was:
             moves[name] = becomes
     return moves
+
+
+def optimizer_rate_move(model: str, old_optimizer: str, new_optimizer: str, learning_rate) -> float | None:
+    """The form's learning rate when the visitor switches ``old_optimizer`` for ``new_optimizer``: the new one's own
+    rate from ``model``'s recipe if the field still holds the recipe's rate for the old one, so an optimizer never
+    keeps another's rate unasked. None: the field stays (the visitor set it, or the recipe has no rate for the new
+    optimizer; the page then warns, and a run with the field empty is refused)."""
+    recipe = recipe_for(model)
+    was, becomes = recipe.learning_rate_for(old_optimizer), recipe.learning_rate_for(new_optimizer)
+    if was is None or becomes is None or learning_rate != was or becomes == was:
+        return None
+    return becomes
+
+
+def describe_optimizer_move(model: str, optimizer: str, learning_rate: float) -> str:
+    kind = f"{Path(model).name}'s recipe" if model in RECIPES else "the recipe for a pretrained model"
+    return (f"Set to {kind} for {optimizer}: {field_label('learning_rate')} {learning_rate:g} (measured for it). "
+            "A rate you typed keeps your value.")
 
 
 def describe_moves(model: str, moves: dict) -> str:

@@ -179,13 +179,15 @@ def model_input(prefix: str, errors: FieldErrors) -> str:
 def follow_recipe(prefix: str, model: str, limits: Limits) -> None:
     """When the model changes, move the fields the visitor left at the old model's recipe to the new one's,
     and say so. Call it after the model input and before the fields' widgets (their values may still change)."""
+    follow_optimizer(prefix, model)
     key = f"{FORM}{prefix}.recipe_model"
     previous = st.session_state.get(key)
     st.session_state[key] = model
     if previous is None or previous == model:
         return
     values = {name: st.session_state.get(f"{FORM}{prefix}.{name}") for name in form.PAGE_RECIPE_FIELDS}
-    moves = form.recipe_moves(previous, model, values, limits)
+    optimizer = st.session_state.get(f"{FORM}{prefix}.optimizer") or "adamw"
+    moves = form.recipe_moves(previous, model, values, limits, optimizer)
     for name, value in moves.items():
         st.session_state[f"{FORM}{prefix}.{name}"] = value
     note = [form.describe_moves(model, moves)] if moves else []
@@ -196,6 +198,21 @@ def follow_recipe(prefix: str, model: str, limits: Limits) -> None:
         note.append(form.describe_dataset_move(model, default_dataset(model)))
     if note:
         st.session_state[recipe_note_key(prefix)] = " ".join(note)
+
+
+def follow_optimizer(prefix: str, model: str) -> None:
+    """When the form's optimizer changes and its learning rate is still the recipe's for the old one, move it to
+    the new one's own (form.optimizer_rate_move), and say so. Runs before the learning rate's widget draws."""
+    key, optimizer = f"{FORM}{prefix}.recipe_optimizer", st.session_state.get(f"{FORM}{prefix}.optimizer")
+    previous = st.session_state.get(key)
+    st.session_state[key] = optimizer
+    if previous is None or optimizer is None or previous == optimizer:
+        return
+    rate_key = f"{FORM}{prefix}.learning_rate"
+    moved = form.optimizer_rate_move(model, previous, optimizer, st.session_state.get(rate_key))
+    if moved is not None:
+        st.session_state[rate_key] = moved
+        st.session_state[recipe_note_key(prefix)] = form.describe_optimizer_move(model, optimizer, moved)
 
 
 def recipe_note_key(prefix: str) -> str:

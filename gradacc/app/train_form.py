@@ -43,7 +43,8 @@ def carry_train_settings(limits: Limits, **changes) -> None:
     model = changes.get("model", current.model)
     if model != current.model:
         moves = form.recipe_moves(current.model, model,
-                                  {name: getattr(current, name) for name in form.PAGE_RECIPE_FIELDS}, limits)
+                                  {name: getattr(current, name) for name in form.PAGE_RECIPE_FIELDS}, limits,
+                                  current.optimizer)
         moves = {name: value for name, value in moves.items() if name not in changes}
         note = [form.describe_moves(model, moves)] if moves else []
         if current.dataset == default_dataset(current.model) != default_dataset(model) and "dataset" not in changes:
@@ -53,6 +54,8 @@ def carry_train_settings(limits: Limits, **changes) -> None:
         st.session_state[f"{TRAIN_FORM}recipe_model"] = model  # the Train page's follow_recipe: already followed
         if note:
             st.session_state[recipe_note_key("train")] = " ".join(note)
+    if "optimizer" in changes:  # it comes with its own rate (the planner's): the Train page's follow_optimizer
+        st.session_state[f"{TRAIN_FORM}recipe_optimizer"] = changes["optimizer"]  # has nothing left to move
     st.session_state[TRAIN_CONFIG] = current.replace(**changes)
 
 

@@ -167,27 +167,32 @@ def _spike(losses: list[float]) -> str | None:
 
 
 def learning_rate_is_high(config: RunConfig) -> bool:
-    """A learning rate HIGH_LR_FACTOR or more times the model's recipe: the likeliest cause of a spike or collapse.
-    The recipes' rates are AdamW's, so only an AdamW-like optimizer is measured against them (SGD wants more)."""
-    lr = config.learning_rate
-    return (lr is not None and shares_learning_rate("adamw", config.optimizer)
-            and lr >= HIGH_LR_FACTOR * config.recipe.learning_rate)
+    """A learning rate HIGH_LR_FACTOR or more times the recipe's rate for the run's optimizer: the likeliest cause
+    of a spike or collapse. Where the recipe has no rate for the optimizer, nothing is measured against."""
+    lr, recipe_rate = config.learning_rate, config.recipe.learning_rate_for(config.optimizer)
+    return lr is not None and recipe_rate is not None and lr >= HIGH_LR_FACTOR * recipe_rate
 
 
 def _high_learning_rate(config: RunConfig) -> str:
     kind = "a pretrained model" if is_pretrained(config.model) else config.model
-    return f"learning rate {config.learning_rate:g} is high for {kind}; its recipe uses {config.recipe.learning_rate:g}"
+    optimizer = "" if shares_learning_rate("adamw", config.optimizer) else f" with {config.optimizer}"
+    return (f"learning rate {config.learning_rate:g} is high for {kind}{optimizer}; its recipe uses "
+            f"{config.recipe.learning_rate_for(config.optimizer):g}")
 
 
 def learning_rate_warning(config: RunConfig) -> str | None:
-    """Said before Start: a learning rate far above the model's recipe (what ``likely_cause`` names after a bad
-    run), or the recipe's rate, which is AdamW's, handed to an optimizer that needs its own."""
+    """Said before Start: a learning rate far above the recipe's for the run's optimizer (what ``likely_cause``
+    names after a bad run), or AdamW's recipe rate typed in (a form keeps it) for an optimizer that needs its
+    own. A rate the recipe filled in is always the run's own optimizer's (RunConfig.resolved)."""
     if learning_rate_is_high(config):
         return (f"The {_high_learning_rate(config)}: a run this far above it usually spikes or collapses "
                 "(F1 no better than always guessing one class).")
-    if config.learning_rate == config.recipe.learning_rate and not shares_learning_rate("adamw", config.optimizer):
-        return (f"Learning rate {config.learning_rate:g} is {config.model}'s recipe for AdamW; {config.optimizer} "
-                "needs a learning rate of its own: set one before Start.")
+    own = config.recipe.learning_rate_for(config.optimizer)
+    if (config.learning_rate == config.recipe.learning_rate and not shares_learning_rate("adamw", config.optimizer)
+            and config.learning_rate != own):
+        instead = f"its recipe's is {own:g}" if own is not None else "it needs a learning rate of its own"
+        return (f"Learning rate {config.learning_rate:g} is {config.model}'s recipe for AdamW, not {config.optimizer}'s: "
+                f"{instead}; set it before Start.")
     return None
 
 

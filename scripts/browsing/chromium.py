@@ -7,6 +7,9 @@ CHROMIUM = os.environ.get("GRADACC_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 VIEWPORT = {"width": 1400, "height": 1000}
+# The screens a demo is given on: a projector (1280×720) and a wider one or a laptop (1440×900).
+PROJECTOR = {"width": 1280, "height": 720}
+WIDE_PROJECTOR = {"width": 1440, "height": 900}
 
 
 def launch(playwright):

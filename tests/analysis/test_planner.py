@@ -3,6 +3,7 @@
 import pytest
 
 from gradacc.analysis import planner
+from gradacc.config import recipe_for
 from gradacc.errors import GradaccError
 from gradacc.analysis.planner import ActivationFit, fit_activations
 
@@ -103,29 +104,55 @@ CHECKPOINTED = {"gradient_checkpointing": True, "precision": "fp32", "optimizer"
 SGD = {"gradient_checkpointing": False, "precision": "fp32", "optimizer": "sgd"}
 
 
+ADAFACTOR = {"gradient_checkpointing": False, "precision": "fp32", "optimizer": "adafactor"}
+
+
 def test_the_pick_keeps_the_optimizer_and_prefers_accumulation_to_a_lever_that_costs_time():
-    # SGD is the fastest and fits m = 64; AdamW fits with accumulation (m = 16, k = 4); checkpointing is slower.
-    measured = [setting(HEAVY, 10, 2, 0.0010), setting(CHECKPOINTED, 10, 0.5, 0.0014), setting(SGD, 5, 1, 0.0008)]
+    # Adafactor is the fastest and fits m = 64; AdamW fits with accumulation (m = 16, k = 4); checkpointing is slower.
+    measured = [setting(HEAVY, 10, 2, 0.0010), setting(CHECKPOINTED, 10, 0.5, 0.0014),
+                setting(ADAFACTOR, 5, 1, 0.0008)]
     plan = planner.plan_levers(measured, 50, 64)
-    top = planner.pick(plan, optimizer="adamw")
+    top = planner.pick(plan, "adamw", False, model="tiny-bert")
     assert planner.levers_of(top["row"]) == HEAVY and top["row"]["grad_accum_steps"] == 4
     assert top["why"].startswith("Accumulation alone fits (m = 16, k = 4)")
     assert "checkpointing on · fp32 · adamw fits too but takes +40% time per example" in top["why"]
+    assert top["learning_rate"] is None  # the run keeps its own rate
     # adamw-fused takes AdamW's learning rate: the same candidates.
-    assert planner.pick(plan, optimizer="adamw-fused")["row"] is top["row"]
-    # Allowed to change the optimizer, SGD (20% faster, beyond the noise) wins, and the pick says it needs its own rate.
-    allowed = planner.pick(plan, optimizer="adamw", change_optimizer=True)
-    assert allowed["row"]["optimizer"] == "sgd" and "20% faster per example than checkpointing off" in allowed["why"]
-    assert "sgd does not take adamw's learning rate" in allowed["why"]
+    assert planner.pick(plan, "adamw-fused", False, model="tiny-bert")["row"] is top["row"]
+    # Allowed to change the optimizer, Adafactor (20% faster, beyond the noise) wins, with its own measured rate.
+    allowed = planner.pick(plan, "adamw", True, model="tiny-bert")
+    own = recipe_for("tiny-bert").learning_rate_for("adafactor")
+    assert allowed["row"]["optimizer"] == "adafactor" and "20% faster per example than checkpointing off" in allowed["why"]
+    assert allowed["learning_rate"] == own != recipe_for("tiny-bert").learning_rate
+    assert (f"adafactor trains at its own learning rate, {own:g}, measured for tiny-bert's recipe" in allowed["why"]
+            and "not adamw's" in allowed["why"])
     # Within the timing's noise, fewer levers win even when allowed.
-    close = planner.plan_levers([setting(HEAVY, 10, 2, 0.0010), setting(SGD, 5, 1, 0.00095)], 50, 64)
-    assert planner.pick(close, "adamw", change_optimizer=True)["row"]["optimizer"] == "adamw"
+    close = planner.plan_levers([setting(HEAVY, 10, 2, 0.0010), setting(ADAFACTOR, 5, 1, 0.00095)], 50, 64)
+    assert planner.pick(close, "adamw", True, model="tiny-bert")["row"]["optimizer"] == "adamw"
+
+
+def test_the_planner_never_offers_an_optimizer_the_recipe_has_no_learning_rate_for():
+    # A pretrained folder's recipe has AdamW's rate only: SGD and Adafactor, fastest and fitting, are not offered.
+    measured = [setting(HEAVY, 10, 2, 0.0010), setting(SGD, 5, 1, 0.0008), setting(ADAFACTOR, 5, 1, 0.0008)]
+    plan = planner.plan_levers(measured, 50, 64)
+    allowed = planner.allowed_rows(plan, "adamw", True, model="/models/a-pretrained-folder")
+    assert [row["optimizer"] for row in allowed] == ["adamw"]
+    top = planner.pick(plan, "adamw", True, model="/models/a-pretrained-folder")
+    assert top["row"]["optimizer"] == "adamw" and top["learning_rate"] is None
+    # With nothing else fitting, the planner names what it leaves out and why.
+    tight = planner.plan_levers(measured, 11, 64)  # AdamW needs 12 MB at m = 1
+    assert planner.pick(tight, "adamw", True, model="/models/a-pretrained-folder") is None
+    assert planner.unrated_optimizers(tight, "adamw", "/models/a-pretrained-folder") == ["sgd", "adafactor"]
+    # A built-in model offers exactly the optimizers its recipe has a rate for.
+    recipe = recipe_for("tiny-bert")
+    offered = {row["optimizer"] for row in planner.allowed_rows(plan, "adamw", True, model="tiny-bert")}
+    assert offered == {"adamw"} | {name for name in ("sgd", "adafactor") if recipe.learning_rate_for(name)}
 
 
 def test_a_lever_is_picked_when_accumulation_alone_does_not_fit():
     measured = [setting(HEAVY, 10, 8, 0.0010), setting(CHECKPOINTED, 10, 1, 0.0014), setting(SGD, 2, 1, 0.0008)]
     plan = planner.plan_levers(measured, 16, 64)  # AdamW without checkpointing needs 18 MB at m = 1
-    top = planner.pick(plan, optimizer="adamw")
+    top = planner.pick(plan, "adamw", False, model="tiny-bert")
     assert planner.levers_of(top["row"]) == CHECKPOINTED
     assert top["why"].startswith("Accumulation alone does not fit: without checkpointing not even a micro-batch")
-    assert planner.pick(planner.plan_levers(measured[:1], 16, 64), "adamw") is None
+    assert planner.pick(planner.plan_levers(measured[:1], 16, 64), "adamw", False, model="tiny-bert") is None

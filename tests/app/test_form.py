@@ -10,20 +10,28 @@ from gradacc.serving.limits import Limits
 
 
 def test_every_bad_field_is_reported_not_just_the_first():
-    errors = form.all_errors(RunConfig(micro_batch_size=0, grad_accum_steps=-2, learning_rate=0.0, dropout=2.0))
+    checked, errors = form.check(RunConfig(micro_batch_size=0, grad_accum_steps=-2, learning_rate=0.0, dropout=2.0))
+    assert checked is None
     assert set(errors) == {"micro_batch_size", "grad_accum_steps", "learning_rate", "dropout"}
     assert errors["dropout"].startswith("Dropout must be at least 0 and at most 0.9")
 
 
-def test_a_good_config_has_no_errors_and_limits_and_data_size_are_checked_too():
-    assert form.all_errors(RunConfig()) == {}
-    errors = form.all_errors(RunConfig(epochs=5, micro_batch_size=64), Limits(max_epochs=2), train_examples=10)
+def test_a_good_config_is_validated_once_and_limits_and_data_size_are_checked_too(monkeypatch):
+    typed = RunConfig(micro_batch_size=4.0)
+    checked, errors = form.check(typed)
+    assert errors == {} and checked.validated and checked.micro_batch_size == 4  # normalised, recipe filled in
+    assert checked.learning_rate == typed.recipe.learning_rate and typed.learning_rate is None  # the form's untouched
+    calls = []
+    monkeypatch.setattr(RunConfig, "_check", lambda self: calls.append(self))
+    assert checked.validate() is checked and calls == []  # what Start submits is not checked again
+    monkeypatch.undo()
+    errors = form.check(RunConfig(epochs=5, micro_batch_size=64), Limits(max_epochs=2), train_examples=10)[1]
     assert set(errors) == {"epochs", "micro_batch_size"}
     assert "Micro-batch size (m) must be at most the 10 training examples; got 64." == errors["micro_batch_size"]
 
 
 def test_a_field_with_no_widget_goes_to_the_general_slot():
-    errors = form.all_errors(RunConfig(backend="jax"))
+    errors = form.check(RunConfig(backend="jax"))[1]
     assert "backend" in errors  # a RunConfig field, even if the page has no widget for it
 
 

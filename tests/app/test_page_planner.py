@@ -73,23 +73,31 @@ def test_a_bad_budget_or_target_is_refused_next_to_its_field(app_home):
     assert not at.exception
 
 
-def test_use_these_settings_carries_m_k_and_the_levers_to_the_train_page(app_home):
+def test_use_these_settings_carries_m_k_the_levers_and_the_optimizers_own_learning_rate_to_the_train_page(app_home):
+    # 3 MB: AdamW does not fit; tiny-bert's recipe has a measured rate for Adafactor, so the planner offers it.
     at = measured_page({"budget_mb": 3.0, "target_effective_batch": 64})
-    at.selectbox(key="form.planner.setting").set_value("checkpointing on · bf16 · sgd").run()
+    own = config_module.recipe_for("tiny-bert").learning_rate_for("adafactor")
+    offered = at.selectbox(key="form.planner.setting").options
+    assert "checkpointing on · bf16 · adafactor" in offered
+    assert all("sgd" not in label for label in offered) == (config_module.recipe_for("tiny-bert")
+                                                           .learning_rate_for("sgd") is None)
+    assert "trains at its own learning rate" in at.success[0].value and "of its own:" not in at.success[0].value
+    at.selectbox(key="form.planner.setting").set_value("checkpointing on · bf16 · adafactor").run()
     m, k = int(metric(at, "Micro-batch size (m)")), int(metric(at, "Accumulation steps (k)"))
     at.button(key="use_plan").click().run()
     assert at.title[0].value == "Gradient accumulation, live"
     config = at.session_state["train_config"]
     assert (config.micro_batch_size, config.grad_accum_steps, config.max_seq_length) == (m, k, LENGTH)
-    assert (config.gradient_checkpointing, config.precision, config.optimizer) == (True, "bf16", "sgd")
+    assert (config.gradient_checkpointing, config.precision, config.optimizer) == (True, "bf16", "adafactor")
+    assert config.learning_rate == own != config_module.recipe_for("tiny-bert").learning_rate
     assert at.number_input(key="form.train.micro_batch_size").value == m
     assert at.number_input(key="form.train.grad_accum_steps").value == k
-    # SGD was allowed, but not with AdamW's learning rate: the Train page asks for one before Start.
-    assert [w.value for w in at.warning] == ["Learning rate 0.005 is tiny-bert's recipe for AdamW; sgd needs a "
-                                             "learning rate of its own: set one before Start."]
+    assert at.number_input(key="form.train.learning_rate").value == own
+    # Adafactor arrives with its own rate: nothing to warn about before Start.
+    assert not at.warning, [w.value for w in at.warning]
     assert at.toggle(key="form.train.gradient_checkpointing").value is True
     assert at.radio(key="form.train.precision").value == "bf16"
-    assert at.selectbox(key="form.train.optimizer").value == "sgd"
+    assert at.selectbox(key="form.train.optimizer").value == "adafactor"
 
 
 def test_the_plan_reaches_the_code_page_and_later_train_edits_are_kept(app_home):
@@ -135,6 +143,11 @@ def test_in_a_fresh_session_the_plan_reaches_the_train_page_whole_with_the_model
     pick = at.success[0].value
     assert pick.startswith("Pick: **") and "· adamw**" in pick  # the Train form's optimizer, not a lighter one
     assert set(at.dataframe[0].value["optimizer"]) == {"adamw", "sgd", "adafactor"}  # all shown, adamw picked
+    # Allowed to change the optimizer, the planner still offers none but AdamW: the recipe for a pretrained
+    # model has no rate for SGD or Adafactor, and another optimizer's would be a guess.
+    at.checkbox(key="form.planner.change_optimizer").set_value(True).run()
+    assert all(label.endswith("· adamw") for label in at.selectbox(key="form.planner.setting").options)
+    at.checkbox(key="form.planner.change_optimizer").set_value(False).run()
     m, k = int(metric(at, "Micro-batch size (m)")), int(metric(at, "Accumulation steps (k)"))
     at.button(key="use_plan").click().run()
     assert not at.exception and at.title[0].value == "Gradient accumulation, live"

@@ -259,6 +259,30 @@ def test_the_built_in_data_follows_the_model_and_a_far_too_high_learning_rate_is
     assert not at.warning
 
 
+def test_switching_the_optimizer_moves_a_recipe_learning_rate_to_the_new_optimizers_own(app_home):
+    from gradacc.config import recipe_for
+
+    recipe = recipe_for("tiny-bert")
+    own = recipe.learning_rate_for("adafactor")
+    at = open_app()
+    assert at.number_input(key="form.train.learning_rate").value == recipe.learning_rate
+    at.selectbox(key="form.train.optimizer").set_value("adafactor").run()
+    assert at.number_input(key="form.train.learning_rate").value == own
+    assert any(i.value.startswith(f"Set to tiny-bert's recipe for adafactor: Learning rate {own:g}") for i in at.info)
+    assert not at.warning and not at.button(key="start").disabled
+    at.selectbox(key="form.train.optimizer").set_value("adamw").run()
+    assert at.number_input(key="form.train.learning_rate").value == recipe.learning_rate
+    # A rate the visitor typed is theirs: it stays, and AdamW's rate typed for Adafactor is warned about.
+    at.selectbox(key="form.train.optimizer").set_value("adamw-fused").run()
+    at.number_input(key="form.train.learning_rate").set_value(recipe.learning_rate * 2).run()
+    at.selectbox(key="form.train.optimizer").set_value("adafactor").run()
+    assert at.number_input(key="form.train.learning_rate").value == recipe.learning_rate * 2
+    at.number_input(key="form.train.learning_rate").set_value(recipe.learning_rate).run()
+    assert [w.value for w in at.warning] == [health.learning_rate_warning(
+        at.session_state["train_config"].resolved())]
+    assert "tiny-bert's recipe for AdamW, not adafactor's" in at.warning[0].value
+
+
 def test_two_sessions_watching_one_run_build_its_figures_once_per_event_batch(app_home):
     from gradacc.app import server
 

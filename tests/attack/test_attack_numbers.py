@@ -55,6 +55,14 @@ def test_cli_refuses_a_bad_number_with_one_error_line_and_exit_2(args, message, 
     assert out == "", "refused before any run starts"
 
 
+def test_cli_refuses_sgd_on_a_pretrained_model_without_a_learning_rate_of_its_own(capsys):
+    # The recipe for a folder or hub id holds AdamW's rate only: SGD never silently takes it.
+    code, out, err = cli(capsys, "train", *TINY_ARGS, "--model", "org/name", "--optimizer", "sgd")
+    assert_one_error_line(code, out, err, 2, "--lr: sgd needs one of its own, and the recipe for a pretrained model "
+                                             "(a folder or hub id) has none for it (its 5e-05 is AdamW's); set one.")
+    assert out == ""
+
+
 def test_cli_check_names_its_own_flag_for_a_window_too_large(capsys):
     code, out, err = cli(capsys, "check", "-m", "4", "-k", "3", "--samples", "24")
     assert_one_error_line(code, out, err, 2,

@@ -229,3 +229,28 @@ def test_audit_suite_measures_the_audit_against_a_window_once_per_run(tmp_path, 
         # the whole audit includes its reference pass
         assert all(a >= r for a, r in zip(row["audit_vs_window"]["values"], row["reference_vs_window"]["values"]))
     assert len(result["goals"]) == 2
+
+
+def test_learning_rates_sweeps_each_optimizer_and_chooses_its_best_held_out_score(tmp_path, capsys):
+    from gradacc.bench import learning_rates
+
+    result = bench("learning-rates", tmp_path, capsys, as_json=False)
+    size = learning_rates.QUICK
+    rows = result["rows"]
+    assert {(r["model"], r["optimizer"], r["learning_rate"]) for r in rows} == {
+        (model, optimizer, rate) for model in size["models"] for optimizer, rates in size["grids"].items()
+        for rate in rates}
+    for model in size["models"]:
+        reference = result["reference"][model]
+        assert reference["optimizer"] == "adamw" and len(reference["scores"]) == len(size["seeds"])
+        for optimizer in size["grids"]:
+            tried = [r for r in rows if r["model"] == model and r["optimizer"] == optimizer]
+            scored = [r for r in tried if r["mean_score"] is not None]
+            best = max(scored, key=lambda r: r["mean_score"])  # F1: higher is better
+            assert [r for r in tried if r["chosen"]] == [best]
+            pick = result["chosen"][model][optimizer]
+            assert pick["learning_rate"] == best["learning_rate"]
+            # Kept for the recipe only when close to AdamW at the recipe's rate.
+            assert pick["usable"] == (best["mean_score"] >= reference["mean_score"] - learning_rates.USABLE_F1_GAP)
+            assert (optimizer in result["recipe_rates"][model]) == pick["usable"]
+    assert "chosen" in result["printed"]

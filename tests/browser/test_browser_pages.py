@@ -1,9 +1,12 @@
 """Every page opens from the sidebar, as a person would reach it, and shows no traceback and logs no console
 error; each page opened by its own link logs none either (but Streamlit's own probes: st_ui.UPSTREAM_PROBE)."""
 
+import pytest
 from playwright.sync_api import expect
 
 import st_ui
+from chromium import PROJECTOR, WIDE_PROJECTOR
+from gradacc.analysis import demos
 
 PAGES = ["Start here", "Demos", "Train", "Compare runs", "Equivalence", "Memory planner", "Code"]  # the sidebar's
 LINKS = ["/", "/demos?demo=same-curve", "/train", "/compare", "/equivalence", "/planner", "/code"]
@@ -45,3 +48,31 @@ def test_a_demo_link_is_the_first_request_of_a_fresh_server(browser, tmp_path):
         context.close()
     finally:
         server.stop()
+
+
+# Each page link on a page: its text, and the boxes (from the text up to the link) that cut it, if any.
+LINK_CUTS = """link => {
+  const text = link.querySelector('p') || link;
+  const drawn = text.getBoundingClientRect();
+  const cut = [];
+  for (let box = text; box && box !== link.parentElement; box = box.parentElement) {
+    const edge = box.getBoundingClientRect();
+    if (box.scrollWidth > box.clientWidth || drawn.right > edge.right + 0.5 || drawn.right > innerWidth) {
+      cut.push(`${box.tagName} ${box.scrollWidth} > ${box.clientWidth}`);
+    }
+  }
+  return [text.innerText, cut];
+}"""
+
+
+@pytest.mark.parametrize("screen", [PROJECTOR, WIDE_PROJECTOR], ids=["1280x720", "1440x900"])
+def test_the_landing_page_shows_every_demo_title_whole(page, artifacts, screen):
+    page.set_viewport_size(screen)
+    st_ui.open_app(page, "/")
+    links = st_ui.main(page).locator("[data-testid=stPageLink-NavLink]")
+    expect(links.first).to_be_visible()
+    found = [link.evaluate(LINK_CUTS) for link in links.all()]
+    titles = [text for text, _ in found]
+    assert all(scenario.title in titles for scenario in demos.SCENARIOS.values()), titles
+    assert [(text, cut) for text, cut in found if cut] == []
+    page.screenshot(path=str(artifacts / f"page-start-here-{screen['width']}x{screen['height']}.png"))

@@ -97,6 +97,13 @@ def test_plan_picks_with_the_runs_optimizer_and_says_why(capsys):
     code, out, _ = cli(capsys, *args, "--memory-budget-mb", "3", "--change-optimizer")
     pick = next(line for line in out.splitlines() if line.startswith("pick: "))
     assert "adamw" not in pick.split(".")[0] and "needs" not in pick and "learning rate" in pick
+    # Only an optimizer with a rate measured for tiny-bert is offered, and it comes with that rate.
+    from gradacc.config import recipe_for
+
+    chosen = pick.split(".")[0].split(" · ")[-1].split(",")[0]
+    own = recipe_for("tiny-bert").learning_rate_for(chosen)
+    assert own is not None and f"trains at its own learning rate, {own:g}, measured for tiny-bert's recipe" in pick
+    assert f"train it with: --optimizer {chosen} --lr {own:g}" in out
 
 
 def test_plan_refuses_a_bad_budget_with_its_flag(capsys):

@@ -83,3 +83,37 @@ def test_validate_returns_a_checked_copy_and_leaves_its_input_as_it_was():
     checked.grad_accum_steps = 0  # changed after: checked anew
     with pytest.raises(GradaccError, match="Accumulation steps"):
         checked.validate()
+
+
+def test_an_unset_learning_rate_is_the_recipes_rate_for_the_runs_own_optimizer():
+    from gradacc.config import ADAMW_LIKE, RECIPES
+
+    for model, recipe in RECIPES.items():
+        for optimizer in ("adamw", "adamw-fused", "sgd", "adafactor"):
+            config = RunConfig(model=model, optimizer=optimizer)
+            own = recipe.learning_rate_for(optimizer)
+            if own is None:  # none measured: refused, never AdamW's rate
+                with pytest.raises(GradaccError, match="needs one of its own"):
+                    config.validate()
+                continue
+            assert config.validate().learning_rate == own
+            assert (own == recipe.learning_rate) == (optimizer in ADAMW_LIKE)
+    # Every built-in recipe holds a measured rate for at least one optimizer besides AdamW's kin.
+    assert all(recipe.optimizer_rates for recipe in RECIPES.values())
+    # A rate the user set is the user's: kept whatever the optimizer (the Train page warns where it looks wrong).
+    assert RunConfig(optimizer="sgd", learning_rate=5e-3).validate().learning_rate == 5e-3
+
+
+def test_a_pretrained_model_with_an_optimizer_the_recipe_has_no_rate_for_is_refused_in_one_line():
+    for optimizer in ("sgd", "adafactor"):
+        with pytest.raises(GradaccError) as raised:
+            RunConfig(model="org/name", optimizer=optimizer).validate()
+        assert raised.value.field == "learning_rate" and "\n" not in raised.value.message
+        assert raised.value.message == (
+            f"Learning rate: {optimizer} needs one of its own, and the recipe for a pretrained model (a folder or hub "
+            "id) has none for it (its 5e-05 is AdamW's); set one.")
+        assert in_cli_words(raised.value.message, "learning_rate").startswith(f"--lr: {optimizer} needs one of its own")
+    assert RunConfig(model="org/name", optimizer="sgd", learning_rate=0.05).validate().learning_rate == 0.05
+    # A bad optimizer is named as itself, not as a missing rate.
+    with pytest.raises(GradaccError, match="Optimizer must be one of"):
+        RunConfig(model="org/name", optimizer="lion").validate()

@@ -10,7 +10,7 @@ How to add a scenario: append a ``Scenario`` to ``SCENARIOS``. Give it
 - ``compares``: which two runs the headline describes, ``(a, b)`` indices into ``runs`` (b is described
   against a: "activations 4× smaller" means b's are); ``expect``: one sentence of what the headline shows;
 - sizes (``train_samples``, ``eval_samples``, ``epochs``) for a speaker's pace: the whole scenario should take
-  about 20–40 s on a 2-vCPU machine (measure it with ``python -m gradacc.analysis.demos NAME``).
+  about 20–60 s on a 2-vCPU machine (measure it with ``python -m gradacc.analysis.demos NAME``).
 
 ``tests/analysis/test_demos.py`` checks every scenario builds valid configs; the tests shrink them with
 ``GRADACC_DEMO_SCALE`` (a fraction of the training samples, and of epochs past two; 1 on stage), so the same
@@ -174,15 +174,15 @@ MEMORY_WALL = Scenario(
         "all-MiniLM-L6-v2 (22M parameters, its pretrained recipe) under a 450 MB memory budget. Its parameters, "
         "gradients and AdamW state alone take 363 MB, and every example of a micro-batch adds about 3 MB of "
         "activations, so a micro-batch of 64 needs well over 450 MB: the first run measures that before its "
-        "first step and stops with out of memory, as a GPU would (its reason gives the measured figures). **Fit with accumulation** (the button a failed "
-        "run offers on the Train page) takes the largest power-of-two micro-batch that fits, m=16, and k=4 "
-        "to keep the effective batch at 64. The third run is m=64 without a budget: what a bigger device "
-        "would do.\n\n"
+        "first step and stops with out of memory, as a GPU would (its reason gives the measured figures). **Fit "
+        "with accumulation** (the button a failed run offers on the Train page) takes the largest power-of-two "
+        "micro-batch that fits, m=16, and k=4 to keep the effective batch at 64. The third run is m=64 without a "
+        "budget: what a bigger device would do.\n\n"
         "**Look at:** the first run's reason (the figures, and the way out), then the fitted run's loss curve "
         "on top of the unbudgeted one at a quarter of the activations."),
-    # A higher learning rate than the recipe's: an effective batch of 64 takes few steps in a demo's time.
-    base={"model": "all-MiniLM-L6-v2", "backend": "pytorch", "dropout": 0.0, "epochs": 1, "train_samples": 512,
-          "eval_samples": 200, "learning_rate": 2e-4},
+    # 1,280 examples: 20 optimizer steps of 64 per trained run, each real work on a 22M-parameter model.
+    base={"model": "all-MiniLM-L6-v2", "backend": "pytorch", "dropout": 0.0, "epochs": 1, "train_samples": 1280,
+          "eval_samples": 200},
     runs=(DemoRun("m=64, k=1 in 450 MB", {"micro_batch_size": 64, "grad_accum_steps": 1, "memory_budget_mb": 450}),
           DemoRun("fit: m=16, k=4 in 450 MB", {"micro_batch_size": 16, "grad_accum_steps": 4,
                                                "memory_budget_mb": 450}),
@@ -200,18 +200,21 @@ def pitfall_scenario(pitfall: str, name: str, title: str, explanation: str, expe
         name=name, title=f"{title} ({PITFALLS[pitfall]})",
         explanation=explanation + f"\n\nThe Code page shows the wrong line in red beside the right one (pick "
                                   f"**{pitfall}** under *Break it on purpose*).",
-        base={"backend": "pytorch", "dropout": 0.0, "epochs": 1, "train_samples": 2000, "eval_samples": 200,
-              "micro_batch_size": 8, "grad_accum_steps": 4, **base},
+        # tiny-bert over 32,000 examples: enough steps for a speaker to talk over. Its recipe's learning rate
+        # (5e-3) collapses to chance over this many steps; at 3e-4 the right loop learns steadily, so what the
+        # wrong line costs is the only difference on the chart.
+        base={"backend": "pytorch", "dropout": 0.0, "epochs": 1, "train_samples": 32000, "eval_samples": 200,
+              "micro_batch_size": 16, "grad_accum_steps": 4, "learning_rate": 3e-4, **base},
         runs=(DemoRun("right loop", {"pitfalls": []}), DemoRun(f"broken: {pitfall}", {"pitfalls": [pitfall]})),
         expect=expect)
 
 
 PITFALL_SCHEDULER = pitfall_scenario(
     "scheduler-per-micro-batch", "pitfall-scheduler", "The LR scheduler stepped every micro-batch",
-    "The same run (m=8, k=4, 63 optimizer steps) twice. The broken loop calls `lr_scheduler.step()` after every "
-    "micro-batch instead of once per optimizer step, as in the Accelerate report: the schedule planned for 63 "
-    "steps runs 4× too fast.\n\n**Look at:** the broken run's warning: the step where its learning rate reached 0, "
-    "measured against the planned schedule; after it the model stops learning.",
+    "The same run (tiny-bert, m=16, k=4, 500 optimizer steps) twice. The broken loop calls `lr_scheduler.step()` "
+    "after every micro-batch instead of once per optimizer step, as in the Accelerate report: the schedule planned "
+    "for 500 steps runs 4× too fast.\n\n**Look at:** the broken run's warning: the step where its learning rate "
+    "reached 0, measured against the planned schedule; after it the model stops learning.",
     "The broken run's learning rate reaches 0 about a quarter of the way through; the right run's follows the plan.")
 PITFALL_CLIP = pitfall_scenario(
     "clip-per-micro-batch", "pitfall-clip", "Gradient clipping every micro-batch",
@@ -224,9 +227,9 @@ PITFALL_ZERO_GRAD = pitfall_scenario(
     "zero-grad-per-micro-batch", "pitfall-zero-grad", "zero_grad() inside the accumulation window",
     "The same run twice. The broken loop calls `optimizer.zero_grad()` before every micro-batch, the habit of a "
     "loop without accumulation: every window's gradients are wiped but the last micro-batch's, so accumulation is "
-    "silently off and each step sees 8 examples, not 32 (and divided by 4).\n\n**Look at:** the warning's "
+    "silently off and each step sees 16 examples, not 64 (and divided by 4).\n\n**Look at:** the warning's "
     "examples per step, and the broken run's noisier loss curve.",
-    "Each broken step uses 8 examples, not 32.")
+    "Each broken step uses 16 examples, not 64.")
 PITFALL_LOG_LOSS = pitfall_scenario(
     "log-undivided-loss", "pitfall-log-loss", "The logged loss not divided by k",
     "The same run twice. The broken loop logs each micro-batch's loss before it is scaled, so a window of 4 logs "
@@ -235,12 +238,16 @@ PITFALL_LOG_LOSS = pitfall_scenario(
     "Loss curves 4× apart, the same F1: only the logging is wrong.")
 PITFALL_DROP_LAST = pitfall_scenario(
     "drop-last-window", "pitfall-drop-last", "The epoch's short last window dropped",
-    "2,040 examples with m=8, k=8: 31 full windows of 64 and a short last one of 56. The broken loop steps only "
+    "24,056 examples with m=8, k=8: 375 full windows of 64 and a short last one of 56. The broken loop steps only "
     "when `(index + 1) % k == 0`, so the short window's gradients are computed and never stepped.\n\n**Look at:** "
     "the loss curves agree up to the step that never happens (the loss curve does not show this bug); the "
     "warning counts the examples that never trained.",
     "The broken run trains 56 examples fewer, in one optimizer step fewer.",
-    train_samples=2040, grad_accum_steps=8)
+    train_samples=24056, micro_batch_size=8, grad_accum_steps=8)
+
+# The three contrastive runs of coupled-losses: 384 pairs, 6 optimizer steps of 64 on a 22M-parameter model each.
+PAIRS = {"task": "contrastive", "model": "all-MiniLM-L6-v2", "dataset": "builtin-pairs", "train_samples": 384,
+         "eval_samples": 200, "max_seq_length": 32, "learning_rate": 5e-5}
 
 COUPLED_LOSSES = Scenario(
     name="coupled-losses",
@@ -255,21 +262,15 @@ COUPLED_LOSSES = Scenario(
         "**Look at:** the gradient table (accumulation far off, GradCache at rounding, BatchNorm off and LayerNorm "
         "exact), MRR@10 of the three contrastive runs after one epoch, and the BatchNorm loss curves apart."),
     base={"backend": "pytorch", "dropout": 0.0, "epochs": 1},
-    runs=(DemoRun("MNRL batch 64", {"task": "contrastive", "model": "all-MiniLM-L6-v2", "dataset": "builtin-pairs",
-                                    "micro_batch_size": 64, "grad_accum_steps": 1, "train_samples": 256,
-                                    "eval_samples": 200, "max_seq_length": 32, "learning_rate": 5e-5}),
-          DemoRun("MNRL m=16, k=4", {"task": "contrastive", "model": "all-MiniLM-L6-v2", "dataset": "builtin-pairs",
-                                     "micro_batch_size": 16, "grad_accum_steps": 4, "train_samples": 256,
-                                     "eval_samples": 200, "max_seq_length": 32, "learning_rate": 5e-5}),
-          DemoRun("GradCache batch 64, mini-batch 16", {
-              "task": "contrastive", "model": "all-MiniLM-L6-v2", "dataset": "builtin-pairs", "micro_batch_size": 64,
-              "grad_accum_steps": 1, "gradcache_mini_batch": 16, "train_samples": 256, "eval_samples": 200,
-              "max_seq_length": 32, "learning_rate": 5e-5}),
-          # Its recipe's 3 epochs (a second each): one epoch leaves F1 at the majority's.
+    runs=(DemoRun("MNRL batch 64", {**PAIRS, "micro_batch_size": 64, "grad_accum_steps": 1}),
+          DemoRun("MNRL m=16, k=4", {**PAIRS, "micro_batch_size": 16, "grad_accum_steps": 4}),
+          DemoRun("GradCache batch 64, mini-batch 16", {**PAIRS, "micro_batch_size": 64, "grad_accum_steps": 1,
+                                                        "gradcache_mini_batch": 16}),
+          # Its recipe's 3 epochs: one epoch leaves F1 at the majority's.
           DemoRun("BatchNorm m=32, k=1", {"model": "bow-batchnorm", "micro_batch_size": 32, "grad_accum_steps": 1,
-                                          "train_samples": 1280, "eval_samples": 200, "epochs": 3}),
+                                          "train_samples": 2560, "eval_samples": 200, "epochs": 3}),
           DemoRun("BatchNorm m=4, k=8", {"model": "bow-batchnorm", "micro_batch_size": 4, "grad_accum_steps": 8,
-                                         "train_samples": 1280, "eval_samples": 200, "epochs": 3})),
+                                         "train_samples": 2560, "eval_samples": 200, "epochs": 3})),
     compares=(0, 1),
     expect="Accumulated in-batch negatives: a different loss curve; GradCache's follows the batch's; BatchNorm's "
            "curves apart.",

@@ -136,7 +136,7 @@ def test_the_lm_demo_says_naives_drift_and_exacts_in_two_lines(page, artifacts):
     assert lines(page.locator(".st-key-headline h3")) <= 2
 
 
-# memory-wall at GRADACC_DEMO_SCALE=0.25: two all-MiniLM-L6-v2 runs of 2 optimizer steps each (the first one fails
+# memory-wall at GRADACC_DEMO_SCALE=0.25: two all-MiniLM-L6-v2 runs of 5 optimizer steps each (the first one fails
 # before its first), one after the other.
 MEMORY_WALL_TIMEOUT_MS = 150_000
 

@@ -21,8 +21,9 @@ def warm_up_status() -> None:
         if state in ("cold", "warming"):
             st.caption("⏳ Warming up the training libraries (torch, transformers)…")
             return
-        if state_at_start in ("cold", "warming"):
-            st.rerun()  # once: the next script run draws this fragment without polling
+        # Ready: this fragment goes on polling (a caption a second) until the page's next full run, on any click,
+        # draws it without. Only a page opened in the seconds the server warms up polls so. A full rerun from here
+        # instead raced the page's other fragment (a demo's live view) and mounted its charts anew: a blink.
         if state == "warm":
             st.caption("✅ Training libraries ready.")
         else:

@@ -294,13 +294,17 @@ class StepReporter:
         samples, tokens, loss_sum = distributed.sum_over_ranks([self.samples_seen, self.tokens_seen, window.loss],
                                                                self.job.device)
         activation_bytes = window.activation_bytes
+        # CPU time read before wall time, as they were started in the other order: the CPU interval lies inside the
+        # wall one, so one thread's CPU seconds never read above its wall seconds.
+        cpu_s = self.cpu_seconds()
+        elapsed_s = time.perf_counter() - self.started
         self.job.emit(events.step(step=step, epoch=epoch, samples_seen=int(samples), tokens_seen=int(tokens),
                                   micro_batches=window.micro_batches, loss=loss_sum / self.num_processes,
-                                  grad_norm=grad_norm, lr=lr, elapsed_s=time.perf_counter() - self.started,
+                                  grad_norm=grad_norm, lr=lr, elapsed_s=elapsed_s,
                                   memory=memory.snapshot(activation_bytes, self.job.device, self.job.config.instrument),
                                   sync_rounds=self.sync_probe.take() if self.sync_probe else None,
                                   pitfall=self.pitfall_probe.take() if self.pitfall_probe else None,
-                                  cpu_s=self.cpu_seconds()))
+                                  cpu_s=cpu_s))
         memory.reset_cuda_peak(self.job.device)
         window.next_window()
 

@@ -222,6 +222,12 @@ def main(argv: list[str] | None = None) -> int:
         return _app(extra)
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    from gradacc.training import distributed
+
+    if distributed.world_size() > 1:  # a rank of accelerate launch / torchrun: leave its process group at exit
+        import atexit
+
+        atexit.register(distributed.leave_process_group)
     try:
         if args.command == "train":
             return _train(args)

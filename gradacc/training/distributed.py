@@ -8,6 +8,7 @@ CLI asks for the world size before anything heavy is loaded.
 from __future__ import annotations
 
 import os
+import sys
 
 
 def world_size() -> int:
@@ -51,6 +52,15 @@ def init_process_group(device) -> None:
 
     if world_size() > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+
+
+def leave_process_group() -> None:
+    """Leave the launch's process group before the interpreter exits (the CLI registers this at exit). Left to the
+    C++ destructors at exit, a process that completed its run sometimes aborts there ("terminate called without an
+    active exception", SIGABRT), and its launch then reads as failed."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def is_distributed() -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from playwright.sync_api import Locator, Page, expect
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 # Time for Streamlit to finish a script run after an interaction (the first one imports a lot).
 RERUN_TIMEOUT_MS = 30_000
@@ -48,12 +49,27 @@ def set_number(page: Page, label: str, value: int | float, shown: str | None = N
     wait_for_app(page)
 
 
+def chosen(page: Page, label: str) -> Locator:
+    """The combobox of an st.selectbox, by its label: its value is the chosen option's text."""
+    selectbox = page.locator("[data-testid=stSelectbox]").filter(has=page.get_by_text(label, exact=True))
+    return selectbox.locator("input").first
+
+
 def choose(page: Page, label: str, option: str) -> None:
-    """Pick an option of an st.selectbox by its visible text."""
-    box = page.locator("[data-testid=stSelectbox]").filter(has=page.get_by_text(label, exact=True))
-    box.locator("input").first.click()
-    page.get_by_role("option", name=option, exact=True).click()
+    """Pick an option of an st.selectbox by its visible text, as a person would: a rerun that lands between opening
+    the list and the click (a choice that sets another field reruns the page once more) closes the list, and the
+    person opens it again. Then the box shows the option."""
+    for attempt in range(3):
+        chosen(page, label).click()
+        try:
+            page.get_by_role("option", name=option, exact=True).click(timeout=5_000)
+            break
+        except PlaywrightTimeoutError:
+            if attempt == 2:
+                raise
+            wait_for_app(page)
     wait_for_app(page)
+    expect(chosen(page, label)).to_have_value(option)
 
 
 def click(page: Page, name: str) -> None:

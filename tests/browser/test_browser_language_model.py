@@ -1,4 +1,4 @@
-"""A language model from the Train page: pick tiny-gpt and builtin-text, train, see perplexity."""
+"""A language model from the Train page: pick tiny-gpt (it brings builtin-text), train, see perplexity."""
 
 import re
 
@@ -13,7 +13,7 @@ def test_train_tiny_gpt_and_see_perplexity(page, artifacts):
     # First: while the libraries warm up the page reruns every second, which can swallow a click on a select box.
     train_page.wait_for_libraries(page)
     st_ui.choose(page, "Model", "tiny-gpt")
-    st_ui.choose(page, "Dataset", "builtin-text")
+    expect(st_ui.chosen(page, "Dataset")).to_have_value("builtin-text")  # the model brings its data
     expect(page.get_by_text("Task from the model:")).to_contain_text("causal-lm")
     # 64 texts, m=8, k=2: 4 optimizer steps and one eval, seconds on a CPU.
     train_page.configure(page, micro_batch=8, grad_accum_steps=2, epochs=1, train_samples=64, eval_samples=32)

@@ -6,7 +6,8 @@ and calls ``on_event`` with every event (``run_started``, ``step`` per optimizer
 run (``status`` and ``reason`` say what happened). Importing gradacc imports neither torch nor transformers.
 """
 
-from gradacc.config import RunConfig, effective_batch
+from gradacc.config import RunConfig
+from gradacc.steps import effective_batch
 from gradacc.errors import GradaccError, RunFailed
 
 __all__ = ["RunConfig", "GradaccError", "RunFailed", "effective_batch", "train", "__version__"]
@@ -17,7 +18,7 @@ __version__ = "0.1.0"
 def __getattr__(name: str):
     # `from gradacc import train` loads the engine only when asked for (it lives in the training layer).
     if name == "train":
-        from gradacc.training.engine import train
+        from gradacc.training.run.engine import train
 
         return train
     raise AttributeError(f"module 'gradacc' has no attribute {name!r}")

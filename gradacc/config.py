@@ -6,128 +6,19 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from gradacc import paths
+from gradacc.choices import (BACKENDS, BUILTIN_DATASETS, BUILTIN_MODELS, CONTRASTIVE, LOSS_NORMALIZATIONS, OPTIMIZERS,
+                             PITFALLS, PRECISIONS, SINGLE_EXAMPLE_UNMEASURABLE, TASKS)
 from gradacc.errors import GradaccError
 from gradacc.labels import field_label
+from gradacc.recipes import RECIPE_FIELDS, Recipe, no_recipe_rate, recipe_for
+from gradacc.steps import effective_batch
 
-BACKENDS = ("pytorch", "accelerate", "trainer")
-LOSS_NORMALIZATIONS = ("exact", "naive")
-CLASSIFICATION, CAUSAL_LM, CONTRASTIVE = "classification", "causal-lm", "contrastive"
-# contrastive: a sentence-transformers model learns (query, positive) pairs with in-batch negatives.
-TASKS = (CLASSIFICATION, CAUSAL_LM, CONTRASTIVE)
-# bow-batchnorm and bow-layernorm: a bag-of-embeddings classifier with BatchNorm (statistics over the micro-batch,
-# which couples its examples: accumulation is not the big batch) or LayerNorm (per example: it is).
-BUILTIN_MODELS = ("tiny-bert", "all-MiniLM-L6-v2", "tiny-gpt", "bow-batchnorm", "bow-layernorm")
-BUILTIN_DATASETS = ("builtin-sentiment", "builtin-text", "builtin-pairs")
-# What each built-in model is for: a run that names no task gets its model's.
-# all-MiniLM-L6-v2 is a sentence-transformers model too: with --task contrastive it trains as one.
-BUILTIN_MODEL_TASKS = {"tiny-bert": CLASSIFICATION, "all-MiniLM-L6-v2": CLASSIFICATION, "tiny-gpt": CAUSAL_LM,
-                       "bow-batchnorm": CLASSIFICATION, "bow-layernorm": CLASSIFICATION}
-# Built-in models the contrastive task trains (as sentence-transformers models).
-CONTRASTIVE_MODELS = ("all-MiniLM-L6-v2",)
-# Models that cannot train on a micro-batch of one example (BatchNorm): the memory probes, which measure one, refuse them.
-SINGLE_EXAMPLE_UNMEASURABLE = ("bow-batchnorm",)
-# Models made here from random weights (the rest start from trained ones).
-FROM_SCRATCH_MODELS = ("tiny-bert", "tiny-gpt", "bow-batchnorm", "bow-layernorm")
-# Memory levers beside accumulation (gradacc.training.backends.common applies them; the device decides what runs).
-PRECISIONS = ("fp32", "bf16", "fp16")
-OPTIMIZERS = ("adamw", "adamw-fused", "sgd", "adafactor", "adamw-8bit")
 MAX_MEMORY_BUDGET_MB = 10_000_000.0
-# Mistakes the plain PyTorch loop makes on purpose when a run asks for them (one wrong line each, beside the
-# right one in gradacc/training/backends/pytorch_loop.py), with the upstream report of each.
-PITFALLS = {
-    "scheduler-per-micro-batch": "accelerate #963",
-    "clip-per-micro-batch": "accelerate #641",
-    "zero-grad-per-micro-batch": "zero_grad inside the window",
-    "log-undivided-loss": "transformers #35204",
-    "drop-last-window": "Lightning #19987",
-}
-
-
-# These optimizers take one learning rate (the recipes' learning_rate); the others (SGD, Adafactor) their own.
-ADAMW_LIKE = ("adamw", "adamw-fused", "adamw-8bit")
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """How a model trains well on the built-in data: the values a run takes when the user sets none.
-
-    ``learning_rate`` is AdamW's (and its kin's, ADAMW_LIKE); ``optimizer_rates`` holds the rates of the optimizers
-    that update on another scale (SGD, Adafactor), measured for this model by ``python -m gradacc bench
-    learning-rates``. An optimizer with no rate here has none in the recipe: the run must set one."""
-
-    learning_rate: float
-    warmup_ratio: float
-    epochs: int
-    max_seq_length: int
-    dropout: float
-    optimizer_rates: dict[str, float] = field(default_factory=dict, hash=False)
-
-    def learning_rate_for(self, optimizer: str) -> float | None:
-        """The recipe's learning rate for ``optimizer``; None when the recipe has none for it."""
-        if optimizer in ADAMW_LIKE:
-            return self.learning_rate
-        return self.optimizer_rates.get(optimizer)
-
-
-# One row per built-in model; add a model here and the Train page, the CLI and RunConfig all use its row.
-# Measured on the built-in data, m=8, k=4, one epoch, seed 42: tiny-bert (2000 examples, 63 steps) learns from
-# scratch only with a high rate (eval F1 0.000 at 1e-3, 0.884 at 5e-3; other seeds can still sit on the plateau
-# after one epoch). Its two-epoch default run ends at 0.883 with 5e-3 (0.945 with 1e-3, which fails one epoch). MiniLM (512 examples, 16 steps) reached F1 0.698 at 5e-5 and 0.910 at 2e-4; at 1e-3 a
-# pretrained model collapses (the issue: F1 0.000 after a spike at step ~55 of 63).
-# optimizer_rates: SGD's and Adafactor's own rates, from `python -m gradacc bench learning-rates` (the sweep and
-# its scores are in BENCHMARKS.md); an optimizer is absent where its best rate trained far worse than AdamW at
-# the recipe's (SGD stuck on one class), so a run of it must set a rate.
-RECIPES = {
-    "tiny-bert": Recipe(learning_rate=5e-3, warmup_ratio=0.1, epochs=2, max_seq_length=64, dropout=0.1,
-                        optimizer_rates={"adafactor": 3e-3}),
-    "all-MiniLM-L6-v2": Recipe(learning_rate=2e-4, warmup_ratio=0.1, epochs=1, max_seq_length=64, dropout=0.1,
-                               optimizer_rates={"adafactor": 3e-4}),
-    # A causal LM from scratch on builtin-text (measured in the issue-12 report: eval loss falls clearly in
-    # about 20 s at m=8, k=4); dropout 0, since the LM scenarios compare curves.
-    "tiny-gpt": Recipe(learning_rate=5e-3, warmup_ratio=0.1, epochs=1, max_seq_length=64, dropout=0.0,
-                       optimizer_rates={"adafactor": 3e-3}),
-    # Two small MLPs over mean word embeddings, the same recipe for both so only the norm differs. Measured on the
-    # built-in data, m=8, k=4, seed 42: eval F1 after 3 epochs at 2e-2 BatchNorm 0.874, LayerNorm 0.907 (about 1 s);
-    # at 5e-3 and 2 epochs 0.733 and 0.704.
-    "bow-batchnorm": Recipe(learning_rate=2e-2, warmup_ratio=0.1, epochs=3, max_seq_length=64, dropout=0.0,
-                            optimizer_rates={"sgd": 0.3, "adafactor": 1e-1}),
-    "bow-layernorm": Recipe(learning_rate=2e-2, warmup_ratio=0.1, epochs=3, max_seq_length=64, dropout=0.0,
-                            optimizer_rates={"adafactor": 3e-2}),
-}
-# Any other model (a local folder or a hub id) is a pretrained checkpoint: fine-tune it gently.
-PRETRAINED_RECIPE = Recipe(learning_rate=5e-5, warmup_ratio=0.1, epochs=2, max_seq_length=128, dropout=0.1)
-# The run fields a recipe fills (its optimizer_rates fill learning_rate, for the run's optimizer).
-RECIPE_FIELDS = tuple(f.name for f in dataclasses.fields(Recipe) if f.name != "optimizer_rates")
-
-
-def recipe_for(model: str | None) -> Recipe:
-    return RECIPES.get((model or "").strip(), PRETRAINED_RECIPE)
-
-
-def shares_learning_rate(optimizer: str, other: str) -> bool:
-    """Whether a learning rate tuned for ``optimizer`` suits ``other`` (same update rule, another kernel)."""
-    return optimizer == other or (optimizer in ADAMW_LIKE and other in ADAMW_LIKE)
-
-
-def no_recipe_rate(model: str, optimizer: str) -> str:
-    """Why a run of ``optimizer`` on ``model`` cannot take its learning rate from the recipe (none was measured)."""
-    shown = model if model in RECIPES else "a pretrained model (a folder or hub id)"
-    return (f"{field_label('learning_rate')}: {optimizer} needs one of its own, and the recipe for {shown} has "
-            f"none for it (its {recipe_for(model).learning_rate:g} is AdamW's); set one.")
-
-
-def default_dataset(model: str | None) -> str:
-    """The built-in data a built-in model trains on: builtin-text for a causal LM, builtin-sentiment otherwise."""
-    return "builtin-text" if BUILTIN_MODEL_TASKS.get((model or "").strip()) == CAUSAL_LM else "builtin-sentiment"
-
-
-def is_pretrained(model: str | None) -> bool:
-    """Every model but the ones made here (tiny-bert, tiny-gpt, the bag-of-embeddings) starts from trained weights."""
-    return (model or "").strip() not in FROM_SCRATCH_MODELS
-
 MAX_MICRO_BATCH = 4096
 MAX_ACCUM_STEPS = 4096
 MAX_SEQ_LEN = 512
+
 
 @dataclass
 class RunConfig:
@@ -325,34 +216,10 @@ class RunConfig:
         _choice("optimizer", self.optimizer, OPTIMIZERS)
 
 
-def effective_batch(micro_batch_size: int, grad_accum_steps: int, num_processes: int = 1) -> int:
-    """Examples behind one optimizer step: the one place this product is computed."""
-    return micro_batch_size * grad_accum_steps * num_processes
-
-
 def too_few_examples(micro_batch_size: int, train_examples: int) -> str:
     """The sentence for a micro-batch larger than the training set (checked where the data size is known)."""
     return (f"{field_label('micro_batch_size')} must be at most the {train_examples} training examples; "
             f"got {micro_batch_size}.")
-
-
-def micro_batches_per_epoch(num_examples: int, micro_batch_size: int, num_processes: int = 1) -> int:
-    """Micro-batches one process sees in an epoch (the last may be short)."""
-    per_process = math.ceil(num_examples / num_processes)
-    return math.ceil(per_process / micro_batch_size)
-
-
-def optimizer_steps_per_epoch(num_examples: int, micro_batch_size: int, grad_accum_steps: int,
-                              num_processes: int = 1) -> int:
-    """ceil(ceil(N/m)/k): the short last window is flushed as a real step."""
-    return math.ceil(micro_batches_per_epoch(num_examples, micro_batch_size, num_processes) / grad_accum_steps)
-
-
-def total_optimizer_steps(config: RunConfig, num_examples: int) -> int:
-    per_epoch = optimizer_steps_per_epoch(num_examples, config.micro_batch_size, config.grad_accum_steps,
-                                          config.num_processes)
-    total = per_epoch * (config.epochs or config.recipe.epochs)
-    return min(total, config.max_steps) if config.max_steps else total
 
 
 def _count(value: int) -> str:
@@ -378,8 +245,6 @@ def _text(name, value):
 
 def _source(name, value, builtin, what):
     """A built-in name, a local path, or a syntactically valid hub id (checked offline, before any download)."""
-    from gradacc import paths
-
     _text(name, value)
     value = value.strip()
     local = paths.model_is_local(value) if name == "model" else paths.dataset_is_local(value)

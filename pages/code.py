@@ -4,7 +4,8 @@ import streamlit as st
 
 from gradacc.app import codeview, inputs, server, train_form
 from gradacc.training.backends import DESCRIPTIONS, MODULES
-from gradacc.config import LOSS_NORMALIZATIONS, RunConfig
+from gradacc.choices import LOSS_NORMALIZATIONS
+from gradacc.config import RunConfig
 from gradacc.errors import GradaccError
 
 server.under_navigation()  # a page opened alone on a fresh server: run the app instead

@@ -6,7 +6,9 @@ import streamlit as st
 from gradacc.analysis import planner
 from gradacc.app import charts, inputs, server, train_form
 from gradacc import units
-from gradacc.config import RunConfig, field_label, recipe_for, shares_learning_rate
+from gradacc.config import RunConfig
+from gradacc.labels import field_label
+from gradacc.recipes import recipe_for, shares_learning_rate
 from gradacc.errors import GradaccError, one_line
 from gradacc.serving import warmup
 

@@ -4,10 +4,11 @@ import streamlit as st
 
 from gradacc.app import charts, form, inputs, pacing, runview, server, train_form, warmup_status
 from gradacc import units
-from gradacc.training import health
+from gradacc.training.run import health
 from gradacc.app.live_chart import live_chart
 from gradacc.training.backends import DESCRIPTIONS
-from gradacc.config import BACKENDS, RunConfig
+from gradacc.choices import BACKENDS
+from gradacc.config import RunConfig
 from gradacc.labels import field_label
 from gradacc.errors import GradaccError
 

@@ -14,7 +14,8 @@ separate mini-batches), the whole batch's for the reference.
 
 from __future__ import annotations
 
-from gradacc.config import CONTRASTIVE, RunConfig
+from gradacc.choices import CONTRASTIVE
+from gradacc.config import RunConfig
 
 WAYS = ("batch", "accumulation", "gradcache")
 WAY_NAMES = {"batch": "MultipleNegativesRankingLoss, one batch", "accumulation": "the same loss, accumulated",

@@ -26,7 +26,8 @@ import os
 from dataclasses import dataclass, field
 
 from gradacc import env as env_numbers
-from gradacc.config import PITFALLS, RunConfig
+from gradacc.choices import PITFALLS
+from gradacc.config import RunConfig
 
 SCALE_ENV = "GRADACC_DEMO_SCALE"
 # Label prefix of a demo's runs in the store (the Compare page shows them like any other run).
@@ -298,7 +299,7 @@ if __name__ == "__main__":  # time a scenario as the app runs it: python -m grad
 
     from gradacc.analysis.headline import headline
     from gradacc.events import Recorder
-    from gradacc.training.engine import train
+    from gradacc.training.run.engine import train
 
     for scenario in [SCENARIOS[n] for n in sys.argv[1:]] or SCENARIOS.values():
         began, recorded = time.perf_counter(), []

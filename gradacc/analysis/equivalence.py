@@ -20,7 +20,7 @@ gradient after the sync is compared with the full-batch gradient of the whole wi
 process. It also reports the gradient all-reduces of the window, with ``no_sync`` and without.
 
 The comparison means something only if the model is deterministic at dropout 0: the run's dropout is set on
-every family's config and Dropout modules (``gradacc.training.dropout``), and before any gradient is compared
+every family's config and Dropout modules (``gradacc.training.sources.dropout``), and before any gradient is compared
 two examples of the window go through the model twice in training mode; a model whose output still varies is
 refused with a reason instead of a false verdict.
 """
@@ -187,11 +187,12 @@ def full_batch_gradient(config: RunConfig, token_level: bool, first_windows: int
     ``first_windows``, only the micro-batches of the first that many accumulation windows. Refuses (GradaccError)
     a model whose output is not deterministic at the config's dropout: two gradients of it differ anyway.
     """
-    from gradacc.training import dropout as dropouts, windows
-    from gradacc.training.backends.common import to_device
-    from gradacc.training.engine import quiet_libraries
-    from gradacc.training.job import prepare
-    from gradacc.training.options import RunOptions
+    from gradacc.training import windows
+    from gradacc.training.sources import dropout as dropouts
+    from gradacc.training.backends.device import to_device
+    from gradacc.training.run.engine import quiet_libraries
+    from gradacc.training.run.job import prepare
+    from gradacc.training.run.options import RunOptions
 
     quiet_libraries()
     job = prepare(config, lambda event: None, threading.Event(),
@@ -217,7 +218,7 @@ def full_batch_gradient(config: RunConfig, token_level: bool, first_windows: int
 def accumulated_gradient(config: RunConfig, token_level: bool, trainer_library_default: bool = False,
                          sync_each_micro_batch: bool = False, confinement=None) -> dict:
     """The gradient a backend holds right before its first optimizer step, and each step's all-reduces."""
-    from gradacc.training.engine import train
+    from gradacc.training.run.engine import train
     from gradacc.events import Recorder
 
     captured = {}

@@ -7,7 +7,7 @@ import math
 import statistics
 
 from gradacc import events as ev
-from gradacc.config import PITFALLS
+from gradacc.choices import PITFALLS
 from gradacc.analysis.run_names import DATA_FIELDS, _value, config_differences, field_name
 
 

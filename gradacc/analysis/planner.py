@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from gradacc.config import recipe_for, shares_learning_rate
+from gradacc.recipes import recipe_for, shares_learning_rate
 from gradacc.labels import field_label
 from gradacc.errors import GradaccError
 from gradacc.units import MB
@@ -124,8 +124,8 @@ def measure_levers(model: str, max_seq_length: int, grid=LEVER_GRID, seed: int =
     example = (the timed passes + the timed step) / 12. The model's recipe dropout is on, as in the run the plan is
     for (its masks are activations too). In the app, call it only once the warm-up's imports are done
     (``gradacc.serving.warmup``): it imports torch."""
-    from gradacc.training.engine import quiet_libraries
-    from gradacc.training.levers import LeverRig, timed
+    from gradacc.training.run.engine import quiet_libraries
+    from gradacc.training.memory.levers import LeverRig, timed
 
     check_plannable(model)
     quiet_libraries()
@@ -158,7 +158,7 @@ def plan_levers(measured: list[dict], budget_mb: float, target_effective_batch: 
     the predicted peak; the recommendation is the fastest setting that fits, the cheapest-memory one beside it:
     the one that needs least at m = 1 (``least_bytes``; comparing peaks would compare each setting at the largest m
     it fits, which fills any budget alike). When nothing fits, ``reason`` says so in one line."""
-    from gradacc.training.budget import largest_fitting_micro_batch
+    from gradacc.training.memory.budget import largest_fitting_micro_batch
 
     check_plan_inputs(budget_mb, target_effective_batch)
     rows = []

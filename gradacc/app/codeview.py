@@ -14,7 +14,8 @@ from pathlib import Path
 
 from gradacc.serving import warmup
 from gradacc.training.backends import MODULES
-from gradacc.config import PITFALLS, RunConfig
+from gradacc.choices import PITFALLS
+from gradacc.config import RunConfig
 
 # Settings shown in the header, in this order, with the name people use for them.
 HEADER = (("micro_batch_size", "micro_batch_size", "m"),
@@ -28,7 +29,7 @@ _FIELDS = set(RunConfig().to_dict())
 _CONFIG_REFERENCE = re.compile(r"\bconfig\.([A-Za-z_]\w*)")
 # Helpers in other modules worth showing beside a loop: the weight every backend puts on a micro-batch, and
 # the clipping both hand-written loops do before the optimizer step.
-SHARED_HELPERS = {"loss_weight": "gradacc.training.windows", "clip_gradients": "gradacc.training.backends.common"}
+SHARED_HELPERS = {"loss_weight": "gradacc.training.windows", "clip_gradients": "gradacc.training.backends.optimizer"}
 
 
 @lru_cache(maxsize=None)

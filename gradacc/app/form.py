@@ -9,8 +9,10 @@ from pathlib import Path
 
 from gradacc.training.sources import data as data_module
 from gradacc import paths
-from gradacc.config import (BUILTIN_DATASETS, BUILTIN_MODELS, RECIPES, RunConfig, recipe_for, too_few_examples,
-                            total_optimizer_steps)
+from gradacc.choices import BUILTIN_DATASETS, BUILTIN_MODELS
+from gradacc.config import RunConfig, too_few_examples
+from gradacc.recipes import RECIPES, recipe_for
+from gradacc.steps import total_optimizer_steps
 from gradacc.labels import field_label
 from gradacc.errors import GradaccError
 from gradacc.serving.limits import Limits
@@ -136,7 +138,7 @@ def describe_dataset_move(model: str, dataset: str) -> str:
 
 def task_errors(config: RunConfig) -> dict[str, str]:
     """A model, task and built-in dataset that cannot go together, said before Start (no torch needed)."""
-    from gradacc.config import BUILTIN_MODEL_TASKS, CAUSAL_LM, CONTRASTIVE, CONTRASTIVE_MODELS
+    from gradacc.choices import BUILTIN_MODEL_TASKS, CAUSAL_LM, CONTRASTIVE, CONTRASTIVE_MODELS
     from gradacc.training.sources.models import infer_task
 
     task = infer_task(config)

@@ -8,8 +8,10 @@ import math
 import streamlit as st
 
 from gradacc.app import form
-from gradacc.config import (BACKENDS, BUILTIN_DATASETS, BUILTIN_MODELS, LOSS_NORMALIZATIONS, OPTIMIZERS, PITFALLS,
-                            PRECISIONS, RunConfig, default_dataset)
+from gradacc.choices import (BACKENDS, BUILTIN_DATASETS, BUILTIN_MODELS, LOSS_NORMALIZATIONS, OPTIMIZERS, PITFALLS,
+                             PRECISIONS)
+from gradacc.config import RunConfig
+from gradacc.recipes import default_dataset
 from gradacc.labels import field_label
 from gradacc.errors import GradaccError
 from gradacc.serving import uploads
@@ -231,7 +233,7 @@ FROM_THE_MODEL = "from the model"
 
 def task_input(prefix: str, errors: FieldErrors, config: RunConfig) -> str | None:
     """Task: classification, causal-lm, or (None) whatever the model is; the inferred task is shown."""
-    from gradacc.config import TASKS
+    from gradacc.choices import TASKS
     from gradacc.training.sources.models import infer_task  # reads a folder's config.json at most, no torch
 
     choice = st.selectbox("Task", [FROM_THE_MODEL, *TASKS], key=f"{FORM}{prefix}.task", persist_state="session",

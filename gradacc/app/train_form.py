@@ -10,7 +10,9 @@ import streamlit as st
 
 from gradacc.app import form
 from gradacc.app.inputs import FORM, _model_widget_values, defaults, recipe_note_key
-from gradacc.config import BUILTIN_DATASETS, RunConfig, default_dataset
+from gradacc.choices import BUILTIN_DATASETS
+from gradacc.config import RunConfig
+from gradacc.recipes import default_dataset
 from gradacc.serving.limits import Limits
 
 

@@ -70,7 +70,7 @@ def measure(config: RunConfig, steps: int, audited: bool) -> dict:
 
 
 def run(quick: bool = False, threads: int = 1) -> dict:
-    from gradacc.training.engine import quiet_libraries
+    from gradacc.training.run.engine import quiet_libraries
 
     started = time.perf_counter()
     size = QUICK if quick else FULL

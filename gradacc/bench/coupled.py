@@ -40,7 +40,7 @@ def untrained_retrieval(config: RunConfig) -> dict:
     import threading
 
     from gradacc.training.contrastive import retrieval_metrics
-    from gradacc.training.job import prepare
+    from gradacc.training.run.job import prepare
 
     job = prepare(config.replace(instrument=False), lambda event: None, threading.Event())
     return retrieval_metrics(job.model, job.eval_examples, job.collate, job.device)

@@ -68,7 +68,7 @@ def build(family: str, folder: Path) -> None:
     import torch
     import transformers
 
-    from gradacc.training.engine import quiet_libraries
+    from gradacc.training.run.engine import quiet_libraries
     from gradacc.training.sources import models
 
     quiet_libraries()  # no progress bars from save_pretrained

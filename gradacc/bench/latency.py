@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 from gradacc.bench import report, runs
-from gradacc.config import BACKENDS, RunConfig
+from gradacc.choices import BACKENDS
+from gradacc.config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = dict(micro_batch_size=8, grad_accum_steps=1, max_steps=2, train_samples=64, eval_samples=8, epochs=1)

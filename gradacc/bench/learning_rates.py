@@ -1,6 +1,6 @@
 """Learning rates of SGD and Adafactor for each built-in model's recipe, found by a short sweep.
 
-The recipes (gradacc.config.RECIPES) were tuned for AdamW. SGD (momentum gradacc.training.backends.common
+The recipes (gradacc.recipes.RECIPES) were tuned for AdamW. SGD (momentum gradacc.training.backends.optimizer
 .SGD_MOMENTUM) and Adafactor (a fixed rate, no relative step) update the weights on other scales, so each gets a
 rate of its own: for every built-in model, a few log-spaced rates per optimizer at the recipe's other settings
 (epochs, warmup, sequence length, dropout; m = 8, k = 4; the built-in data), each over a few seeds. The score is
@@ -20,7 +20,9 @@ import statistics
 import time
 
 from gradacc.bench import report, runs
-from gradacc.config import BUILTIN_MODEL_TASKS, CAUSAL_LM, RECIPES, RunConfig, default_dataset
+from gradacc.choices import BUILTIN_MODEL_TASKS, CAUSAL_LM
+from gradacc.config import RunConfig
+from gradacc.recipes import RECIPES, default_dataset
 
 # Half-decade steps. SGD's rates are larger than AdamW's (its step is the gradient itself, not a normalised one).
 GRIDS = {"sgd": (3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0), "adafactor": (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)}
@@ -119,7 +121,7 @@ def run(quick: bool = False, threads: int = 1) -> dict:
               for model, rates in result["recipe_rates"].items() if rates != RECIPES[model].optimizer_rates}
     result["goals"] = {"recipes hold these rates": {
         "measured": "all match" if not differ else differ,
-        "goal": "gradacc.config.RECIPES' optimizer_rates = the usable rates chosen here", "met": not differ}}
+        "goal": "gradacc.recipes.RECIPES' optimizer_rates = the usable rates chosen here", "met": not differ}}
     result["notes"] = [
         "Scores: eval F1 for classifiers (higher is better; compare with majority_f1), eval perplexity for tiny-gpt "
         f"(lower is better); means over seeds {', '.join(map(str, size['seeds']))}.",

@@ -18,7 +18,7 @@ their last row). Every row is its own model (``training.levers.LeverRig``) train
 padded to max_seq_length, with the model's recipe (learning rate, dropout).
 
 Memory: static bytes (parameters, gradients, and the state tensors the optimizer really holds after its first
-step: ``memory.static_bytes``) + the activation bytes of one micro-batch (``memory.ActivationMeter``: what autograd
+step: ``measure.static_bytes``) + the activation bytes of one micro-batch (``measure.ActivationMeter``: what autograd
 saves in a training-mode forward pass, under autocast and checkpointing), as a run's events report them. On CUDA
 also ``torch.cuda.max_memory_allocated`` over a window, less what the other rows hold. Timed: one optimizer step
 per row per round (k micro-batches forward and backward, step, zero; 5 in a row for tiny-bert, whose step is
@@ -54,8 +54,8 @@ ANCHOR = {"source": "transformers docs, single-GPU training: bert-large, V100, s
 def measure_model(model: str, effective_batch: int, length: int, rounds: int, steps: int, device) -> dict:
     import torch
 
-    from gradacc.training import memory
-    from gradacc.training.levers import LeverRig, timed
+    from gradacc.training.memory import measure
+    from gradacc.training.memory.levers import LeverRig, timed
 
     rigs = []
     for name, k, levers in ROWS:
@@ -75,13 +75,13 @@ def measure_model(model: str, effective_batch: int, length: int, rounds: int, st
         for row in rigs[shift:] + rigs[:shift]:
             rig = row["rig"]
             if on_cuda:
-                memory.reset_cuda_peak(device)
+                measure.reset_cuda_peak(device)
                 before = torch.cuda.memory_allocated(device)
             wall, cpu = timed(lambda: [rig.window(row["m"], row["k"]) for _ in range(steps)])
             row["wall"].append(wall / steps)
             row["cpu"].append(cpu / steps)
             if on_cuda:  # the window's growth, plus this row's own parameters and optimizer state
-                row["cuda_peak"].append(memory.cuda_peak_bytes(device) - before
+                row["cuda_peak"].append(measure.cuda_peak_bytes(device) - before
                                         + row["static"]["parameters"] + row["static"]["optimizer_state"])
     base = rigs[0]
     rows = []
@@ -108,8 +108,8 @@ def measure_model(model: str, effective_batch: int, length: int, rounds: int, st
 
 
 def run(quick: bool = False, threads: int = 1) -> dict:
-    from gradacc.training.engine import quiet_libraries
-    from gradacc.training.job import pick_device
+    from gradacc.training.run.engine import quiet_libraries
+    from gradacc.training.run.job import pick_device
 
     started = time.perf_counter()
     size = QUICK if quick else FULL

@@ -36,7 +36,7 @@ def measure_point(m: int, k: int, size: dict, threads: int) -> dict:
     """One short run at (m, k); module-level so a fresh process can run it."""
     import torch
 
-    from gradacc.training import memory
+    from gradacc.training.memory import measure
 
     torch.set_num_threads(threads)
     import gradacc.training.backends.pytorch_loop  # noqa: F401 - imports before the RSS baseline, not in the growth
@@ -46,7 +46,7 @@ def measure_point(m: int, k: int, size: dict, threads: int) -> dict:
                        max_steps=size["steps"], train_samples=m * k * size["steps"], eval_samples=8,
                        max_seq_length=size["max_seq_length"], dropout=0.0)
     collate = runs.fixed_length_collator(config.model, config.max_seq_length)
-    rss_before = memory.rss_bytes()
+    rss_before = measure.rss_bytes()
     sink = runs.AppSink()
     runs.train(config, sink, collate=collate)
     steps = sink.of("step")

@@ -5,7 +5,7 @@ Per backend, three variants train the same model on the same data in the same or
 - ``instrumented``: ``instrument=True`` (activation hooks on the first micro-batch of each window, RSS
   at each step) and a sink doing what the app does (keep each event, serialise it to JSON);
 - ``plain``: ``instrument=False`` and a sink that does nothing;
-- ``reference``: a few lines of plain PyTorch on the Job that ``gradacc.training.job.prepare`` builds.
+- ``reference``: a few lines of plain PyTorch on the Job that ``gradacc.training.run.job.prepare`` builds.
 
 The three run in three processes in lockstep (see ``lockstep``): one optimizer step each, in turn, in a
 rotating order, so step i of every variant meets the same machine; which process runs which variant
@@ -28,7 +28,8 @@ import time
 
 from gradacc import events
 from gradacc.bench import lockstep, report, runs
-from gradacc.config import BACKENDS, RunConfig
+from gradacc.choices import BACKENDS
+from gradacc.config import RunConfig
 
 FULL = dict(micro_batch_size=8, grad_accum_steps=4, steps=40, rounds=15, warmup_steps=3, max_seq_length=64,
             probe_repeats=200)
@@ -38,7 +39,7 @@ VARIANTS = ("instrumented", "plain", "reference")
 CLOCKS = ("cpu", "wall")
 GOAL = 0.97
 # Imported once by the process the workers are forked from.
-PRELOAD = ["gradacc.training.engine", "gradacc.training.backends.pytorch_loop", "gradacc.training.backends.accelerate_loop",
+PRELOAD = ["gradacc.training.run.engine", "gradacc.training.backends.pytorch_loop", "gradacc.training.backends.accelerate_loop",
            "gradacc.training.backends.trainer_loop"]
 
 
@@ -69,7 +70,7 @@ def worker(clock: lockstep.StepClock, process: int, size: dict, threads: int) ->
     the probes apart (everything is imported there already)."""
     import torch
 
-    from gradacc.training.engine import quiet_libraries
+    from gradacc.training.run.engine import quiet_libraries
 
     torch.set_num_threads(threads)
     quiet_libraries()
@@ -96,7 +97,7 @@ def reference_loop(config: RunConfig, on_step) -> None:
     import torch
     from torch.utils.data import DataLoader
 
-    from gradacc.training.job import prepare
+    from gradacc.training.run.job import prepare
 
     job = prepare(config, lambda event: None, threading.Event())
     config = job.config  # validated: the recipe's learning rate and warm-up filled in
@@ -129,8 +130,8 @@ def component_costs(size: dict, repeats: int) -> dict:
     import contextlib
     import timeit
 
-    from gradacc.training import memory
-    from gradacc.training.job import prepare
+    from gradacc.training.memory import measure
+    from gradacc.training.run.job import prepare
 
     config = config_for("pytorch", size, instrument=True, steps=size["steps"])
     job = prepare(config, lambda event: None, threading.Event())
@@ -138,7 +139,7 @@ def component_costs(size: dict, repeats: int) -> dict:
     model.train()
     batch = {key: value.to(job.device) for key, value in
              job.collate(job.train_examples[:config.micro_batch_size]).items()}
-    meter = memory.ActivationMeter(model)
+    meter = measure.ActivationMeter(model)
 
     def forward_backward(hooked: bool) -> float:
         started = time.process_time()
@@ -156,11 +157,11 @@ def component_costs(size: dict, repeats: int) -> dict:
         for flag in order:
             (hooked if flag else plain).append(forward_backward(flag))
     step = events.step(step=1, epoch=1, samples_seen=32, tokens_seen=512, micro_batches=4, loss=0.69, grad_norm=1.0,
-                       lr=1e-3, elapsed_s=1.0, memory=memory.snapshot(1000, job.device))
+                       lr=1e-3, elapsed_s=1.0, memory=measure.snapshot(1000, job.device))
     number = 2000
     return {"forward_backward_s": statistics.median(plain),
             "hook_extra_s": statistics.median(h - p for h, p in zip(hooked, plain)),
-            "rss_read_s": timeit.timeit(memory.rss_bytes, number=number, timer=time.process_time) / number,
+            "rss_read_s": timeit.timeit(measure.rss_bytes, number=number, timer=time.process_time) / number,
             "event_json_s": timeit.timeit(lambda: events.to_json(step), number=number,
                                           timer=time.process_time) / number,
             "repeats": repeats}

@@ -4,7 +4,7 @@ The right loop and the same run with one deliberately wrong line (``pitfalls``) 
 same initial weights on the same data in the same order (tiny-bert, dropout 0). Reported per pitfall: the final
 logged loss, eval loss and F1, the final learning rate, the examples whose gradient reached an optimizer step and
 the optimizer steps, for both runs; and the broken run's own warning, which measures its effect against the
-right loop inside that run (gradacc.training.pitfalls). The training set is 16 examples past a whole number of
+right loop inside that run (gradacc.training.backends.pitfalls). The training set is 16 examples past a whole number of
 windows, so every epoch ends with a short window for drop-last-window to drop. clip-per-micro-batch has its
 own pair with a tight max gradient norm: tiny-bert's gradients stay under the default 1.0, where clipping, right
 or wrong, never engages. Nothing is timed.
@@ -15,7 +15,8 @@ from __future__ import annotations
 import time
 
 from gradacc.bench import report, runs
-from gradacc.config import PITFALLS, RunConfig
+from gradacc.choices import PITFALLS
+from gradacc.config import RunConfig
 
 FULL = dict(micro_batch_size=8, grad_accum_steps=4, train_samples=2000, eval_samples=200, epochs=1)
 QUICK = dict(micro_batch_size=4, grad_accum_steps=4, train_samples=72, eval_samples=32, epochs=1)

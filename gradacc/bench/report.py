@@ -33,7 +33,7 @@ def progress(message: str) -> None:
 def machine(threads: int) -> dict:
     import torch
 
-    from gradacc.training.job import pick_device
+    from gradacc.training.run.job import pick_device
 
     return {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
             "cpu_count": os.cpu_count(), "torch_threads": threads, "device": str(pick_device()),

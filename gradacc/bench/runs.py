@@ -34,7 +34,7 @@ class AppSink:
 def train(config: RunConfig, sink, **job_options) -> dict:
     """engine.train, but a run that does not complete is an error here (a benchmark of a failed run is
     no benchmark)."""
-    from gradacc.training.engine import train as engine_train
+    from gradacc.training.run.engine import train as engine_train
 
     ended = engine_train(config, sink, **job_options)
     if ended["status"] != events.COMPLETED:

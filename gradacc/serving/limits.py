@@ -19,7 +19,8 @@ import os
 from dataclasses import dataclass
 
 from gradacc import env, paths
-from gradacc.config import BUILTIN_DATASETS, BUILTIN_MODELS, RunConfig
+from gradacc.choices import BUILTIN_DATASETS, BUILTIN_MODELS
+from gradacc.config import RunConfig
 from gradacc.labels import field_label
 from gradacc.errors import GradaccError
 from gradacc.training.sources.hub import hub_allowed  # light: os and socket only
@@ -38,7 +39,7 @@ class Limits:
     max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB
     allow_hub: bool = True
     max_concurrent_runs: int = DEFAULT_MAX_CONCURRENT_RUNS
-    # A run measured to need more is refused before it starts (gradacc.training.budget); None: no limit.
+    # A run measured to need more is refused before it starts (gradacc.training.memory.budget); None: no limit.
     max_run_memory_mb: float | None = None
 
     @classmethod
@@ -106,4 +107,3 @@ def is_hub_model(name: str) -> bool:
 def is_hub_dataset(name: str) -> bool:
     name = (name or "").strip()
     return bool(name) and name not in BUILTIN_DATASETS and not paths.dataset_is_local(name)
-

@@ -26,7 +26,7 @@ from gradacc.serving.limits import Limits
 from gradacc.serving.run_state import (NO_RUN_ENDED, SHUTDOWN_BEFORE_START, SHUTDOWN_WHILE_RUNNING,
                                        STOPPED_BEFORE_START, STOPPED_BY_OWNER, RunState, limit_reason)
 from gradacc.serving.store import RunStore
-from gradacc.training.launch import train_for
+from gradacc.training.run.launch import train_for
 
 log = logging.getLogger(__name__)
 

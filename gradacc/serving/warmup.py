@@ -37,8 +37,8 @@ IMPORTS: list[tuple[str, tuple[str, ...]]] = [
     ("torch", ()),
     ("transformers", ("Trainer", "TrainingArguments")),
     ("accelerate", ()),
-    ("gradacc.training.engine", ()),
-    ("gradacc.training.metrics", ()),  # scikit-learn: ~1.6 s the first eval would otherwise pay
+    ("gradacc.training.run.engine", ()),
+    ("gradacc.training.backends.metrics", ()),  # scikit-learn: ~1.6 s the first eval would otherwise pay
 ]
 
 _state_lock = threading.Lock()

@@ -30,7 +30,7 @@ def test_batchnorm_error_grows_as_the_micro_batch_shrinks(one_torch_thread):
 
 def test_batchnorm_refuses_a_micro_batch_of_one_in_words():
     from gradacc.events import Recorder
-    from gradacc.training.engine import train
+    from gradacc.training.run.engine import train
 
     ended = train(RunConfig(model="bow-batchnorm", micro_batch_size=1, grad_accum_steps=2, train_samples=4,
                             eval_samples=4, max_seq_length=16, epochs=1), Recorder())

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from gradacc import cli
+from gradacc.cli import options as cli_options
 from gradacc import events as ev
 from gradacc.analysis import headline, run_names
 from gradacc.config import RunConfig
@@ -148,7 +149,7 @@ def test_time_per_step_compares_the_steps_own_cpu_time_where_both_runs_measured_
 def test_cli_compare_refuses_a_file_that_is_not_events(tmp_path, capsys):
     bad = tmp_path / "notes.jsonl"
     bad.write_text("hello\n")
-    assert cli.main(["compare", str(bad), str(bad)]) == cli.EXIT_BAD_INPUT
+    assert cli.main(["compare", str(bad), str(bad)]) == cli_options.EXIT_BAD_INPUT
     assert capsys.readouterr().err.strip() == ("error: 'notes.jsonl' line 1 is not JSON; pass a file written by "
                                                "--metrics-out.")
 

@@ -5,7 +5,7 @@ import warnings
 import pytest
 
 from gradacc.analysis import demos
-from gradacc.config import PITFALLS
+from gradacc.choices import PITFALLS
 
 FAMILIES = {"pitfall-scheduler": "scheduler-per-micro-batch", "pitfall-clip": "clip-per-micro-batch",
             "pitfall-zero-grad": "zero-grad-per-micro-batch", "pitfall-log-loss": "log-undivided-loss",
@@ -33,7 +33,7 @@ def test_the_drop_last_demo_has_a_short_last_window_and_the_clip_demo_a_clip_tha
 def test_a_shrunken_pitfall_demo_headlines_the_pitfall_and_its_upstream_report(monkeypatch):
     from gradacc.analysis.headline import headline
     from gradacc.events import Recorder
-    from gradacc.training.engine import train
+    from gradacc.training.run.engine import train
 
     monkeypatch.setenv(demos.SCALE_ENV, "0.02")
     recorded = []

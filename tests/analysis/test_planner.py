@@ -3,7 +3,7 @@
 import pytest
 
 from gradacc.analysis import planner
-from gradacc.config import recipe_for
+from gradacc.recipes import recipe_for
 from gradacc.errors import GradaccError
 from gradacc.analysis.planner import ActivationFit, fit_activations
 

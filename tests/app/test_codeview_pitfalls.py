@@ -6,7 +6,8 @@ import pytest
 
 from app_support import open_app
 from gradacc.app import codeview
-from gradacc.config import PITFALLS, RunConfig
+from gradacc.choices import PITFALLS
+from gradacc.config import RunConfig
 
 
 def added_and_removed(right: str, broken: str) -> tuple[list[str], list[str]]:

@@ -3,7 +3,7 @@
 import pytest
 from app_support import chart, error_after, metric, open_app, set_numbers
 
-from gradacc import config as config_module
+from gradacc import recipes
 from gradacc.analysis import planner
 from gradacc.app import inputs
 
@@ -76,10 +76,10 @@ def test_a_bad_budget_or_target_is_refused_next_to_its_field(app_home):
 def test_use_these_settings_carries_m_k_the_levers_and_the_optimizers_own_learning_rate_to_the_train_page(app_home):
     # 3 MB: AdamW does not fit; tiny-bert's recipe has a measured rate for Adafactor, so the planner offers it.
     at = measured_page({"budget_mb": 3.0, "target_effective_batch": 64})
-    own = config_module.recipe_for("tiny-bert").learning_rate_for("adafactor")
+    own = recipes.recipe_for("tiny-bert").learning_rate_for("adafactor")
     offered = at.selectbox(key="form.planner.setting").options
     assert "checkpointing on · bf16 · adafactor" in offered
-    assert all("sgd" not in label for label in offered) == (config_module.recipe_for("tiny-bert")
+    assert all("sgd" not in label for label in offered) == (recipes.recipe_for("tiny-bert")
                                                            .learning_rate_for("sgd") is None)
     assert "trains at its own learning rate" in at.success[0].value and "of its own:" not in at.success[0].value
     at.selectbox(key="form.planner.setting").set_value("checkpointing on · bf16 · adafactor").run()
@@ -89,7 +89,7 @@ def test_use_these_settings_carries_m_k_the_levers_and_the_optimizers_own_learni
     config = at.session_state["train_config"]
     assert (config.micro_batch_size, config.grad_accum_steps, config.max_seq_length) == (m, k, LENGTH)
     assert (config.gradient_checkpointing, config.precision, config.optimizer) == (True, "bf16", "adafactor")
-    assert config.learning_rate == own != config_module.recipe_for("tiny-bert").learning_rate
+    assert config.learning_rate == own != recipes.recipe_for("tiny-bert").learning_rate
     assert at.number_input(key="form.train.micro_batch_size").value == m
     assert at.number_input(key="form.train.grad_accum_steps").value == k
     assert at.number_input(key="form.train.learning_rate").value == own
@@ -152,7 +152,7 @@ def test_in_a_fresh_session_the_plan_reaches_the_train_page_whole_with_the_model
     at.button(key="use_plan").click().run()
     assert not at.exception and at.title[0].value == "Gradient accumulation, live"
     config = at.session_state["train_config"]
-    recipe = config_module.PRETRAINED_RECIPE
+    recipe = recipes.PRETRAINED_RECIPE
     assert (config.model, config.micro_batch_size, config.grad_accum_steps) == (model_folder, m, k)
     assert (config.learning_rate, config.epochs, config.max_seq_length) == (recipe.learning_rate, recipe.epochs, LENGTH)
     assert config.memory_budget_mb == 50.0 and config.optimizer == "adamw"

@@ -13,7 +13,7 @@ from app_support import (APP, LONG_RUN, SMALL_RUN, alerts, chart, charts, comple
                          open_app, points, run_until, set_numbers)
 from streamlit.testing.v1 import AppTest
 
-from gradacc.training import health
+from gradacc.training.run import health
 from support import ROOT
 
 from gradacc.serving.store import RunStore
@@ -225,7 +225,7 @@ def test_a_misconfigured_server_says_so_instead_of_a_traceback(app_home, monkeyp
 
 
 def test_choosing_another_model_moves_untouched_fields_to_its_recipe(app_home):
-    from gradacc.config import RECIPES
+    from gradacc.recipes import RECIPES
 
     at = open_app()
     assert at.number_input(key="form.train.learning_rate").value == RECIPES["tiny-bert"].learning_rate
@@ -260,7 +260,7 @@ def test_the_built_in_data_follows_the_model_and_a_far_too_high_learning_rate_is
 
 
 def test_switching_the_optimizer_moves_a_recipe_learning_rate_to_the_new_optimizers_own(app_home):
-    from gradacc.config import recipe_for
+    from gradacc.recipes import recipe_for
 
     recipe = recipe_for("tiny-bert")
     own = recipe.learning_rate_for("adafactor")

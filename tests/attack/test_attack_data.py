@@ -14,7 +14,7 @@ from attack_support import TINY, TINY_ARGS, assert_one_error_line, cli
 from gradacc.analysis.compare import FORMULA_STARTS
 from gradacc.config import RunConfig
 from gradacc.training.sources.data import load_text_data
-from gradacc.training.engine import train
+from gradacc.training.run.engine import train
 from gradacc.errors import GradaccError
 from gradacc.events import Recorder
 

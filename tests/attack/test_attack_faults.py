@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from gradacc.config import RunConfig
-from gradacc.training.engine import train
+from gradacc.training.run.engine import train
 from gradacc.events import Recorder
 from attack_support import nan_loss, sabotage
 

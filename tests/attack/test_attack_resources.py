@@ -20,7 +20,7 @@ from attack_support import TINY
 from support import ROOT, wait_for
 
 from gradacc.training.sources import data as data_module
-from gradacc.training import engine
+from gradacc.training.run import engine
 from gradacc.training.sources import models
 from gradacc.config import RunConfig
 from gradacc.serving.manager import FINISHED_CACHE_SIZE, limit_reason
@@ -110,7 +110,7 @@ def test_a_run_is_stopped_at_the_limit_while_training(make_manager, monkeypatch,
 
 COLD_CHILD = textwrap.dedent("""
     import json, sys, time
-    import gradacc.training.job as job
+    import gradacc.training.run.job as job
     import gradacc.serving.manager as runner  # light: torch is imported by the run's own thread
     from gradacc.config import RunConfig
     from gradacc.serving.store import RunStore

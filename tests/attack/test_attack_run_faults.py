@@ -11,7 +11,7 @@ from attack_support import nan_loss, sabotage
 from support import wait_for
 
 from gradacc.config import RunConfig
-from gradacc.training.engine import train
+from gradacc.training.run.engine import train
 from gradacc.events import Recorder
 
 RUN_TIMEOUT_S = 120

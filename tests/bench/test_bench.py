@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gradacc.cli import main
-from gradacc.config import BACKENDS
+from gradacc.choices import BACKENDS
 
 # plotly hands kaleido options that a running kaleido server ignores, and says so each time.
 pytestmark = pytest.mark.filterwarnings("ignore:The kopts argument:UserWarning")
@@ -180,7 +180,7 @@ def test_levers(tmp_path, capsys):
 
 @pytest.mark.filterwarnings(r"ignore:Detected call of `lr_scheduler.step\(\)`:UserWarning")
 def test_pitfalls(tmp_path, capsys):
-    from gradacc.config import PITFALLS
+    from gradacc.choices import PITFALLS
 
     result = bench("pitfalls", tmp_path, capsys, as_json=False)
     rows = {row["pitfall"]: row for row in result["rows"]}

@@ -61,13 +61,14 @@ def test_check_json_has_the_main_pair_and_every_case():
 
 def test_the_apps_launcher_keeps_a_visitors_run_confined():
     """A multi-process run from the app goes through this CLI; --confine keeps the visitors' folders."""
-    from gradacc.training import launch
+    from gradacc.training.run import launch
 
     assert launch.command("run.json", 2, 29500)[-1] == "--confine"
 
 
 def test_task_flag_and_the_language_model_defaults():
-    from gradacc.cli import build_parser, config_from_args
+    from gradacc.cli import build_parser
+    from gradacc.cli.options import config_from_args
 
     parse = build_parser().parse_args
     lm = config_from_args(parse(["train", "--model", "tiny-gpt"]))
@@ -98,7 +99,7 @@ def test_plan_picks_with_the_runs_optimizer_and_says_why(capsys):
     pick = next(line for line in out.splitlines() if line.startswith("pick: "))
     assert "adamw" not in pick.split(".")[0] and "needs" not in pick and "learning rate" in pick
     # Only an optimizer with a rate measured for tiny-bert is offered, and it comes with that rate.
-    from gradacc.config import recipe_for
+    from gradacc.recipes import recipe_for
 
     chosen = pick.split(".")[0].split(" · ")[-1].split(",")[0]
     own = recipe_for("tiny-bert").learning_rate_for(chosen)

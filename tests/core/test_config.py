@@ -6,7 +6,8 @@ import pytest
 
 import dataclasses
 
-from gradacc.config import RunConfig, effective_batch
+from gradacc.config import RunConfig
+from gradacc.steps import effective_batch
 from gradacc.labels import CLI_FLAGS, FIELD_LABELS, in_cli_words
 from gradacc.errors import GradaccError
 
@@ -86,7 +87,7 @@ def test_validate_returns_a_checked_copy_and_leaves_its_input_as_it_was():
 
 
 def test_an_unset_learning_rate_is_the_recipes_rate_for_the_runs_own_optimizer():
-    from gradacc.config import ADAMW_LIKE, RECIPES
+    from gradacc.recipes import ADAMW_LIKE, RECIPES
 
     for model, recipe in RECIPES.items():
         for optimizer in ("adamw", "adamw-fused", "sgd", "adafactor"):

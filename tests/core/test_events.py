@@ -7,7 +7,8 @@ import pytest
 
 from attack_support import TINY, nan_loss, sabotage
 from gradacc import events as ev
-from gradacc.config import BACKENDS, RunConfig
+from gradacc.choices import BACKENDS
+from gradacc.config import RunConfig
 
 
 def conforms(recorded: list[dict]) -> list[str]:
@@ -15,7 +16,7 @@ def conforms(recorded: list[dict]) -> list[str]:
 
 
 def run(config: RunConfig, **options) -> ev.Recorder:
-    from gradacc.training.engine import train
+    from gradacc.training.run.engine import train
 
     recorder = ev.Recorder()
     train(config, recorder, **options)
@@ -72,7 +73,7 @@ def test_a_run_whose_loss_turns_nan_ends_conforming(monkeypatch, one_torch_threa
 
 
 def test_a_stopped_run_ends_conforming(one_torch_thread):
-    from gradacc.training.engine import train
+    from gradacc.training.run.engine import train
 
     stop = threading.Event()
     recorder = ev.Recorder()

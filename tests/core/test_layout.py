@@ -1,8 +1,8 @@
 """The package's layers, as rules that fail when broken (the layout itself is in README's "Where the code is"):
 
 - only app.py, pages/ and gradacc/app/ import streamlit;
-- the ground floor (gradacc's shared vocabulary: units, events, errors, paths, env, config, labels) imports no
-  layer, only itself; gradacc/export/ (the trackers, fed by the event stream) imports only the ground floor;
+- the ground floor (gradacc's shared vocabulary: units, events, errors, paths, env, choices, recipes, config,
+  steps, labels) imports no layer, only itself; gradacc/export/ (the trackers, fed by the event stream) imports only the ground floor;
 - gradacc/training/ imports nothing from analysis, serving, app, bench or the CLI; gradacc/analysis/ nothing
   from serving, app, bench or the CLI (arrows run down: app → serving → analysis → training → ground);
 - scripts/ and gradacc/ never import tests/ nor read what the tests write (test-artifacts/);
@@ -67,8 +67,8 @@ def is_allowed_streamlit_user(path: Path) -> bool:
     return any(path == allowed or allowed in path.parents for allowed in STREAMLIT_ALLOWED)
 
 
-GROUND_FLOOR = ("gradacc.units", "gradacc.events", "gradacc.errors", "gradacc.paths", "gradacc.env", "gradacc.config",
-                "gradacc.labels")
+GROUND_FLOOR = ("gradacc.units", "gradacc.events", "gradacc.errors", "gradacc.paths", "gradacc.env", "gradacc.choices",
+                "gradacc.recipes", "gradacc.config", "gradacc.steps", "gradacc.labels")
 # What each layer must not import: everything above it.
 ABOVE = {
     "export": ("gradacc.training", "gradacc.analysis", "gradacc.serving", "gradacc.app", "gradacc.bench",
@@ -144,7 +144,7 @@ def test_training_analysis_and_export_import_nothing_from_the_layers_above_them(
                                                                          "gradacc.analysis.health.run_warnings"]),
     ("training", "def later():\n    from gradacc import cli\n", ["gradacc.cli"]),
     ("analysis", "from ..serving import manager\n", ["gradacc.serving", "gradacc.serving.manager"]),
-    ("export", "import gradacc.training.engine\n", ["gradacc.training.engine"]),
+    ("export", "import gradacc.training.run.engine\n", ["gradacc.training.run.engine"]),
 ])
 def test_an_upward_import_is_caught(layer, planted, caught):
     assert upward_imports(PACKAGE / layer / "probe.py", ABOVE[layer], planted) == caught
@@ -160,9 +160,9 @@ def test_the_ground_floor_imports_no_layer():
 def test_a_ground_floor_import_of_a_layer_is_caught():
     """paths.py once imported config for a label while config imported paths; labels.py broke the circle."""
     planted = ("from gradacc.errors import GradaccError\nfrom gradacc import labels\n"
-               "def later():\n    from gradacc.training.budget import check\n")
-    assert ground_floor_offences(PACKAGE / "paths.py", planted) == ["gradacc.training.budget",
-                                                                   "gradacc.training.budget.check"]
+               "def later():\n    from gradacc.training.memory.budget import check\n")
+    assert ground_floor_offences(PACKAGE / "paths.py", planted) == ["gradacc.training.memory.budget",
+                                                                   "gradacc.training.memory.budget.check"]
 
 
 def test_scripts_and_the_package_never_import_tests_nor_read_their_output():

@@ -19,9 +19,10 @@ import pytest
 
 from gradacc import events as ev
 from gradacc.cli import main
-from gradacc.config import BACKENDS, RunConfig
+from gradacc.choices import BACKENDS
+from gradacc.config import RunConfig
 from gradacc.export import trackers
-from gradacc.training.engine import train
+from gradacc.training.run.engine import train
 
 # 2 epochs of ceil(ceil(40/8)/2) = 3 optimizer steps: a short last window in each epoch, two evals.
 TINY = RunConfig(micro_batch_size=8, grad_accum_steps=2, epochs=2, train_samples=40, eval_samples=16,

@@ -12,7 +12,7 @@ import sys
 from gradacc.training import distributed
 from gradacc.cli import main
 from gradacc.config import RunConfig
-from gradacc.training.engine import train
+from gradacc.training.run.engine import train
 from gradacc.analysis.equivalence import check
 from gradacc.events import Recorder
 

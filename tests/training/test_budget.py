@@ -6,15 +6,16 @@ import pytest
 import torch
 
 from gradacc import cli
+from gradacc.cli import options as cli_options
 from gradacc.config import RunConfig
 from gradacc.errors import GradaccError
 from gradacc.events import Recorder
 from gradacc.serving.limits import Limits
 from gradacc.serving.manager import RunManager
 from gradacc.serving.store import RunStore
-from gradacc.training import budget, memory
-from gradacc.training.engine import train
-from gradacc.training.job import prepare
+from gradacc.training.memory import budget, measure
+from gradacc.training.run.engine import train
+from gradacc.training.run.job import prepare
 from gradacc.units import MB, format_bytes
 
 SMALL = dict(train_samples=256, eval_samples=16, dropout=0.0, max_steps=3)
@@ -172,7 +173,7 @@ def test_an_out_of_memory_message_names_the_cuda_workspaces_and_fits_around_them
 def test_static_need_counts_each_optimizers_own_state():
     config = RunConfig().validate()
     job = prepare(config, lambda event: None, threading.Event())
-    parameters = memory.static_bytes(job.model)["parameters"]
+    parameters = measure.static_bytes(job.model)["parameters"]
     states = {name: budget.static_need(job.model, config.replace(optimizer=name), job.device)["optimizer_state"]
               for name in ("adamw", "adamw-fused", "sgd", "adafactor")}
     tensors = len(list(job.model.parameters()))
@@ -194,9 +195,9 @@ def test_the_budget_is_a_run_setting_with_a_clear_message():
 
 def test_cli_out_of_memory_exits_1_and_a_bad_budget_exits_2(capsys):
     assert cli.main(["train", "-m", "64", "-k", "1", "--memory-budget-mb", "3", "--max-steps", "2",
-                     "--train-samples", "128", "--eval-samples", "8"]) == cli.EXIT_FAILED
+                     "--train-samples", "128", "--eval-samples", "8"]) == cli_options.EXIT_FAILED
     assert "error: out of memory: micro-batch 64 needs" in capsys.readouterr().err
-    assert cli.main(["train", "--memory-budget-mb", "-1"]) == cli.EXIT_BAD_INPUT
+    assert cli.main(["train", "--memory-budget-mb", "-1"]) == cli_options.EXIT_BAD_INPUT
     assert "error: --memory-budget-mb must be a number greater than 0" in capsys.readouterr().err
 
 
@@ -215,7 +216,7 @@ def test_a_run_asking_for_far_too_much_is_refused_before_it_allocates_and_the_se
     manager = RunManager(RunStore(tmp_path / "runs.db"), max_run_memory_mb=40, max_run_seconds=0, recover=False)
     try:
         greedy = RunConfig(micro_batch_size=4096, grad_accum_steps=1, train_samples=4096, eval_samples=8, epochs=1)
-        rss_before = memory.rss_bytes()
+        rss_before = measure.rss_bytes()
         run_id = manager.submit(greedy, "visitor")
         assert manager.wait(run_id, timeout=120)
         run = manager.get(run_id)
@@ -224,7 +225,7 @@ def test_a_run_asking_for_far_too_much_is_refused_before_it_allocates_and_the_se
         assert run.reason.startswith("out of memory: micro-batch 4096 needs")
         assert "but this deployment allows a run at most 40 MB (GRADACC_MAX_RUN_MEMORY_MB)" in run.reason
         assert details["need_bytes"] > 20 * 40 * MB  # far too much ...
-        assert memory.rss_bytes() - rss_before < details["activation_bytes"] / 4  # ... and never allocated
+        assert measure.rss_bytes() - rss_before < details["activation_bytes"] / 4  # ... and never allocated
         # The server goes on: the next visitor's run trains.
         small = manager.submit(RunConfig(**SMALL), "next visitor")
         assert manager.wait(small, timeout=120) and manager.get(small).status == "completed"
@@ -234,5 +235,5 @@ def test_a_run_asking_for_far_too_much_is_refused_before_it_allocates_and_the_se
 
 def test_the_cli_applies_the_deployment_limit_too(monkeypatch, capsys):
     monkeypatch.setenv("GRADACC_MAX_RUN_MEMORY_MB", "1")
-    assert cli.main(["train", "--max-steps", "1", "--train-samples", "64", "--eval-samples", "8"]) == cli.EXIT_FAILED
+    assert cli.main(["train", "--max-steps", "1", "--train-samples", "64", "--eval-samples", "8"]) == cli_options.EXIT_FAILED
     assert "but this deployment allows a run at most 1 MB (GRADACC_MAX_RUN_MEMORY_MB)" in capsys.readouterr().err

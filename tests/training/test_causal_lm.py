@@ -4,11 +4,12 @@ import json
 
 import pytest
 
-from gradacc.config import CAUSAL_LM, CLASSIFICATION, RunConfig
+from gradacc.choices import CAUSAL_LM, CLASSIFICATION
+from gradacc.config import RunConfig
 from gradacc.errors import GradaccError
 from gradacc.events import Recorder
 from gradacc.training import windows
-from gradacc.training.engine import train
+from gradacc.training.run.engine import train
 from gradacc.training.sources import builtin_data, models
 from gradacc.training.sources.data import item_count
 
@@ -59,7 +60,7 @@ def test_task_is_inferred_from_the_model(tmp_path):
 
 
 def test_labels_are_the_tokens_and_counts_are_of_predicted_tokens_with_a_short_last_window():
-    from gradacc.training.job import prepare
+    from gradacc.training.run.job import prepare
     import threading
 
     job = prepare(RunConfig(**LM), lambda e: None, threading.Event())

@@ -7,7 +7,7 @@ from gradacc.analysis.equivalence import check
 from gradacc.config import RunConfig
 from gradacc.errors import GradaccError
 from gradacc.events import Recorder
-from gradacc.training.engine import train
+from gradacc.training.run.engine import train
 
 EXACT_TOLERANCE = 1e-5
 
@@ -77,7 +77,8 @@ def test_wrong_data_for_the_task_fails_with_a_reason(encoder_dir):
 
 
 def test_the_cli_defaults_a_contrastive_run_to_minilm_on_builtin_pairs():
-    from gradacc.cli import build_parser, config_from_args
+    from gradacc.cli import build_parser
+    from gradacc.cli.options import config_from_args
 
     config = config_from_args(build_parser().parse_args(["train", "--task", "contrastive", "-m", "16", "-k", "4"]))
     assert (config.model, config.dataset) == ("all-MiniLM-L6-v2", "builtin-pairs")

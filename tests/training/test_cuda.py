@@ -12,7 +12,8 @@ import math
 import pytest
 import torch
 
-from gradacc.config import BACKENDS, RunConfig
+from gradacc.choices import BACKENDS
+from gradacc.config import RunConfig
 from gradacc.events import Recorder
 from gradacc.units import MB
 
@@ -28,7 +29,7 @@ def on_cuda(monkeypatch):
 
 
 def trained(config: RunConfig) -> Recorder:
-    from gradacc.training.engine import train
+    from gradacc.training.run.engine import train
 
     recorder = Recorder()
     train(config, recorder)
@@ -86,8 +87,8 @@ def test_a_memory_budget_on_the_real_allocator_ends_every_run_cleanly(on_cuda, r
     allocator's segments decide (see BENCHMARKS.md): a refusal there must still be a clean failed run."""
     import threading
 
-    from gradacc.training import budget
-    from gradacc.training.job import prepare
+    from gradacc.training.memory import budget
+    from gradacc.training.run.job import prepare
 
     config = RunConfig(micro_batch_size=64, grad_accum_steps=1, max_seq_length=128, train_samples=256,
                        eval_samples=16, dropout=0.0, max_steps=3)

@@ -2,7 +2,7 @@
 
 Starting processes costs more than these tiny runs, so everything that needs ranks runs in two launches:
 ``tests/training/distributed_worker.py`` under torchrun (every backend, with and without no_sync, the equivalence
-check, the CLI's check) and one real run through ``gradacc.training.launch`` (accelerate launch, as the app does).
+check, the CLI's check) and one real run through ``gradacc.training.run.launch`` (accelerate launch, as the app does).
 The launcher's Stop and crash handling are tested with a stand-in launcher that needs no torch.
 """
 
@@ -17,9 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from gradacc.training import launch, windows
-from gradacc.config import RunConfig, optimizer_steps_per_epoch
-from gradacc.training.engine import train
+from gradacc.training import windows
+from gradacc.training.run import launch
+from gradacc.config import RunConfig
+from gradacc.steps import optimizer_steps_per_epoch
+from gradacc.training.run.engine import train
 from gradacc.errors import GradaccError
 from gradacc.events import Recorder, schema_problems
 from support import ROOT, free_port, wait_for
@@ -327,7 +329,7 @@ def test_exact_weights_use_the_window_on_all_ranks():
 def test_accelerate_scheduler_sized_for_p_calls_per_step_matches_the_plain_one():
     import torch
 
-    from gradacc.training.backends.common import make_scheduler
+    from gradacc.training.backends.optimizer import make_scheduler
 
     config = RunConfig(warmup_ratio=0.1)
     plain = make_scheduler(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0), config, 7)
@@ -345,7 +347,7 @@ def test_accelerate_scheduler_sized_for_p_calls_per_step_matches_the_plain_one()
 
 def test_a_multi_process_config_outside_a_launch_is_refused():
     with pytest.raises(GradaccError, match="2-process run with accelerate launch or torchrun"):
-        from gradacc.training.job import prepare
+        from gradacc.training.run.job import prepare
 
         prepare(RunConfig(num_processes=2), lambda event: None, threading.Event())
 

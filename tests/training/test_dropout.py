@@ -10,7 +10,7 @@ from gradacc import paths
 from gradacc.bench import families
 from gradacc.config import RunConfig
 from gradacc.errors import GradaccError
-from gradacc.training import dropout
+from gradacc.training.sources import dropout
 from gradacc.training.sources import models
 
 RUN_DROPOUT = 0.25  # no family's default: a setting that was not applied shows
@@ -56,7 +56,7 @@ def test_nested_sub_configs_get_the_dropout_too():
 
 
 def _prepared(config):
-    from gradacc.training.job import prepare
+    from gradacc.training.run.job import prepare
 
     return prepare(config.validate(), lambda event: None, threading.Event())
 
@@ -108,7 +108,8 @@ def test_the_test_leaves_the_random_stream_and_the_mode_as_they_were(one_torch_t
 
 
 def test_the_cli_check_gives_the_refusal_in_one_line(monkeypatch, capsys, one_torch_thread):
-    from gradacc.cli import EXIT_BAD_INPUT, main
+    from gradacc.cli import main
+    from gradacc.cli.options import EXIT_BAD_INPUT
 
     add_noise(monkeypatch)
     code = main(["check", "--backend", "pytorch", "-m", "2", "-k", "2", "--max-seq-length", "16"])
@@ -119,7 +120,8 @@ def test_the_cli_check_gives_the_refusal_in_one_line(monkeypatch, capsys, one_to
 
 
 def test_the_cli_says_when_the_dropout_could_not_be_applied(monkeypatch, capsys, one_torch_thread):
-    from gradacc.cli import EXIT_OK, main
+    from gradacc.cli import main
+    from gradacc.cli.options import EXIT_OK
 
     hide_dropout(monkeypatch)
     code = main(["train", "--max-steps", "1", "--train-samples", "8", "--eval-samples", "8", "-m", "4", "-k", "1",

@@ -5,8 +5,9 @@ import math
 
 import pytest
 
-from gradacc.config import RunConfig, optimizer_steps_per_epoch, total_optimizer_steps
-from gradacc.training.engine import train
+from gradacc.config import RunConfig
+from gradacc.steps import optimizer_steps_per_epoch, total_optimizer_steps
+from gradacc.training.run.engine import train
 from gradacc.events import Recorder
 
 SMALL = dict(train_samples=90, eval_samples=30, epochs=1, micro_batch_size=8, dropout=0.0, max_seq_length=32)

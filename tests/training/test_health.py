@@ -3,7 +3,7 @@
 import pytest
 
 from gradacc import events as ev
-from gradacc.training import health
+from gradacc.training.run import health
 from gradacc.config import RunConfig
 
 
@@ -48,7 +48,7 @@ def test_too_short_to_judge_is_not_a_warning(losses):
 
 def test_the_engine_puts_warnings_on_a_forced_divergence():
     """A real run, forced to diverge (learning rate 2, no clipping): it completes, and says it went wrong."""
-    from gradacc.training.engine import train
+    from gradacc.training.run.engine import train
 
     recorder = ev.Recorder()
     config = RunConfig(learning_rate=2.0, max_grad_norm=0.0, warmup_ratio=0.0, train_samples=96, eval_samples=64,
@@ -59,7 +59,8 @@ def test_the_engine_puts_warnings_on_a_forced_divergence():
 
 
 def test_the_learning_rate_warning_before_start_names_what_the_run_end_warnings_would():
-    from gradacc.config import RECIPES, RunConfig
+    from gradacc.config import RunConfig
+    from gradacc.recipes import RECIPES
 
     high = RunConfig(model="all-MiniLM-L6-v2", learning_rate=1e-3).resolved()
     assert health.likely_cause(high) == "Likely cause: learning rate 0.001 is high for a pretrained model; its recipe uses 0.0002."

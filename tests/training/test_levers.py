@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from gradacc.analysis import equivalence
-from gradacc.config import BACKENDS, RunConfig
+from gradacc.choices import BACKENDS
+from gradacc.config import RunConfig
 from gradacc.events import Recorder
-from gradacc.training import memory
-from gradacc.training.engine import train
+from gradacc.training.memory import measure
+from gradacc.training.run.engine import train
 
 RUN = dict(micro_batch_size=8, grad_accum_steps=2, max_steps=2, train_samples=64, eval_samples=8, dropout=0.0)
 LEVERS = {"baseline": {}, "checkpointing": {"gradient_checkpointing": True}, "bf16": {"precision": "bf16"},
@@ -82,7 +83,7 @@ def test_the_levers_change_the_training_only_where_they_should(runs):
 def test_bf16_saved_tensors_count_two_bytes_an_element():
     layer = torch.nn.Linear(64, 64)
     inputs = torch.randn(32, 64, requires_grad=True)
-    meter = memory.ActivationMeter(layer)
+    meter = measure.ActivationMeter(layer)
     with meter.measure():
         layer(inputs).sum()
     assert meter.bytes_by_dtype == {"float32": 32 * 64 * 4}  # the input; the weight is a parameter, not counted

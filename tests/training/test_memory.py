@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from gradacc.training import memory
+from gradacc.training.memory import measure
 from gradacc.config import RunConfig
-from gradacc.training.engine import train
+from gradacc.training.run.engine import train
 from gradacc.events import Recorder
 from gradacc.training.sources.models import load
 
@@ -16,7 +16,7 @@ def model():
 
 
 def activation_bytes(model, micro_batch, seq_len=64):
-    meter = memory.ActivationMeter(model)
+    meter = measure.ActivationMeter(model)
     input_ids = torch.randint(5, 500, (micro_batch, seq_len))
     with meter.measure():
         loss = model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
@@ -33,25 +33,25 @@ def test_activation_bytes_are_linear_in_the_micro_batch(model):
 
 
 def test_parameters_are_not_counted_as_activations(model):
-    parameter_bytes = memory.tensor_bytes(model.parameters())
+    parameter_bytes = measure.tensor_bytes(model.parameters())
     # One example's activations are far smaller than the weights they are saved beside.
     assert activation_bytes(model, 1, seq_len=8) < parameter_bytes
 
 
 def test_shared_storage_is_counted_once():
     base = torch.zeros(100)
-    assert memory.tensor_bytes([base, base[:10], base.view(10, 10)]) == 400
+    assert measure.tensor_bytes([base, base[:10], base.view(10, 10)]) == 400
 
 
 def test_static_bytes_add_up(model):
     optimizer = torch.optim.AdamW(model.parameters())
-    before = memory.static_bytes(model, optimizer)
+    before = measure.static_bytes(model, optimizer)
     params = sum(p.numel() * 4 for p in model.parameters())
     assert before["parameters"] == before["gradients"] == params
     assert before["optimizer_state"] == 2 * params  # AdamW's two moments, before they exist
     model(input_ids=torch.tensor([[2, 10, 3]]), labels=torch.tensor([1])).loss.backward()
     optimizer.step()
-    after = memory.static_bytes(model, optimizer)
+    after = measure.static_bytes(model, optimizer)
     # Real state: two moments per parameter plus a step counter per tensor.
     assert 2 * params <= after["optimizer_state"] <= 2 * params + 8 * len(list(model.parameters()))
     assert after["total"] == after["parameters"] + after["gradients"] + after["optimizer_state"]
@@ -59,9 +59,9 @@ def test_static_bytes_add_up(model):
 
 
 def test_cuda_readings_fall_back_to_none_on_cpu():
-    assert memory.cuda_peak_bytes("cpu") is None
-    memory.reset_cuda_peak("cpu")  # a no-op, not an error
-    snapshot = memory.snapshot(123, "cpu")
+    assert measure.cuda_peak_bytes("cpu") is None
+    measure.reset_cuda_peak("cpu")  # a no-op, not an error
+    snapshot = measure.snapshot(123, "cpu")
     assert snapshot["activation_bytes"] == 123 and snapshot["cuda_peak_bytes"] is None
     assert snapshot["rss_bytes"] > 10_000_000
 
@@ -70,9 +70,9 @@ def test_cuda_readings_fall_back_to_none_on_cpu():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 def test_cuda_peak_is_measured_on_gpu():
     device = torch.device("cuda")
-    memory.reset_cuda_peak(device)
+    measure.reset_cuda_peak(device)
     block = torch.empty(1024 * 1024, device=device)
-    assert memory.cuda_peak_bytes(device) >= block.numel() * 4
+    assert measure.cuda_peak_bytes(device) >= block.numel() * 4
 
 
 def test_step_events_show_activations_growing_with_m_and_not_with_k():

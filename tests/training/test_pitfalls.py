@@ -11,7 +11,8 @@ import warnings
 import pytest
 
 from gradacc import events as ev
-from gradacc.config import PITFALLS, RunConfig
+from gradacc.choices import PITFALLS
+from gradacc.config import RunConfig
 from gradacc.errors import GradaccError
 
 SIZE = dict(train_samples=40, eval_samples=16, epochs=1, micro_batch_size=4, grad_accum_steps=4, dropout=0.0,
@@ -21,7 +22,7 @@ TIGHT = 0.05
 
 
 def run(**changes) -> tuple[dict, list[dict]]:
-    from gradacc.training.engine import train
+    from gradacc.training.run.engine import train
 
     recorder = ev.Recorder()
     with warnings.catch_warnings():
@@ -156,8 +157,8 @@ def test_several_pitfalls_on_the_command_line_each_say_what_they_broke(capsys):
 
 
 def test_a_pitfall_run_announces_itself_and_names_the_pitfall_as_the_likely_cause():
-    from gradacc.training.health import run_warnings
-    from gradacc.training.engine import train
+    from gradacc.training.run.health import run_warnings
+    from gradacc.training.run.engine import train
 
     recorder = ev.Recorder()
     train(RunConfig(**{**SIZE, "train_samples": 16}, pitfalls=["zero-grad-per-micro-batch"]), recorder)

@@ -5,8 +5,10 @@ import json
 import pytest
 
 from gradacc import cli
+from gradacc.cli import options as cli_options
 from gradacc import events as ev
-from gradacc.config import PRETRAINED_RECIPE, RECIPE_FIELDS, RECIPES, RunConfig
+from gradacc.config import RunConfig
+from gradacc.recipes import PRETRAINED_RECIPE, RECIPE_FIELDS, RECIPES
 
 F1_GOAL = 0.85
 
@@ -25,9 +27,9 @@ def test_unset_fields_take_the_models_recipe_and_set_ones_are_kept():
 
 def test_the_cli_takes_the_recipe_unless_a_flag_says_otherwise():
     parser = cli.build_parser()
-    default = cli.config_from_args(parser.parse_args(["train", "--model", "all-MiniLM-L6-v2"])).validate()
+    default = cli_options.config_from_args(parser.parse_args(["train", "--model", "all-MiniLM-L6-v2"])).validate()
     assert default.learning_rate == RECIPES["all-MiniLM-L6-v2"].learning_rate
-    chosen = cli.config_from_args(parser.parse_args(["train", "--model", "all-MiniLM-L6-v2", "--lr", "1e-3"]))
+    chosen = cli_options.config_from_args(parser.parse_args(["train", "--model", "all-MiniLM-L6-v2", "--lr", "1e-3"]))
     assert chosen.validate().learning_rate == 1e-3
 
 
@@ -37,7 +39,7 @@ def test_the_cli_takes_the_recipe_unless_a_flag_says_otherwise():
 @pytest.mark.parametrize("backend", ["pytorch", "accelerate", "trainer"])
 def test_tiny_bert_learns_within_its_first_epoch_at_the_default_settings(backend):
     """The default run (2000 examples, m=8, k=4: 63 optimizer steps) for one epoch: it once ended at F1 0."""
-    from gradacc.training.engine import train
+    from gradacc.training.run.engine import train
 
     recorder = ev.Recorder()
     ended = train(RunConfig(backend=backend, epochs=1, instrument=False), recorder)
@@ -52,7 +54,7 @@ def test_minilm_reaches_its_goal_with_its_recipe_from_the_cli(tmp_path, capsys):
     metrics = tmp_path / "minilm.jsonl"
     code = cli.main(["train", "--model", "all-MiniLM-L6-v2", "--train-samples", "512", "--eval-samples", "200",
                      "--epochs", "1", "--metrics-out", str(metrics)])
-    assert code == cli.EXIT_OK, capsys.readouterr()
+    assert code == cli_options.EXIT_OK, capsys.readouterr()
     written = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert written[-1]["event"] == ev.RUN_ENDED and written[-1]["warnings"] == [], written[-1]
     assert [e for e in written if e["event"] == ev.EVAL][-1]["eval_f1"] >= F1_GOAL

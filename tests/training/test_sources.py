@@ -8,7 +8,7 @@ from support import load_script
 
 from gradacc.config import RunConfig
 from gradacc.training.sources.data import load_text_data
-from gradacc.training.engine import train
+from gradacc.training.run.engine import train
 from gradacc.errors import GradaccError
 from gradacc.events import Recorder
 from gradacc.training.sources.models import load

@@ -205,12 +205,12 @@ def audit_stock_trainer(config, steps: int = 1, window_timer=None, confinement=N
 
     from transformers import PrinterCallback, Trainer, TrainingArguments
 
-    from gradacc.config import field_label
+    from gradacc.labels import field_label
     from gradacc.errors import GradaccError
     from gradacc.training.backends.trainer_loop import _Samples
-    from gradacc.training.engine import quiet_libraries
-    from gradacc.training.job import prepare
-    from gradacc.training.options import RunOptions
+    from gradacc.training.run.engine import quiet_libraries
+    from gradacc.training.run.job import prepare
+    from gradacc.training.run.options import RunOptions
 
     m, k = config.micro_batch_size, config.grad_accum_steps
     if not isinstance(k, bool) and isinstance(k, int) and k < 2:

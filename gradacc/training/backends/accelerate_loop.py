@@ -15,8 +15,9 @@ import contextlib
 
 from torch.utils.data import DataLoader
 
-from gradacc.training.backends.common import (StepReporter, WindowTally, activation_meter, check_finite, clip_gradients,
-                                              evaluate, make_optimizer, make_scheduler)
+from gradacc.training.backends.evaluation import evaluate
+from gradacc.training.backends.optimizer import clip_gradients, make_optimizer, make_scheduler
+from gradacc.training.backends.reporting import StepReporter, WindowTally, activation_meter, check_finite
 from gradacc.training.distributed import SyncProbe
 from gradacc.training.windows import loss_weight
 

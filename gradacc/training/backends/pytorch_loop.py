@@ -4,7 +4,7 @@ Forward, scale the loss, ``backward()``; every k micro-batches (and at the end o
 ``optimizer.step()``, ``lr_scheduler.step()``, ``optimizer.zero_grad()``. Nothing hidden.
 
 Lines marked ``# WRONG`` run only when a run asks for that pitfall (``--pitfall NAME``, the Train page's "Break it
-on purpose"): each is a real upstream mistake, one line beside the right one, and gradacc.training.pitfalls
+on purpose"): each is a real upstream mistake, one line beside the right one, and gradacc.training.backends.pitfalls
 measures what it did against the right loop in the same run.
 
 On several processes (``accelerate launch`` / ``torchrun``) the model is wrapped in
@@ -21,10 +21,12 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from gradacc.training import distributed
-from gradacc.training.backends.common import (StepReporter, WindowTally, activation_meter, check_finite, clip_gradients,
-                                              evaluate, make_optimizer, make_scheduler, to_device)
+from gradacc.training.backends.device import to_device
+from gradacc.training.backends.evaluation import evaluate
+from gradacc.training.backends.optimizer import clip_gradients, make_optimizer, make_scheduler
+from gradacc.training.backends.reporting import StepReporter, WindowTally, activation_meter, check_finite
 from gradacc.training.distributed import SyncProbe
-from gradacc.training.pitfalls import Probe as PitfallProbe
+from gradacc.training.backends.pitfalls import Probe as PitfallProbe
 from gradacc.training.windows import loss_weight
 
 

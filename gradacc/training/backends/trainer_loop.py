@@ -24,11 +24,12 @@ import torch.nn.functional as F
 from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
 
 from gradacc.errors import RunStopped
-from gradacc.training.backends.common import (EVAL_BATCH_SIZE, StepReporter, WindowTally, activation_meter, check_finite,
-                                              evaluate, make_optimizer, next_token_predictions, warmup_steps)
+from gradacc.training.backends.evaluation import EVAL_BATCH_SIZE, evaluate, next_token_predictions
+from gradacc.training.backends.optimizer import make_optimizer, warmup_steps
+from gradacc.training.backends.reporting import StepReporter, WindowTally, activation_meter, check_finite
 from gradacc.training.distributed import SyncProbe
-from gradacc.training.memory import ActivationMeter
-from gradacc.training.metrics import classification_metrics, language_model_metrics
+from gradacc.training.memory.measure import ActivationMeter
+from gradacc.training.backends.metrics import classification_metrics, language_model_metrics
 from gradacc.training.windows import loss_weight
 
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from gradacc import paths
 from gradacc.training.sources import builtin_data, hub
-from gradacc.config import CAUSAL_LM, RunConfig
+from gradacc.choices import CAUSAL_LM
+from gradacc.config import RunConfig
 from gradacc.labels import field_label
 from gradacc.errors import GradaccError, one_line
 

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gradacc import paths
-from gradacc.training import dropout as dropouts
+from gradacc.training.sources import dropout as dropouts
 from gradacc.training.sources import builtin_data, hub
-from gradacc.config import BUILTIN_MODEL_TASKS, CAUSAL_LM, CLASSIFICATION, CONTRASTIVE, MAX_SEQ_LEN, RunConfig
+from gradacc.choices import BUILTIN_MODEL_TASKS, CAUSAL_LM, CLASSIFICATION, CONTRASTIVE
+from gradacc.config import MAX_SEQ_LEN, RunConfig
 from gradacc.errors import GradaccError, one_line
 
 TINY_BERT = "tiny-bert"

@@ -14,8 +14,8 @@ from gradacc import events
 from gradacc.config import RunConfig
 from gradacc.errors import GradaccError, RunFailed, RunStopped, one_line
 from gradacc.events import EventSink
-from gradacc.training import budget
-from gradacc.training.options import RunOptions
+from gradacc.training.memory import budget
+from gradacc.training.run.options import RunOptions
 
 
 def quiet_libraries() -> None:
@@ -108,8 +108,8 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
 
 
 def _warnings(emitted: list[dict], config: RunConfig) -> list[str]:
-    """A run that completed badly says so (see gradacc.training.health); a bug there never fails the run."""
-    from gradacc.training.health import run_warnings
+    """A run that completed badly says so (see gradacc.training.run.health); a bug there never fails the run."""
+    from gradacc.training.run.health import run_warnings
 
     try:
         return run_warnings(emitted, config)
@@ -129,7 +129,7 @@ def _open_trackers(config: RunConfig, options: RunOptions):
 
 
 def _prepare(config, emit, stop, options: RunOptions):
-    from gradacc.training.job import prepare
+    from gradacc.training.run.job import prepare
 
     quiet_libraries()
     return prepare(config, emit, stop, options)

@@ -5,7 +5,7 @@ What a run needs, measured (``measure_need``):
 - static bytes: parameters and gradients from the model's tensors; optimizer state from the run's own optimizer
   class after a dry step on a *meta-device* copy of the parameters (shapes and dtypes, no data: nothing is
   allocated, and the real optimizer keeps its fresh state);
-- activations: what autograd saves for backward (``memory.ActivationMeter``) in a training-mode forward pass of
+- activations: what autograd saves for backward (``measure.ActivationMeter``) in a training-mode forward pass of
   the run's longest example alone and of its two longest examples, under the run's levers (autocast,
   gradient checkpointing), straight-line ``fixed + per_example × m`` through the two. Every micro-batch the run
   can see is at most m examples of at most that length. Probing with 1 and 2 examples, not with m, is what lets
@@ -200,10 +200,10 @@ def static_need(model, config, device) -> dict:
     unfused AdamW is stepped; it keeps the same state)."""
     import torch
 
-    from gradacc.training import memory
-    from gradacc.training.backends.common import optimizer_for
+    from gradacc.training.memory import measure
+    from gradacc.training.backends.optimizer import optimizer_for
 
-    static = memory.static_bytes(model)
+    static = measure.static_bytes(model)
     stand_ins = []
     for name, parameter in model.named_parameters():
         stand_in = torch.empty_like(parameter, device="meta").requires_grad_(parameter.requires_grad)
@@ -246,8 +246,8 @@ def measure_need(model, examples: list[dict], collate, config, device, precision
     """Static bytes and the activation line at the run's longest sequence (see the module's docstring)."""
     import torch
 
-    from gradacc.training.backends.common import to_device
-    from gradacc.training.memory import ActivationMeter
+    from gradacc.training.backends.device import to_device
+    from gradacc.training.memory.measure import ActivationMeter
 
     static = static_need(model, config, device)
     on_cuda = device.type == "cuda"
@@ -295,7 +295,7 @@ def _cuda_share(model, batch, precision, device, activation_bytes: float, held_b
     rounding to whole segments (2 MB, 20 MB for blocks of 1-10 MB)."""
     import torch
 
-    from gradacc.training import memory
+    from gradacc.training.memory import measure
 
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
@@ -305,4 +305,4 @@ def _cuda_share(model, batch, precision, device, activation_bytes: float, held_b
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_reserved(device) - held_before
     model.zero_grad(set_to_none=True)  # the run allocates its own; none are left behind by the probe
-    return max(float(peak - activation_bytes - memory.static_bytes(model)["gradients"]), 0.0)
+    return max(float(peak - activation_bytes - measure.static_bytes(model)["gradients"]), 0.0)

@@ -12,14 +12,16 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from gradacc.training.sources import data as data_module
-from gradacc.training import budget, distributed, windows
-from gradacc.training import dropout as dropouts
+from gradacc.training import distributed, windows
+from gradacc.training.memory import budget
+from gradacc.training.sources import dropout as dropouts
 from gradacc.training.sources import models
-from gradacc.config import (CAUSAL_LM, CONTRASTIVE, PITFALLS, RunConfig, optimizer_steps_per_epoch,
-                            too_few_examples, total_optimizer_steps)
+from gradacc.choices import CAUSAL_LM, CONTRASTIVE, PITFALLS
+from gradacc.config import RunConfig, too_few_examples
+from gradacc.steps import optimizer_steps_per_epoch, total_optimizer_steps
 from gradacc.errors import GradaccError, RunStopped
 from gradacc.events import EventSink
-from gradacc.training.options import RunOptions
+from gradacc.training.run.options import RunOptions
 
 
 @dataclass(frozen=True)  # built whole by ``prepare``: nothing is set on a Job after it is made
@@ -49,10 +51,10 @@ class Job:
     sync_each_micro_batch: bool = False
     # The memory levers: autocast (and fp16's grad scaler) for the forward pass, set by ``prepare``.
     precision: object = None
-    # When the run has a memory budget or the deployment a limit (``gradacc.training.budget.Guard``).
+    # When the run has a memory budget or the deployment a limit (``gradacc.training.memory.budget.Guard``).
     memory_guard: object = None
     # How far two training-mode passes of the first two examples differ at the run's dropout
-    # (``gradacc.training.dropout.Variation``); the equivalence check refuses a model that varies at dropout 0.
+    # (``gradacc.training.sources.dropout.Variation``); the equivalence check refuses a model that varies at dropout 0.
     variation: object = None
 
     @property
@@ -121,7 +123,7 @@ def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, options: 
     if config.num_processes != distributed.world_size():
         raise GradaccError(f"Processes is {config.num_processes}, but this is a {distributed.world_size()}-process "
                            f"launch; start a {config.num_processes}-process run with accelerate launch or torchrun "
-                           "(the app does it through gradacc.training.launch).", "num_processes")
+                           "(the app does it through gradacc.training.run.launch).", "num_processes")
     _stop_requested(stop)  # e.g. the run's time ran out while torch was still importing
     pairs = None
     if config.task == CONTRASTIVE:
@@ -174,7 +176,7 @@ def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, options: 
     device = pick_device()
     # torch loads with the backends' helpers, here and not when this module is imported: a cold server's run
     # thread does that import (see tests/attack/test_attack_resources.py).
-    from gradacc.training.backends.common import Precision, enable_gradient_checkpointing
+    from gradacc.training.backends.device import Precision, enable_gradient_checkpointing
 
     precision = Precision(config, device)  # refuses fp16 off CUDA before anything is moved to the device
     if config.gradient_checkpointing:
@@ -204,7 +206,7 @@ def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, options: 
 
 def _dropout_variation(model, collate, examples: list[dict], device, precision):
     """Whether the run's dropout took: ``examples`` through the model twice in training mode (see
-    ``gradacc.training.dropout``); nothing the run draws or trains on changes."""
-    from gradacc.training.backends.common import to_device
+    ``gradacc.training.sources.dropout``); nothing the run draws or trains on changes."""
+    from gradacc.training.backends.device import to_device
 
     return dropouts.variation(model, to_device(collate(examples), device), device, precision.autocast)

@@ -12,7 +12,9 @@ import math
 import statistics
 
 from gradacc import events as ev
-from gradacc.config import PITFALLS, RunConfig, is_pretrained, shares_learning_rate
+from gradacc.choices import PITFALLS
+from gradacc.config import RunConfig
+from gradacc.recipes import is_pretrained, shares_learning_rate
 
 # A step whose loss is this many times the median of the steps before it is a spike...
 SPIKE_FACTOR = 3.0
@@ -47,7 +49,7 @@ SAME = 0.01
 
 def pitfall_warnings(run_events: list[dict], config: RunConfig | dict) -> list[str]:
     """One sentence per pitfall the run asked for, with its effect as measured in the run: each step event's
-    ``pitfall`` figures hold what the right loop would have done at that step (see gradacc.training.pitfalls)."""
+    ``pitfall`` figures hold what the right loop would have done at that step (see gradacc.training.backends.pitfalls)."""
     config = RunConfig.from_dict(config) if isinstance(config, dict) else config
     steps = [e for e in run_events if e.get("event") == ev.STEP and e.get("pitfall")]
     if not config.pitfalls or not steps:

@@ -14,7 +14,7 @@ the right loop would have done at the same optimizer step:
 - the right window loss: each micro-batch's mean loss (a forward hook) weighted as ``loss_weight`` weights it,
   against the loss the run logged.
 
-Every step event of such a run carries these figures as ``pitfall``; gradacc.training.health turns them into
+Every step event of such a run carries these figures as ``pitfall``; gradacc.training.run.health turns them into
 ``run_ended`` warnings. Runs without pitfalls attach nothing and pay nothing.
 """
 
@@ -31,7 +31,7 @@ class Probe:
     """Hooks on one model and its optimizer (one process); ``take()`` gives the figures of the last optimizer step."""
 
     def __init__(self, job, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
-        from gradacc.training.backends.common import make_scheduler
+        from gradacc.training.backends.optimizer import make_scheduler
 
         self.job = job
         self.params = [p for p in model.parameters() if p.requires_grad]

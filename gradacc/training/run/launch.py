@@ -1,6 +1,6 @@
 """A data-parallel run from the app: ``train(config, on_event, stop)`` for ``config.num_processes > 1``.
 
-The same signature and the same events as ``gradacc.training.engine.train``, but the training runs in
+The same signature and the same events as ``gradacc.training.run.engine.train``, but the training runs in
 ``config.num_processes`` processes started by ``accelerate launch``:
 
     accelerate launch --multi_gpu --num_processes P -m gradacc train --config run.json --json
@@ -98,7 +98,7 @@ def train_for(config: RunConfig) -> Callable[..., dict]:
     through accelerate launch) when it asks for several processes. Both take (config, on_event, stop)."""
     if config.num_processes > 1:
         return train
-    from gradacc.training.engine import train as train_here  # lazy: imports torch
+    from gradacc.training.run.engine import train as train_here  # lazy: imports torch
 
     return train_here
 

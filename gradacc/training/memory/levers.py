@@ -1,8 +1,8 @@
 """One model under one lever setting (gradient checkpointing, precision, optimizer), measured on padded batches.
 
 What the lever planner (``gradacc plan``, the Memory planner page) and ``gradacc bench levers`` measure, in one
-place, with the engine's own pieces: ``memory.ActivationMeter`` for the bytes autograd saves in a training-mode
-forward pass (under autocast and checkpointing), the run's optimizer and autocast from ``backends.common``, the
+place, with the engine's own pieces: ``measure.ActivationMeter`` for the bytes autograd saves in a training-mode
+forward pass (under autocast and checkpointing), the run's optimizer and autocast from ``backends.optimizer`` and ``backends.device``, the
 static need from ``budget.static_need``. Every example is padded to ``max_seq_length``: the worst case of a batch,
 and the same shape for every size, so activations are a function of m alone.
 """
@@ -14,8 +14,9 @@ import time
 import torch
 
 from gradacc.config import RunConfig
-from gradacc.training import budget, memory
-from gradacc.training.backends.common import Precision, enable_gradient_checkpointing, make_optimizer, to_device
+from gradacc.training.memory import budget, measure
+from gradacc.training.backends.device import Precision, enable_gradient_checkpointing, to_device
+from gradacc.training.backends.optimizer import make_optimizer
 from gradacc.training.sources import builtin_data, models
 
 class LeverRig:
@@ -36,7 +37,7 @@ class LeverRig:
         self.optimizer = None
         self.texts, self.labels = builtin_data.make_sentiment(examples, seed)
         self._batches: dict[int, dict] = {}
-        self._meter = memory.ActivationMeter(self.model)
+        self._meter = measure.ActivationMeter(self.model)
         self.last_activation_bytes_by_dtype: dict[str, int] = {}
 
     def batch(self, size: int, start: int = 0) -> dict:
@@ -87,7 +88,7 @@ class LeverRig:
 
     def static_bytes(self) -> dict:
         """Parameters + gradients + the state tensors the optimizer really holds (after at least one step)."""
-        return memory.static_bytes(self.model, self.optimizer)
+        return measure.static_bytes(self.model, self.optimizer)
 
 
 def timed(action) -> tuple[float, float]:

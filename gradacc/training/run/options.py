@@ -16,7 +16,7 @@ from gradacc import paths
 
 @dataclass(frozen=True)
 class RunOptions:
-    # ---- preparing the job (``gradacc.training.job.prepare``) ----
+    # ---- preparing the job (``gradacc.training.run.job.prepare``) ----
     # One label per token (token classification); a causal LM is token-level whatever this says.
     token_level: bool = False
     # Refuse a micro-batch larger than the training set (a run's config is surely wrong then; the equivalence

@@ -1,0 +1,76 @@
+"""``gradacc plan``: every memory lever measured on a model, and the m and k that fit a budget."""
+
+from __future__ import annotations
+
+import json
+
+from gradacc.choices import OPTIMIZERS
+from gradacc.cli.options import EXIT_FAILED, EXIT_OK, value
+from gradacc.config import RunConfig
+from gradacc.errors import GradaccError
+from gradacc.labels import in_cli_words
+from gradacc.units import format_bytes
+
+
+def add_parser(commands) -> None:
+    plan = commands.add_parser("plan", help="measure every memory lever on a model and plan m and k for a budget")
+    plan.add_argument("--model", default=RunConfig.model)
+    plan.add_argument("--max-seq-length", type=value, default=128)
+    plan.add_argument("--memory-budget-mb", type=value, required=True)
+    plan.add_argument("--target-effective-batch", type=value, required=True)
+    plan.add_argument("--optimizer", choices=OPTIMIZERS, default=RunConfig.optimizer,
+                      help="the optimizer the run will use: the pick keeps it (another needs its own learning rate)")
+    plan.add_argument("--change-optimizer", action="store_true",
+                      help="let the pick use another optimizer whose learning rate the model's recipe holds "
+                           "(the pick says it: pass it as --lr)")
+    plan.add_argument("--json", action="store_true")
+    plan.set_defaults(run=run)
+
+
+def run(args) -> int:
+    # The planner measures (torch): imported here, so that `gradacc --help` answers before torch loads.
+    from gradacc.analysis import planner
+
+    RunConfig(model=args.model, max_seq_length=args.max_seq_length).validate()
+    if isinstance(args.memory_budget_mb, str):
+        raise GradaccError(f"--memory-budget-mb must be a number; got {args.memory_budget_mb!r}.")
+    planner.check_plan_inputs(float(args.memory_budget_mb), args.target_effective_batch)  # before measuring
+    result = planner.plan_levers(planner.measure_levers(args.model, args.max_seq_length), float(args.memory_budget_mb),
+                                 args.target_effective_batch)
+    top = planner.pick(result, args.optimizer, args.change_optimizer, model=args.model)
+    if args.json:
+        print(json.dumps(result | {"pick": top}, default=str))
+        return EXIT_OK
+    print(f"{args.model} at {args.max_seq_length} tokens, budget {result['budget_mb']:g} MB, effective batch "
+          f"{result['target_effective_batch']}; fastest first (seconds per example from a short timed run)")
+    print(f"{'checkpointing':<14}{'precision':<10}{'optimizer':<11}{'m':>6}{'k':>6}{'peak':>11}{'static':>11}"
+          f"{'ms/example':>12}")
+    for row in result["rows"]:
+        print(f"{'on' if row['gradient_checkpointing'] else 'off':<14}{row['precision']:<10}{row['optimizer']:<11}"
+              f"{row['micro_batch_size'] or '—':>6}{row['grad_accum_steps'] or '—':>6}"
+              f"{format_bytes(row['predicted_peak_bytes']):>11}{format_bytes(row['static_bytes']):>11}"
+              f"{row['seconds_per_example'] * 1000:>12.2f}")
+    for name in ("fastest", "cheapest_memory"):
+        row = result[name]
+        if row is not None:
+            print(f"{name.replace('_', ' ')}: {planner.setting_label(row)}, m={row['micro_batch_size']}, "
+                  f"k={row['grad_accum_steps']}")
+    if top is not None:
+        row = top["row"]
+        print(f"pick: {planner.setting_label(row)}, m={row['micro_batch_size']}, k={row['grad_accum_steps']}. "
+              f"{top['why']}")
+        if top["learning_rate"] is not None:  # another optimizer: the run takes its flags and its own rate
+            print(f"train it with: --optimizer {row['optimizer']} --lr {top['learning_rate']:g}")
+    elif result["fastest"] is not None:
+        unrated = planner.unrated_optimizers(result, args.optimizer, args.model)
+        if args.change_optimizer and unrated:
+            print(f"pick: nothing with {args.optimizer} fits; {' and '.join(unrated)} would, but {args.model}'s "
+                  "recipe has no learning rate measured for it: give --lr yourself if you run one")
+        else:
+            print(f"pick: nothing with {args.optimizer} fits"
+                  + ("" if args.change_optimizer else "; --change-optimizer lets the pick use another one"))
+    if result["reason"]:
+        print(in_cli_words(result["reason"], "budget_mb"))  # the page's label, the flag here
+    print(f"activation line checked on a micro-batch of {planner.HELD_OUT_SIZE} it was not fitted on: largest error "
+          f"{result['largest_held_out_error']:+.2%}")
+    return EXIT_OK if result["fastest"] else EXIT_FAILED

@@ -1,0 +1,92 @@
+"""How each built-in model trains well: the values a run takes for every setting the user leaves unset."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from gradacc.choices import BUILTIN_MODEL_TASKS, CAUSAL_LM, FROM_SCRATCH_MODELS
+from gradacc.labels import field_label
+
+
+# These optimizers take one learning rate (the recipes' learning_rate); the others (SGD, Adafactor) their own.
+ADAMW_LIKE = ("adamw", "adamw-fused", "adamw-8bit")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How a model trains well on the built-in data: the values a run takes when the user sets none.
+
+    ``learning_rate`` is AdamW's (and its kin's, ADAMW_LIKE); ``optimizer_rates`` holds the rates of the optimizers
+    that update on another scale (SGD, Adafactor), measured for this model by ``python -m gradacc bench
+    learning-rates``. An optimizer with no rate here has none in the recipe: the run must set one."""
+
+    learning_rate: float
+    warmup_ratio: float
+    epochs: int
+    max_seq_length: int
+    dropout: float
+    optimizer_rates: dict[str, float] = field(default_factory=dict, hash=False)
+
+    def learning_rate_for(self, optimizer: str) -> float | None:
+        """The recipe's learning rate for ``optimizer``; None when the recipe has none for it."""
+        if optimizer in ADAMW_LIKE:
+            return self.learning_rate
+        return self.optimizer_rates.get(optimizer)
+
+
+# One row per built-in model; add a model here and the Train page, the CLI and RunConfig all use its row.
+# Measured on the built-in data, m=8, k=4, one epoch, seed 42: tiny-bert (2000 examples, 63 steps) learns from
+# scratch only with a high rate (eval F1 0.000 at 1e-3, 0.884 at 5e-3; other seeds can still sit on the plateau
+# after one epoch). Its two-epoch default run ends at 0.883 with 5e-3 (0.945 with 1e-3, which fails one epoch). MiniLM (512 examples, 16 steps) reached F1 0.698 at 5e-5 and 0.910 at 2e-4; at 1e-3 a
+# pretrained model collapses (the issue: F1 0.000 after a spike at step ~55 of 63).
+# optimizer_rates: SGD's and Adafactor's own rates, from `python -m gradacc bench learning-rates` (the sweep and
+# its scores are in BENCHMARKS.md); an optimizer is absent where its best rate trained far worse than AdamW at
+# the recipe's (SGD stuck on one class), so a run of it must set a rate.
+RECIPES = {
+    "tiny-bert": Recipe(learning_rate=5e-3, warmup_ratio=0.1, epochs=2, max_seq_length=64, dropout=0.1,
+                        optimizer_rates={"adafactor": 3e-3}),
+    "all-MiniLM-L6-v2": Recipe(learning_rate=2e-4, warmup_ratio=0.1, epochs=1, max_seq_length=64, dropout=0.1,
+                               optimizer_rates={"adafactor": 3e-4}),
+    # A causal LM from scratch on builtin-text (measured in the issue-12 report: eval loss falls clearly in
+    # about 20 s at m=8, k=4); dropout 0, since the LM scenarios compare curves.
+    "tiny-gpt": Recipe(learning_rate=5e-3, warmup_ratio=0.1, epochs=1, max_seq_length=64, dropout=0.0,
+                       optimizer_rates={"adafactor": 3e-3}),
+    # Two small MLPs over mean word embeddings, the same recipe for both so only the norm differs. Measured on the
+    # built-in data, m=8, k=4, seed 42: eval F1 after 3 epochs at 2e-2 BatchNorm 0.874, LayerNorm 0.907 (about 1 s);
+    # at 5e-3 and 2 epochs 0.733 and 0.704.
+    "bow-batchnorm": Recipe(learning_rate=2e-2, warmup_ratio=0.1, epochs=3, max_seq_length=64, dropout=0.0,
+                            optimizer_rates={"sgd": 0.3, "adafactor": 1e-1}),
+    "bow-layernorm": Recipe(learning_rate=2e-2, warmup_ratio=0.1, epochs=3, max_seq_length=64, dropout=0.0,
+                            optimizer_rates={"adafactor": 3e-2}),
+}
+# Any other model (a local folder or a hub id) is a pretrained checkpoint: fine-tune it gently.
+PRETRAINED_RECIPE = Recipe(learning_rate=5e-5, warmup_ratio=0.1, epochs=2, max_seq_length=128, dropout=0.1)
+# The run fields a recipe fills (its optimizer_rates fill learning_rate, for the run's optimizer).
+RECIPE_FIELDS = tuple(f.name for f in dataclasses.fields(Recipe) if f.name != "optimizer_rates")
+
+
+def recipe_for(model: str | None) -> Recipe:
+    return RECIPES.get((model or "").strip(), PRETRAINED_RECIPE)
+
+
+def shares_learning_rate(optimizer: str, other: str) -> bool:
+    """Whether a learning rate tuned for ``optimizer`` suits ``other`` (same update rule, another kernel)."""
+    return optimizer == other or (optimizer in ADAMW_LIKE and other in ADAMW_LIKE)
+
+
+def no_recipe_rate(model: str, optimizer: str) -> str:
+    """Why a run of ``optimizer`` on ``model`` cannot take its learning rate from the recipe (none was measured)."""
+    shown = model if model in RECIPES else "a pretrained model (a folder or hub id)"
+    return (f"{field_label('learning_rate')}: {optimizer} needs one of its own, and the recipe for {shown} has "
+            f"none for it (its {recipe_for(model).learning_rate:g} is AdamW's); set one.")
+
+
+def default_dataset(model: str | None) -> str:
+    """The built-in data a built-in model trains on: builtin-text for a causal LM, builtin-sentiment otherwise."""
+    return "builtin-text" if BUILTIN_MODEL_TASKS.get((model or "").strip()) == CAUSAL_LM else "builtin-sentiment"
+
+
+def is_pretrained(model: str | None) -> bool:
+    """Every model but the ones made here (tiny-bert, tiny-gpt, the bag-of-embeddings) starts from trained weights."""
+    return (model or "").strip() not in FROM_SCRATCH_MODELS

@@ -1,0 +1,75 @@
+"""Evaluation after each epoch, as Trainer computes it: example-weighted loss, accuracy and F1; for a causal LM,
+token-weighted loss, perplexity and next-token accuracy; retrieval for the contrastive task."""
+
+from __future__ import annotations
+
+import torch
+
+from gradacc.training import distributed
+from gradacc.training.backends.device import to_device
+from gradacc.training.backends.metrics import classification_metrics, language_model_metrics
+
+EVAL_BATCH_SIZE = 64
+
+
+def evaluate(model: torch.nn.Module, job) -> dict:
+    """Example-weighted eval loss, accuracy and F1 over the eval set (as Trainer computes them); for a causal
+    LM, token-weighted eval loss, perplexity and next-token accuracy.
+
+    On several processes rank 0 evaluates the whole eval set on the unwrapped model and sends the numbers to
+    the others: every example counts once (sharding would pad the last batch with repeats, which
+    ``gather_for_metrics`` must drop again), token labels need no cross-rank padding, and eval sets here are
+    small enough that splitting them would not pay. (Trainer shards and uses ``gather_for_metrics``.)
+    """
+    metrics = _evaluate(distributed.unwrap(model), job) if distributed.is_main_process() else None
+    return distributed.from_main_process(metrics)
+
+
+@torch.no_grad()
+def _evaluate(model: torch.nn.Module, job) -> dict:
+    was_training = model.training
+    model.eval()
+    if job.causal_lm:
+        return _evaluate_causal_lm(model, job, was_training)
+    if job.contrastive:
+        from gradacc.training.contrastive import retrieval_metrics
+
+        metrics = retrieval_metrics(model, job.eval_examples, job.collate, job.device, EVAL_BATCH_SIZE)
+        model.train(was_training)
+        return metrics
+    total_loss, predictions, labels = 0.0, [], []
+    for start in range(0, len(job.eval_examples), EVAL_BATCH_SIZE):
+        chunk = job.eval_examples[start:start + EVAL_BATCH_SIZE]
+        batch = to_device(job.collate(chunk), job.device)
+        outputs = model(**batch)
+        total_loss += float(outputs.loss) * len(chunk)
+        labelled = batch["labels"] != -100  # token labels: skip padding and special tokens
+        predictions.extend(outputs.logits.argmax(-1)[labelled].tolist())
+        labels.extend(batch["labels"][labelled].tolist())
+    model.train(was_training)
+    scores = classification_metrics(predictions, labels, job.num_labels)
+    return {"eval_loss": total_loss / len(job.eval_examples), "eval_accuracy": scores["accuracy"],
+            "eval_f1": scores["f1"], "eval_majority_f1": scores["majority_f1"]}
+
+
+def _evaluate_causal_lm(model: torch.nn.Module, job, was_training: bool) -> dict:
+    losses, predictions, targets = [], [], []
+    for start in range(0, len(job.eval_examples), EVAL_BATCH_SIZE):
+        batch = to_device(job.collate(job.eval_examples[start:start + EVAL_BATCH_SIZE]), job.device)
+        logits = model(**{key: value for key, value in batch.items() if key != "labels"}).logits
+        token_losses, predicted, target = next_token_predictions(logits, batch["labels"])
+        kept = target != -100
+        losses.extend(token_losses[kept].tolist())
+        predictions.extend(predicted[kept].tolist())
+        targets.extend(target[kept].tolist())
+    model.train(was_training)
+    return language_model_metrics(losses, predictions, targets)
+
+
+def next_token_predictions(logits: torch.Tensor, labels: torch.Tensor):
+    """Per position of a causal LM's output: the loss of the next token, the predicted next token, and the
+    next token itself (-100 where there is none). The same shift ``*ForCausalLM`` applies to its labels."""
+    target = torch.nn.functional.pad(labels[..., 1:], (0, 1), value=-100)
+    token_losses = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), target, ignore_index=-100,
+                                                     reduction="none")
+    return token_losses, logits.argmax(-1), target

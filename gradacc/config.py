@@ -1,4 +1,8 @@
-"""One run, as plain values, and the checks that keep bad values away from torch."""
+"""One run, as plain values: what a user asks for (RunConfig) and the same, checked (ValidConfig).
+
+``RunConfig.check()`` is the one check: it returns a ValidConfig, or raises ConfigErrors naming every bad field at
+once. Code below the entry points takes a ValidConfig and never checks again.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from gradacc import paths
+from gradacc import paths, recipes
 from gradacc.choices import (BACKENDS, BUILTIN_DATASETS, BUILTIN_MODELS, CONTRASTIVE, LOSS_NORMALIZATIONS, OPTIMIZERS,
                              PITFALLS, PRECISIONS, SINGLE_EXAMPLE_UNMEASURABLE, TASKS)
 from gradacc.errors import GradaccError
@@ -20,8 +24,12 @@ MAX_ACCUM_STEPS = 4096
 MAX_SEQ_LEN = 512
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunConfig:
+    """A run as a user asks for it (the Python API, a JSON config file, the CLI's flags, the Train form).
+
+    Unchecked: any value may be wrong until ``check()``. Frozen: a change is a new config (``replace``)."""
+
     backend: str = "pytorch"
     model: str = "tiny-bert"
     dataset: str = "builtin-sentiment"
@@ -38,8 +46,8 @@ class RunConfig:
     # TrainingArguments(gradient_accumulation_steps=...), Accelerator(gradient_accumulation_steps=...).
     grad_accum_steps: int = 4
     # Fields typed ``X | None = None`` below are the model's recipe (RECIPES): None means "not set, take
-    # the recipe's value", and ``resolved()``/``validate()`` fill them in. So a value's origin is known
-    # until the config is resolved: None came from the recipe, anything else from the user.
+    # the recipe's value", and ``check()`` fills them in (the learning rate: recipes.learning_rate, the
+    # recipe's rate for the run's optimizer). So a RunConfig says what the user set: None came from the recipe.
     epochs: int | None = None
     max_steps: int | None = None
     learning_rate: float | None = None
@@ -84,136 +92,183 @@ class RunConfig:
         return cls(**{k: v for k, v in values.items() if k in known})
 
     def replace(self, **changes) -> "RunConfig":
+        """A copy with ``changes``; of a ValidConfig, a ValidConfig (checked anew: its values changed)."""
         return dataclasses.replace(self, **changes)
 
     @property
     def recipe(self) -> Recipe:
-        return recipe_for(self.model if isinstance(self.model, str) else None)
+        return recipe_for(self.model)
 
-    def unset_fields(self) -> list[str]:
-        """Recipe fields the user left unset (they take the model's recipe)."""
-        return [name for name in RECIPE_FIELDS if getattr(self, name) is None]
+    def check(self) -> "ValidConfig":
+        """This config checked: a ValidConfig (the recipe filled in where a field is None, values normalised: 3.0
+        steps → 3), or ConfigErrors naming every bad field at once. This config is left as it is.
 
-    def resolved(self) -> "RunConfig":
-        """A copy with the recipe filled in (this config is left as it is)."""
-        recipe = self.recipe
-        values = {name: getattr(recipe, name) for name in self.unset_fields()}
-        if "learning_rate" in values and isinstance(self.optimizer, str):
-            # The rate of the run's own optimizer: None where the recipe has none (validate refuses it).
-            values["learning_rate"] = recipe.learning_rate_for(self.optimizer)
-        return dataclasses.replace(self, **values)
+        Called where a run enters (the Train page's form.check, the CLI, ``train``, a launched rank); the code
+        after takes the ValidConfig, whose type says it was checked, and checks nothing again."""
+        return ValidConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
 
-    def __setattr__(self, name: str, value) -> None:
-        # Any change makes a config unchecked again: validate() then checks it anew instead of returning it.
-        object.__setattr__(self, "_validated", False)
-        object.__setattr__(self, name, value)
+
+@dataclass(frozen=True)
+class ValidConfig(RunConfig):
+    """A checked run config: every recipe field filled in, every value normalised and within its bounds.
+
+    Only ever whole and valid: its constructor (which ``RunConfig.check`` and ``replace`` go through) raises
+    ConfigErrors instead of making one with a bad value. Functions below the entry points take this type."""
+
+    def __post_init__(self):
+        values, errors = checked_values(self)
+        if errors:
+            raise ConfigErrors(errors, values)
+        for name, value in values.items():
+            object.__setattr__(self, name, value)  # the normalised values (frozen: set once, here)
+
+    def check(self) -> "ValidConfig":
+        return self
+
+
+class ConfigErrors(GradaccError):
+    """Every field a config refused, as {field: one sentence} (``by_field``), in the order of the checks.
+
+    Its message and field are the first refusal's: a CLI, a log or ``run_ended`` says that one line.
+    ``values`` holds every field as the check left it: resolved and normalised where it passed, as given where
+    it was refused (a form runs its further checks, a deployment's limits, on the fields that passed)."""
+
+    def __init__(self, errors: dict[str, str], values: dict):
+        field, message = next(iter(errors.items()))
+        super().__init__(message, field)
+        self._errors, self.values = dict(errors), dict(values)
 
     @property
-    def validated(self) -> bool:
-        """Whether ``validate()`` returned this config (and nothing changed it since)."""
-        return self.__dict__.get("_validated", False)
+    def by_field(self) -> dict[str, str]:
+        return dict(self._errors)
 
-    def validate(self) -> "RunConfig":
-        """A resolved, checked copy: unset fields filled from the recipe, values normalised (3.0 steps → 3);
-        GradaccError with one sentence for the first bad value. This config is left as it is.
+    def __reduce__(self):  # picklable with its own arguments (the default would pass only the message)
+        return ConfigErrors, (self._errors, self.values)
 
-        A config is validated where it enters (the Train page, the CLI, ``train``, a launched rank); the hops
-        after pass the returned object on, and ``validate()`` on it returns it as it is."""
-        if self.validated:
-            return self
-        checked = self.resolved()
-        checked._check()
-        object.__setattr__(checked, "_validated", True)
-        return checked
 
-    def _check(self) -> None:
-        """``validate``'s checks, normalising this (fresh) copy's values in place."""
-        _choice("backend", self.backend, BACKENDS)
-        _choice("loss_normalization", self.loss_normalization, LOSS_NORMALIZATIONS)
-        if self.task is not None:
-            _choice("task", self.task, TASKS)
-        _source("model", self.model, BUILTIN_MODELS, "a built-in model, a local folder or a hub id like org/name")
-        _source("dataset", self.dataset, BUILTIN_DATASETS, "built-in data, a local file or folder, or a hub id")
-        self.micro_batch_size = _integer("micro_batch_size", self.micro_batch_size, 1, MAX_MICRO_BATCH)
-        self.grad_accum_steps = _integer("grad_accum_steps", self.grad_accum_steps, 1, MAX_ACCUM_STEPS)
-        self.epochs = _integer("epochs", self.epochs, 1, 1000)
-        if self.max_steps is not None:
-            self.max_steps = _integer("max_steps", self.max_steps, 1, 10_000_000)
-        if self.learning_rate is None:  # left unset, and the recipe has no rate for this optimizer
-            _choice("optimizer", self.optimizer, OPTIMIZERS)
-            raise GradaccError(no_recipe_rate(self.model, self.optimizer), "learning_rate")
-        self.learning_rate = _number("learning_rate", self.learning_rate, low=0.0, high=10.0, low_open=True)
-        self.warmup_ratio = _number("warmup_ratio", self.warmup_ratio, low=0.0, high=1.0)
-        self.weight_decay = _number("weight_decay", self.weight_decay, low=0.0, high=10.0)
-        self.max_grad_norm = _number("max_grad_norm", self.max_grad_norm, low=0.0, high=1e6)
-        self.dropout = _number("dropout", self.dropout, low=0.0, high=0.9)
-        self.seed = _integer("seed", self.seed, 0, 2**32 - 1)
-        self.max_seq_length = _integer("max_seq_length", self.max_seq_length, 8, MAX_SEQ_LEN)
-        if self.train_samples is not None:
-            self.train_samples = _integer("train_samples", self.train_samples, 1, 10_000_000)
-        if self.eval_samples is not None:
-            self.eval_samples = _integer("eval_samples", self.eval_samples, 1, 10_000_000)
-        self.num_processes = _integer("num_processes", self.num_processes, 1, 1024)
-        if not isinstance(self.trainer_library_default, bool):
-            raise GradaccError(f"{field_label('trainer_library_default')} must be true or false; "
-                               f"got {self.trainer_library_default!r}.", "trainer_library_default")
-        self._validate_memory_levers()
-        self._validate_pitfalls()
-        self._validate_contrastive()
+class _Checks:
+    """The values of one config being checked: normalised as they pass, the first sentence of each refused."""
 
-    def _validate_pitfalls(self) -> None:
-        label = field_label("pitfalls")
-        if isinstance(self.pitfalls, str) or not isinstance(self.pitfalls, (list, tuple)):
-            raise GradaccError(f"{label} must be a list of names; got {_shown(self.pitfalls)}.", "pitfalls")
-        for name in self.pitfalls:
-            if not isinstance(name, str) or name not in PITFALLS:
-                raise GradaccError(f"{label} must be among {', '.join(PITFALLS)}; got {_shown(name)}.", "pitfalls")
-        self.pitfalls = list(dict.fromkeys(self.pitfalls))
-        if not self.pitfalls:
-            return
-        if self.backend != "pytorch":
-            raise GradaccError(f"{label}: only the plain PyTorch loop has them (backend pytorch); this run's backend "
-                               f"is {self.backend}.", "pitfalls")
-        if self.num_processes > 1:
-            raise GradaccError(f"{label}: one process only (their effects are measured on one process's "
-                               f"gradients); this run has {self.num_processes}.", "pitfalls")
-        if self.precision == "fp16":
-            raise GradaccError(f"{label}: precision fp32 or bf16 only (their effects are measured on unscaled "
-                               "gradients); this run uses fp16.", "pitfalls")
+    def __init__(self, config: RunConfig):
+        self.values = {f.name: getattr(config, f.name) for f in dataclasses.fields(RunConfig)}
+        self.errors: dict[str, str] = {}
 
-    def _validate_contrastive(self) -> None:
-        if self.gradcache_mini_batch is not None:
-            if self.task != CONTRASTIVE:
-                raise GradaccError(f"{field_label('gradcache_mini_batch')} is for the contrastive task only; "
-                                   f"leave it empty for {self.task or 'this task'}.", "gradcache_mini_batch")
-            self.gradcache_mini_batch = _integer("gradcache_mini_batch", self.gradcache_mini_batch, 1,
-                                                 self.micro_batch_size)
-        if self.task != CONTRASTIVE:
-            return
-        if self.num_processes > 1:
-            raise GradaccError("Task contrastive runs on one process: its in-batch negatives are the micro-batch's "
-                               "own.", "num_processes")
-        if self.memory_budget_mb is not None:
-            raise GradaccError(f"{field_label('memory_budget_mb')} is not measured for the contrastive task yet; "
-                               "leave it empty.", "memory_budget_mb")
+    def passed(self, *names: str) -> bool:
+        return not any(name in self.errors for name in names)
 
-    def _validate_memory_levers(self) -> None:
-        if self.memory_budget_mb is not None and self.model in SINGLE_EXAMPLE_UNMEASURABLE:
-            raise GradaccError(f"{field_label('memory_budget_mb')} cannot be measured for {self.model}: the budget probes "
-                               "one example alone, which BatchNorm cannot train on; leave it empty.", "memory_budget_mb")
-        if self.memory_budget_mb is not None:
-            value = self.memory_budget_mb
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) \
-                    or not 0 < value <= MAX_MEMORY_BUDGET_MB:
-                raise GradaccError(f"{field_label('memory_budget_mb')} must be a number greater than 0 and at most "
-                                   f"{MAX_MEMORY_BUDGET_MB:,.0f}, or empty for no budget; got {_shown(value)}.",
-                                   "memory_budget_mb")
-            self.memory_budget_mb = float(value)
-        if not isinstance(self.gradient_checkpointing, bool):
-            raise GradaccError(f"{field_label('gradient_checkpointing')} must be on or off; "
-                               f"got {_shown(self.gradient_checkpointing)}.", "gradient_checkpointing")
-        _choice("precision", self.precision, PRECISIONS)
-        _choice("optimizer", self.optimizer, OPTIMIZERS)
+    def refuse(self, name: str, message: str) -> None:
+        self.errors.setdefault(name, message)
+
+    def take(self, name: str, check, *args) -> None:
+        """``check(name, value, *args)``: the value normalised, or GradaccError (a refusal of its field)."""
+        try:
+            self.values[name] = check(name, self.values[name], *args)
+        except GradaccError as error:
+            self.refuse(error.field or name, error.message)
+
+
+def checked_values(config: RunConfig) -> tuple[dict, dict[str, str]]:
+    """Every field of ``config`` resolved (the recipe for each None) and normalised, and {field: sentence} for each
+    field refused, first refusal first. ValidConfig's constructor is its one caller."""
+    checks = _Checks(config)
+    values = checks.values
+    _resolve(values)
+    checks.take("backend", _choice, BACKENDS)
+    checks.take("loss_normalization", _choice, LOSS_NORMALIZATIONS)
+    if values["task"] is not None:
+        checks.take("task", _choice, TASKS)
+    checks.take("model", _source, BUILTIN_MODELS, "a built-in model, a local folder or a hub id like org/name")
+    checks.take("dataset", _source, BUILTIN_DATASETS, "built-in data, a local file or folder, or a hub id")
+    checks.take("micro_batch_size", _integer, 1, MAX_MICRO_BATCH)
+    checks.take("grad_accum_steps", _integer, 1, MAX_ACCUM_STEPS)
+    checks.take("epochs", _integer, 1, 1000)
+    if values["max_steps"] is not None:
+        checks.take("max_steps", _integer, 1, 10_000_000)
+    checks.take("optimizer", _choice, OPTIMIZERS)  # before the learning rate: the rate is the optimizer's
+    if values["learning_rate"] is None:  # left unset, and the recipe has no rate for this optimizer
+        if checks.passed("optimizer"):
+            checks.refuse("learning_rate", no_recipe_rate(values["model"], values["optimizer"]))
+    else:
+        checks.take("learning_rate", _number, 0.0, 10.0, True)
+    checks.take("warmup_ratio", _number, 0.0, 1.0)
+    checks.take("weight_decay", _number, 0.0, 10.0)
+    checks.take("max_grad_norm", _number, 0.0, 1e6)
+    checks.take("dropout", _number, 0.0, 0.9)
+    checks.take("seed", _integer, 0, 2**32 - 1)
+    checks.take("max_seq_length", _integer, 8, MAX_SEQ_LEN)
+    for name in ("train_samples", "eval_samples"):
+        if values[name] is not None:
+            checks.take(name, _integer, 1, 10_000_000)
+    checks.take("num_processes", _integer, 1, 1024)
+    checks.take("trainer_library_default", _switch, "true or false")
+    _check_memory_levers(checks)
+    _check_pitfalls(checks)
+    _check_contrastive(checks)
+    return values, checks.errors
+
+
+def _resolve(values: dict) -> None:
+    """Each recipe field left None takes the model's recipe; the learning rate is the run's optimizer's."""
+    values["learning_rate"] = recipes.learning_rate(values["model"], values["optimizer"], values["learning_rate"])
+    recipe = recipe_for(values["model"])
+    for name in RECIPE_FIELDS:
+        if values[name] is None and name != "learning_rate":
+            values[name] = getattr(recipe, name)
+
+
+def _check_memory_levers(checks: _Checks) -> None:
+    values = checks.values
+    if values["memory_budget_mb"] is not None:
+        if checks.passed("model") and values["model"] in SINGLE_EXAMPLE_UNMEASURABLE:
+            checks.refuse("memory_budget_mb", f"{field_label('memory_budget_mb')} cannot be measured for "
+                          f"{values['model']}: the budget probes one example alone, which BatchNorm cannot train on; "
+                          "leave it empty.")
+        checks.take("memory_budget_mb", _budget)
+    checks.take("gradient_checkpointing", _switch, "on or off")
+    checks.take("precision", _choice, PRECISIONS)
+
+
+def _check_pitfalls(checks: _Checks) -> None:
+    values, label = checks.values, field_label("pitfalls")
+    pitfalls = values["pitfalls"]
+    if isinstance(pitfalls, str) or not isinstance(pitfalls, (list, tuple)):
+        checks.refuse("pitfalls", f"{label} must be a list of names; got {_shown(pitfalls)}.")
+        return
+    unknown = [name for name in pitfalls if not isinstance(name, str) or name not in PITFALLS]
+    if unknown:
+        checks.refuse("pitfalls", f"{label} must be among {', '.join(PITFALLS)}; got {_shown(unknown[0])}.")
+        return
+    values["pitfalls"] = pitfalls = list(dict.fromkeys(pitfalls))
+    if not pitfalls:
+        return
+    if checks.passed("backend") and values["backend"] != "pytorch":
+        checks.refuse("pitfalls", f"{label}: only the plain PyTorch loop has them (backend pytorch); this run's "
+                      f"backend is {values['backend']}.")
+    if checks.passed("num_processes") and values["num_processes"] > 1:
+        checks.refuse("pitfalls", f"{label}: one process only (their effects are measured on one process's "
+                      f"gradients); this run has {values['num_processes']}.")
+    if checks.passed("precision") and values["precision"] == "fp16":
+        checks.refuse("pitfalls", f"{label}: precision fp32 or bf16 only (their effects are measured on unscaled "
+                      "gradients); this run uses fp16.")
+
+
+def _check_contrastive(checks: _Checks) -> None:
+    values = checks.values
+    contrastive = values["task"] == CONTRASTIVE
+    if values["gradcache_mini_batch"] is not None:
+        if not contrastive:
+            checks.refuse("gradcache_mini_batch", f"{field_label('gradcache_mini_batch')} is for the contrastive "
+                          f"task only; leave it empty for {values['task'] or 'this task'}.")
+        elif checks.passed("micro_batch_size"):
+            checks.take("gradcache_mini_batch", _integer, 1, values["micro_batch_size"])
+    if not contrastive:
+        return
+    if checks.passed("num_processes") and values["num_processes"] > 1:
+        checks.refuse("num_processes", "Task contrastive runs on one process: its in-batch negatives are the "
+                      "micro-batch's own.")
+    if values["memory_budget_mb"] is not None:
+        checks.refuse("memory_budget_mb", f"{field_label('memory_budget_mb')} is not measured for the contrastive "
+                      "task yet; leave it empty.")
 
 
 def too_few_examples(micro_batch_size: int, train_examples: int) -> str:
@@ -234,8 +289,15 @@ def _shown(value) -> str:
 
 
 def _choice(name, value, allowed):
-    if value not in allowed:
+    if not isinstance(value, str) or value not in allowed:
         raise GradaccError(f"{field_label(name)} must be one of {', '.join(allowed)}; got {_shown(value)}.", name)
+    return value
+
+
+def _switch(name, value, words):
+    if not isinstance(value, bool):
+        raise GradaccError(f"{field_label(name)} must be {words}; got {_shown(value)}.", name)
+    return value
 
 
 def _text(name, value):
@@ -246,14 +308,15 @@ def _text(name, value):
 def _source(name, value, builtin, what):
     """A built-in name, a local path, or a syntactically valid hub id (checked offline, before any download)."""
     _text(name, value)
-    value = value.strip()
-    local = paths.model_is_local(value) if name == "model" else paths.dataset_is_local(value)
-    if value in builtin or local:
-        return
-    problem = paths.hub_id_problem(value)
+    stripped = value.strip()
+    is_local = paths.model_is_local if name == "model" else paths.dataset_is_local
+    if stripped in builtin or is_local(stripped):
+        return value
+    problem = paths.hub_id_problem(stripped)
     if problem:
-        raise GradaccError(f"{field_label(name)} must be {what}; got {value!r}, which is not a valid hub id "
+        raise GradaccError(f"{field_label(name)} must be {what}; got {stripped!r}, which is not a valid hub id "
                            f"({problem[0].lower() + problem[1:]}).", name)
+    return value
 
 
 def _integer(name, value, low, high):
@@ -277,4 +340,12 @@ def _number(name, value, low, high, low_open=False):
     if too_low or value > high:
         bound = f"greater than {low:g}" if low_open else f"at least {low:g}"
         raise GradaccError(f"{label} must be {bound} and at most {high:g}; got {value:g}.", name)
+    return float(value)
+
+
+def _budget(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) \
+            or not 0 < value <= MAX_MEMORY_BUDGET_MB:
+        raise GradaccError(f"{field_label(name)} must be a number greater than 0 and at most "
+                           f"{MAX_MEMORY_BUDGET_MB:,.0f}, or empty for no budget; got {_shown(value)}.", name)
     return float(value)

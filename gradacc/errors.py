@@ -16,6 +16,12 @@ class GradaccError(ValueError):
     def message(self) -> str:
         return str(self.args[0])
 
+    @property
+    def by_field(self) -> dict[str, str]:
+        """{field: sentence} for a form to show beside its widgets ("config": no single field); one entry here,
+        one per bad field for a config's check (gradacc.config.ConfigErrors)."""
+        return {self.field or "config": self.message}
+
 
 class RunFailed(RuntimeError):
     """A fault during training (NaN loss, out of memory, ...); the run keeps what it logged."""

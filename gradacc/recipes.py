@@ -67,7 +67,18 @@ RECIPE_FIELDS = tuple(f.name for f in dataclasses.fields(Recipe) if f.name != "o
 
 
 def recipe_for(model: str | None) -> Recipe:
-    return RECIPES.get((model or "").strip(), PRETRAINED_RECIPE)
+    return RECIPES.get(model.strip() if isinstance(model, str) else "", PRETRAINED_RECIPE)
+
+
+def learning_rate(model: str | None, optimizer: str, asked: float | None = None) -> float | None:
+    """A run's learning rate, resolved in this one place: ``asked`` where the user set one, else ``model``'s recipe
+    rate for ``optimizer`` (None where the recipe has none for it: the run must set one).
+
+    ``RunConfig.check`` (the CLI, the Python API, a JSON config), the Train page's field and its notes, and the
+    planner's hand-off to the Train page all read the rate here."""
+    if asked is not None:
+        return asked
+    return recipe_for(model).learning_rate_for(optimizer) if isinstance(optimizer, str) else None
 
 
 def shares_learning_rate(optimizer: str, other: str) -> bool:

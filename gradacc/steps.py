@@ -26,8 +26,8 @@ def optimizer_steps_per_epoch(num_examples: int, micro_batch_size: int, grad_acc
 
 
 def total_optimizer_steps(config, num_examples: int) -> int:
-    """Optimizer steps of a whole run (``config``: a RunConfig), ``max_steps`` included."""
+    """Optimizer steps of a whole run (``config``: a ValidConfig, its epochs filled in), ``max_steps`` included."""
     per_epoch = optimizer_steps_per_epoch(num_examples, config.micro_batch_size, config.grad_accum_steps,
                                           config.num_processes)
-    total = per_epoch * (config.epochs or config.recipe.epochs)
+    total = per_epoch * config.epochs
     return min(total, config.max_steps) if config.max_steps else total

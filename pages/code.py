@@ -40,9 +40,9 @@ try:
     config = RunConfig(backend=backend, micro_batch_size=micro_batch_size, grad_accum_steps=grad_accum_steps,
                        loss_normalization=loss_normalization, epochs=train_config.epochs,
                        learning_rate=train_config.learning_rate, seed=train_config.seed,
-                       pitfalls=pitfalls).validate()
+                       pitfalls=pitfalls).check()
 except GradaccError as error:
-    errors.show({error.field or "config": error.message}, st.container())
+    errors.show(error.by_field, st.container())
     st.stop()
 
 st.info(DESCRIPTIONS[backend])

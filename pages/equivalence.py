@@ -35,7 +35,7 @@ try:
     config = checks.check_config(backend, micro_batch_size, grad_accum_steps)
 except GradaccError as error:
     config = None
-    errors.show({error.field or "config": error.message}, general)
+    errors.show(error.by_field, general)  # a bad m and a bad k: both, each under its field
 
 if st.button("Run the check", type="primary", key="run_check", disabled=config is None,
              help="Seconds with PyTorch or Accelerate; Trainer's setup makes it about half a minute."):

@@ -8,7 +8,7 @@ from gradacc.app import charts, inputs, server, train_form
 from gradacc import units
 from gradacc.config import RunConfig
 from gradacc.labels import field_label
-from gradacc.recipes import recipe_for, shares_learning_rate
+from gradacc.recipes import shares_learning_rate
 from gradacc.errors import GradaccError, one_line
 from gradacc.serving import warmup
 
@@ -47,12 +47,12 @@ with length_column:
 
 general = st.container()
 try:
-    limits.check(RunConfig(model=model, max_seq_length=max_seq_length).validate())
+    limits.check(RunConfig(model=model, max_seq_length=max_seq_length).check())
     planner.check_plannable(model)
     measurable = True
 except GradaccError as error:
     measurable = False
-    errors.show({error.field or "config": error.message}, general)
+    errors.show(error.by_field, general)
 
 wanted = (model, max_seq_length)
 if st.button("Measure", type="primary", key="measure", disabled=not measurable,
@@ -148,8 +148,7 @@ if top:
         levers = planner.levers_of(chosen)
         if shares_learning_rate(optimizer, levers["optimizer"]):
             del levers["optimizer"]  # the same rule (adamw-fused stays fused), and the form's learning rate
-        else:  # another optimizer brings its own rate, measured for this model (allowed_rows offers no other)
-            levers["learning_rate"] = recipe_for(measurement["model"]).learning_rate_for(levers["optimizer"])
+        # Another optimizer takes its own rate from the recipe (measured for this model: allowed_rows offers no other).
         train_form.carry_train_settings(limits, model=measurement["model"],
                                         max_seq_length=measurement["max_seq_length"],
                                         micro_batch_size=chosen["micro_batch_size"],

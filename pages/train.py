@@ -8,7 +8,7 @@ from gradacc.training.run import health
 from gradacc.app.live_chart import live_chart
 from gradacc.training.backends import DESCRIPTIONS
 from gradacc.choices import BACKENDS
-from gradacc.config import RunConfig
+from gradacc.config import RunConfig, ValidConfig
 from gradacc.labels import field_label
 from gradacc.errors import GradaccError
 
@@ -30,7 +30,7 @@ data_column, settings_column = st.columns(2, gap="large")
 with data_column:
     st.subheader("Model and data")
     model = inputs.model_input("train", errors)
-    inputs.follow_recipe("train", model, limits)  # untouched fields move to the new model's recipe
+    inputs.follow_recipe("train", model, limits)  # untouched fields move to the new model's (or optimizer's) recipe
     inputs.recipe_note("train")
     dataset, text_column, label_column, dataset_problem = inputs.dataset_input("train", errors, limits)
     task = inputs.task_input("train", errors, RunConfig(model=model, dataset=dataset))
@@ -40,7 +40,7 @@ with data_column:
     errors.slot("backend")
 with settings_column:
     st.subheader("Accumulation and training")
-    settings = inputs.training_inputs(K, errors)
+    settings = inputs.training_inputs(K, errors, model)
     with st.expander("Break it on purpose"):
         st.caption("PyTorch loop only. Each choice runs one wrong line from a real upstream report (the Code page "
                    "shows it in red beside the right one); the run then says what it broke, measured against the "
@@ -52,7 +52,7 @@ config = RunConfig(backend=backend, model=model, dataset=dataset, task=task, tex
                    label_column=label_column, gradcache_mini_batch=gradcache_mini_batch, **settings)
 train_form.keep_train_config(config)  # the other pages read the Train form's settings from here
 train_examples, data_problems = inputs.train_examples(config)
-checked, problems = form.check(config, limits, train_examples)  # validated once, here
+checked, problems = form.check(config, limits, train_examples)  # checked once, here: every problem at once
 if dataset_problem:
     problems["dataset"] = dataset_problem
 for field, message in data_problems.items():
@@ -66,7 +66,7 @@ effective.metric("Effective batch", config.effective_batch if sizes_ok else "—
 if sizes_ok:
     effective.caption(f"{config.micro_batch_size} × {config.grad_accum_steps} × {config.num_processes} "
                       f"process{'es' if config.num_processes > 1 else ''}")
-step_count = form.optimizer_steps(config, train_examples) if not problems else None
+step_count = form.optimizer_steps(checked, train_examples) if not problems else None
 steps.metric("Optimizer steps", step_count if step_count is not None else "—",
              help="ceil(ceil(N / processes / m) / k) per epoch: the short last window is a step too.")
 examples.metric("Training examples", train_examples if train_examples is not None else "—",
@@ -90,7 +90,7 @@ if run_id and st.query_params.get("run") != run_id:
 
 
 
-def start(run_config: RunConfig) -> None:
+def start(run_config: ValidConfig) -> None:
     try:
         new_run = manager.submit(run_config, owner, label=form.run_label(run_config))
     except GradaccError as error:

@@ -54,7 +54,7 @@ def recorded_run(m: int = 8, k: int = 4, steps: int = 6, seconds_per_step: float
     from gradacc import events as ev
     from gradacc.config import RunConfig
 
-    config = RunConfig(micro_batch_size=m, grad_accum_steps=k, **config_changes).validate()
+    config = RunConfig(micro_batch_size=m, grad_accum_steps=k, **config_changes).check()
     batch = config.effective_batch
     found = [ev.run_started(config=config.to_dict(), effective_batch=batch, total_steps=steps, steps_per_epoch=steps,
                             train_examples=batch * steps, eval_examples=10, static_memory={"total": 1}, device="cpu")]

@@ -39,9 +39,9 @@ def check(config: RunConfig, confinement=None) -> dict:
     from gradacc.analysis.equivalence import accumulated_gradient, relative_error
 
     config = config.replace(task=CONTRASTIVE, dropout=0.0, max_grad_norm=0.0, epochs=1, max_steps=1, eval_samples=8,
-                            instrument=True, gradcache_mini_batch=None).validate()
+                            instrument=True, gradcache_mini_batch=None).check()
     config = config.replace(train_samples=config.effective_batch)
-    measured = {name: accumulated_gradient(run.validate(), token_level=False, confinement=confinement)
+    measured = {name: accumulated_gradient(run, token_level=False, confinement=confinement)
                 for name, run in ways(config).items()}
     reference = measured["batch"]["gradient"]
     report = {"task": CONTRASTIVE, "backend": config.backend, "model": config.model,

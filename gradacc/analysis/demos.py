@@ -53,20 +53,24 @@ class Scenario:
     checks: str | None = None
 
     def configs(self, scale: float | None = None) -> list[tuple[str, RunConfig]]:
-        """(label, validated RunConfig) per run, sized by ``scale`` (default: GRADACC_DEMO_SCALE or 1)."""
+        """(label, checked config) per run, sized by ``scale`` (default: GRADACC_DEMO_SCALE or 1)."""
         scale = demo_scale() if scale is None else scale
         built = [(run.label, RunConfig.from_dict({**self.base, **run.changes})) for run in self.runs]
         largest = max(config.effective_batch for _, config in built)
-        for _, config in built:
-            config.train_samples = scaled(config.train_samples, largest, scale)
-            if config.eval_samples:
-                config.eval_samples = max(16, math.ceil(config.eval_samples * scale))
-            if config.epochs > 2:  # a story told over many epochs keeps two (each ends in its own short window)
-                config.epochs = max(2, math.ceil(config.epochs * scale))
-        return [(label, config.validate()) for label, config in built]
+        return [(label, sized(config, largest, scale).check()) for label, config in built]
 
     def run_label(self, run_label: str) -> str:
         return f"{LABEL_PREFIX} {self.name}: {run_label}"
+
+
+def sized(config: RunConfig, effective_batch: int, scale: float) -> RunConfig:
+    """``config`` with its data (and a long story's epochs) scaled to ``scale``, in whole windows of ``effective_batch``."""
+    changes = {"train_samples": scaled(config.train_samples, effective_batch, scale)}
+    if config.eval_samples:
+        changes["eval_samples"] = max(16, math.ceil(config.eval_samples * scale))
+    if config.epochs > 2:  # a story told over many epochs keeps two (each ends in its own short window)
+        changes["epochs"] = max(2, math.ceil(config.epochs * scale))
+    return config.replace(**changes)
 
 
 def scaled(train_samples: int, effective_batch: int, scale: float) -> int:

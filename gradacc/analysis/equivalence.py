@@ -70,7 +70,7 @@ def check(config: RunConfig, samples: int | None = None, cases=CASES, confinemen
                                "batches of m×k pairs.", "samples")
         return contrastive.check(config, confinement)
     config = config.replace(dropout=0.0, max_grad_norm=0.0, epochs=1, max_steps=1, eval_samples=8,
-                            instrument=False).validate()
+                            instrument=False).check()  # where a check enters; the replaces below stay checked
     processes = config.num_processes
     full = config.effective_batch
     samples = full if samples is None else samples

@@ -8,9 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from gradacc.training.sources import data as data_module
-from gradacc import paths
+from gradacc import paths, recipes
 from gradacc.choices import BUILTIN_DATASETS, BUILTIN_MODELS
-from gradacc.config import RunConfig, too_few_examples
+from gradacc.config import ConfigErrors, RunConfig, ValidConfig, too_few_examples
 from gradacc.recipes import RECIPES, recipe_for
 from gradacc.steps import total_optimizer_steps
 from gradacc.labels import field_label
@@ -21,44 +21,33 @@ from gradacc.serving.limits import Limits
 BUILTIN_DEFAULT_TRAIN = 2000
 BUILTIN_PAIRS_TRAIN = 3000  # training pairs of builtin-pairs (tests/training/test_contrastive.py checks the file)
 GENERAL = "config"  # errors that belong to no single widget
+DEFAULTS = RunConfig().check()  # the default run, its recipe filled in
 
 
 def check(config: RunConfig, limits: Limits | None = None,
-          train_examples: int | None = None) -> tuple[RunConfig | None, dict[str, str]]:
-    """``config`` checked once, where it enters: (the validated config, {}) when ``RunConfig.validate`` and the
-    deployment's limits accept it (Start submits that object, which is not validated again), else (None, {field: one
-    sentence} for every field refused).
+          train_examples: int | None = None) -> tuple[ValidConfig | None, dict[str, str]]:
+    """``config`` checked once, where it enters: (the ValidConfig, {}) when ``RunConfig.check`` and the deployment's
+    limits accept it (Start submits that object), else (None, {field: one sentence} for every field refused).
 
-    ``validate`` stops at the first bad value; to show each message next to its own widget, a bad field
-    is reset to its default on a copy and validation repeated until the rest pass.
-    """
-    candidate = config
-    defaults = RunConfig()
-    errors: dict[str, str] = {}
-    for _ in range(len(candidate.to_dict()) + 1):
-        try:
-            candidate = candidate.validate()  # a checked copy; ``config`` is left as it is
-            break
-        except GradaccError as error:
-            field = error.field if error.field and hasattr(defaults, error.field) else GENERAL
-            if field in errors:  # resetting did not help; report and stop
-                break
-            errors[field] = error.message
-            if field == GENERAL:
-                break
-            candidate = candidate.replace(**{field: getattr(defaults, field)})
-    if not candidate.validated:
-        candidate = candidate.resolved()  # as far as the resets went: the recipe filled in for the checks below
-    for field, message in (limits or Limits()).errors(candidate).items():
+    The limits, local paths, task and data size are checked on the fields that passed the config's check, so
+    the page shows every error next to its widget after one call."""
+    try:
+        checked, errors = config.check(), {}
+        seen = checked
+    except ConfigErrors as refused:
+        checked, errors = None, refused.by_field
+        # The checks below read the values that passed; a refused field stands at its default value, and what
+        # they might say of it is dropped (the field keeps the check's sentence).
+        defaults = DEFAULTS.to_dict()
+        seen = RunConfig.from_dict({**refused.values, **{name: defaults.get(name) for name in errors}})
+    found = (limits or Limits()).errors(seen) | local_path_errors(seen)
+    if not {"task", "model", "dataset"} & errors.keys():  # they are checked together
+        found |= task_errors(seen)
+    if train_examples is not None and seen.micro_batch_size > train_examples:
+        found["micro_batch_size"] = too_few_examples(seen.micro_batch_size, train_examples)
+    for field, message in found.items():
         errors.setdefault(field, message)
-    for field, message in local_path_errors(candidate).items():
-        errors.setdefault(field, message)
-    for field, message in task_errors(candidate).items():
-        errors.setdefault(field, message)
-    if train_examples is not None and "micro_batch_size" not in errors \
-            and candidate.micro_batch_size > train_examples:
-        errors["micro_batch_size"] = too_few_examples(candidate.micro_batch_size, train_examples)
-    return (None, errors) if errors else (candidate, {})
+    return (None, errors) if errors else (checked, {})
 
 
 def local_path_errors(config: RunConfig) -> dict[str, str]:
@@ -83,23 +72,19 @@ def local_path_errors(config: RunConfig) -> dict[str, str]:
     return found
 
 
-# Recipe fields the Train page shows (warm-up is not on the page: a run takes it from the recipe).
-PAGE_RECIPE_FIELDS = ("learning_rate", "epochs", "dropout", "max_seq_length")
+# Recipe fields the Train page shows that move with its model (warm-up is not on the page: a run takes it from the
+# recipe). The learning rate is not moved: its field shows recipes.learning_rate's answer for the form's model and
+# optimizer (inputs.learning_rate_input), the visitor's own rate once they type one.
+MOVING_RECIPE_FIELDS = ("epochs", "dropout", "max_seq_length")
 
 
-def recipe_moves(old_model: str, new_model: str, values: dict, limits: Limits | None = None,
-                 optimizer: str = "adamw") -> dict:
+def recipe_moves(old_model: str, new_model: str, values: dict, limits: Limits | None = None) -> dict:
     """The page's fields that move to ``new_model``'s recipe: those still at ``old_model``'s recipe value
-    (the visitor has not touched them), as {field: new value}. A field the visitor changed keeps its value.
-    The learning rate is the recipes' rate for the form's ``optimizer``; where either recipe has none, it stays."""
+    (the visitor has not touched them), as {field: new value}. A field the visitor changed keeps its value."""
     old, new = recipe_for(old_model), recipe_for(new_model)
     moves = {}
-    for name in PAGE_RECIPE_FIELDS:
+    for name in MOVING_RECIPE_FIELDS:
         was, becomes = getattr(old, name), getattr(new, name)
-        if name == "learning_rate":
-            was, becomes = old.learning_rate_for(optimizer), new.learning_rate_for(optimizer)
-            if was is None or becomes is None:
-                continue
         if name == "epochs" and limits and limits.max_epochs:
             was, becomes = min(was, limits.max_epochs), min(becomes, limits.max_epochs)
         if values.get(name) == was and becomes != was:
@@ -107,16 +92,29 @@ def recipe_moves(old_model: str, new_model: str, values: dict, limits: Limits | 
     return moves
 
 
-def optimizer_rate_move(model: str, old_optimizer: str, new_optimizer: str, learning_rate) -> float | None:
-    """The form's learning rate when the visitor switches ``old_optimizer`` for ``new_optimizer``: the new one's own
-    rate from ``model``'s recipe if the field still holds the recipe's rate for the old one, so an optimizer never
-    keeps another's rate unasked. None: the field stays (the visitor set it, or the recipe has no rate for the new
-    optimizer; the page then warns, and a run with the field empty is refused)."""
-    recipe = recipe_for(model)
-    was, becomes = recipe.learning_rate_for(old_optimizer), recipe.learning_rate_for(new_optimizer)
-    if was is None or becomes is None or learning_rate != was or becomes == was:
+def learning_rate_move(old: tuple[str, str], new: tuple[str, str], own: float | None) -> float | None:
+    """The rate the form's field comes to show when its (model, optimizer) goes from ``old`` to ``new``, where that
+    is news: the recipe's for ``new`` (recipes.learning_rate) if the visitor has no rate of their own and it differs.
+    None: it stays, or empties (the recipe has none for ``new``: the check then asks for one, beside the field)."""
+    if own is not None:
         return None
-    return becomes
+    was, becomes = recipes.learning_rate(*old), recipes.learning_rate(*new)
+    return becomes if becomes is not None and becomes != was else None
+
+
+def follow(old: tuple[str, str], new: tuple[str, str], values: dict, own_rate: float | None,
+           limits: Limits | None = None, keep=()) -> tuple[dict, str | None]:
+    """What the form's recipe fields do when its (model, optimizer) goes from ``old`` to ``new``: {field: value} of
+    the fields that move (``recipe_moves``, except those in ``keep``), and the sentence that says what changed,
+    the learning rate included (None: nothing changed). The Train page and a hand-off to it both follow this way."""
+    (old_model, _), (model, optimizer) = old, new
+    rate = learning_rate_move(old, new, own_rate)
+    if old_model == model:  # the optimizer changed
+        return {}, (describe_optimizer_move(model, optimizer, rate) if rate is not None else None)
+    moves = {name: value for name, value in recipe_moves(old_model, model, values, limits).items()
+             if name not in keep}
+    shown = ({"learning_rate": rate} if rate is not None else {}) | moves
+    return moves, (describe_moves(model, shown) if shown else None)
 
 
 def describe_optimizer_move(model: str, optimizer: str, learning_rate: float) -> str:
@@ -159,7 +157,7 @@ def task_errors(config: RunConfig) -> dict[str, str]:
     return {}
 
 
-def optimizer_steps(config: RunConfig, train_examples: int | None) -> int | None:
+def optimizer_steps(config: ValidConfig, train_examples: int | None) -> int | None:
     """Optimizer steps the run will take; None when the data size is not known before loading."""
     if train_examples is None:
         return None

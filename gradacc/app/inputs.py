@@ -11,6 +11,7 @@ from gradacc.app import form
 from gradacc.choices import (BACKENDS, BUILTIN_DATASETS, BUILTIN_MODELS, LOSS_NORMALIZATIONS, OPTIMIZERS, PITFALLS,
                              PRECISIONS)
 from gradacc.config import RunConfig
+from gradacc import recipes
 from gradacc.recipes import default_dataset
 from gradacc.labels import field_label
 from gradacc.errors import GradaccError
@@ -56,7 +57,7 @@ def number_field(prefix: str, field: str, errors: FieldErrors, *, whole: bool = 
     """A number input labelled as ``labels.FIELD_LABELS`` says, with its error slot right under it.
 
     A whole-number field is a float input shown with ``%g``: the browser's integer input turns a typed 2.5
-    into 2 without a word, while this passes 2.5 on for ``RunConfig.validate`` to refuse. Whole values
+    into 2 without a word, while this passes 2.5 on for ``RunConfig.check`` to refuse. Whole values
     come back as ``int``.
     """
     if whole:
@@ -85,7 +86,7 @@ def accumulation_inputs(prefix: str, errors: FieldErrors, widths: list) -> tuple
     return backend, micro_batch_size, grad_accum_steps, [backend_column, *extra_columns]
 
 
-def training_inputs(prefix: str, errors: FieldErrors) -> dict:
+def training_inputs(prefix: str, errors: FieldErrors, model: str) -> dict:
     """The Train form's accumulation and training settings, each with its error slot: {RunConfig field: value}."""
     left, right = st.columns(2)
     with left:
@@ -97,8 +98,7 @@ def training_inputs(prefix: str, errors: FieldErrors) -> dict:
         values |= {"grad_accum_steps": number_field(prefix, "grad_accum_steps", errors,
                                                     help="Micro-batches whose gradients add up before one optimizer "
                                                          "step."),
-                   "learning_rate": number_field(prefix, "learning_rate", errors, whole=False, step=1e-4,
-                                                 format="%.1e"),
+                   "learning_rate": learning_rate_input(prefix, errors, model),
                    "dropout": number_field(prefix, "dropout", errors, whole=False, step=0.05, format="%.2f",
                                            help="Set on every dropout the model has, whatever its family calls it; "
                                                 "the run says when it could not be applied. 0 makes the three "
@@ -119,6 +119,25 @@ def training_inputs(prefix: str, errors: FieldErrors) -> dict:
     with st.expander("Memory: a budget, and the levers beside accumulation"):
         values |= memory_inputs(prefix, errors)
     return values
+
+
+# The visitor's own learning rate, once they type one (None: the recipe's, for the form's model and optimizer).
+OWN_LEARNING_RATE = "own_learning_rate"
+
+
+def learning_rate_input(prefix: str, errors: FieldErrors, model: str) -> float | None:
+    """The learning rate field: the visitor's own rate, else ``recipes.learning_rate``'s answer for the form's model
+    and optimizer, so it follows both by itself (empty where the recipe has no rate for the optimizer: the check
+    asks for one). Emptying the field gives it back to the recipe."""
+    optimizer = st.session_state.get(prefix + "optimizer") or RunConfig.optimizer  # its widget comes later
+    own = st.session_state.get(prefix + OWN_LEARNING_RATE)
+    st.session_state[prefix + "learning_rate"] = recipes.learning_rate(model, optimizer, own)
+    return number_field(prefix, "learning_rate", errors, whole=False, step=1e-4, format="%.1e",
+                        on_change=_keep_own_learning_rate, args=(prefix,))
+
+
+def _keep_own_learning_rate(prefix: str) -> None:
+    st.session_state[prefix + OWN_LEARNING_RATE] = st.session_state[prefix + "learning_rate"]
 
 
 def memory_inputs(prefix: str, errors: FieldErrors) -> dict:
@@ -164,7 +183,7 @@ def offered_optimizers() -> list[str]:
 
 
 def model_input(prefix: str, errors: FieldErrors) -> str:
-    defaults(_model_widget_values(prefix, BUILTIN_MODELS[0]))
+    defaults(model_widget_values(prefix, BUILTIN_MODELS[0]))
     choice = st.selectbox("Model", [*BUILTIN_MODELS, OTHER_MODEL], key=f"{FORM}{prefix}.model_choice",
                           persist_state="session",
                           help="tiny-bert: a 190k-parameter BERT, random init (fast). all-MiniLM-L6-v2: pretrained, "
@@ -179,42 +198,28 @@ def model_input(prefix: str, errors: FieldErrors) -> str:
 
 
 def follow_recipe(prefix: str, model: str, limits: Limits) -> None:
-    """When the model changes, move the fields the visitor left at the old model's recipe to the new one's,
-    and say so. Call it after the model input and before the fields' widgets (their values may still change)."""
-    follow_optimizer(prefix, model)
-    key = f"{FORM}{prefix}.recipe_model"
+    """When the form's model or optimizer changes, move the fields the visitor left at the old model's recipe to
+    the new one's (``form.follow``; the learning rate follows by itself, see ``learning_rate_input``), the
+    built-in data to the new model's task, and say so. Call it after the model input, before the fields' widgets."""
+    key = f"{FORM}{prefix}.recipe_for"
+    now = (model, st.session_state.get(f"{FORM}{prefix}.optimizer") or RunConfig.optimizer)
     previous = st.session_state.get(key)
-    st.session_state[key] = model
-    if previous is None or previous == model:
+    st.session_state[key] = now
+    if previous is None or previous == now:
         return
-    values = {name: st.session_state.get(f"{FORM}{prefix}.{name}") for name in form.PAGE_RECIPE_FIELDS}
-    optimizer = st.session_state.get(f"{FORM}{prefix}.optimizer") or "adamw"
-    moves = form.recipe_moves(previous, model, values, limits, optimizer)
+    values = {name: st.session_state.get(f"{FORM}{prefix}.{name}") for name in form.MOVING_RECIPE_FIELDS}
+    moves, note = form.follow(previous, now, values, st.session_state.get(f"{FORM}{prefix}.{OWN_LEARNING_RATE}"),
+                              limits)
     for name, value in moves.items():
         st.session_state[f"{FORM}{prefix}.{name}"] = value
-    note = [form.describe_moves(model, moves)] if moves else []
+    notes = [note] if note else []
     # The built-in data follows the task the same way: builtin-text for tiny-gpt, builtin-sentiment back.
     dataset_key = f"{FORM}{prefix}.dataset_choice"
-    if st.session_state.get(dataset_key) == default_dataset(previous) != default_dataset(model):
+    if st.session_state.get(dataset_key) == default_dataset(previous[0]) != default_dataset(model):
         st.session_state[dataset_key] = default_dataset(model)
-        note.append(form.describe_dataset_move(model, default_dataset(model)))
-    if note:
-        st.session_state[recipe_note_key(prefix)] = " ".join(note)
-
-
-def follow_optimizer(prefix: str, model: str) -> None:
-    """When the form's optimizer changes and its learning rate is still the recipe's for the old one, move it to
-    the new one's own (form.optimizer_rate_move), and say so. Runs before the learning rate's widget draws."""
-    key, optimizer = f"{FORM}{prefix}.recipe_optimizer", st.session_state.get(f"{FORM}{prefix}.optimizer")
-    previous = st.session_state.get(key)
-    st.session_state[key] = optimizer
-    if previous is None or optimizer is None or previous == optimizer:
-        return
-    rate_key = f"{FORM}{prefix}.learning_rate"
-    moved = form.optimizer_rate_move(model, previous, optimizer, st.session_state.get(rate_key))
-    if moved is not None:
-        st.session_state[rate_key] = moved
-        st.session_state[recipe_note_key(prefix)] = form.describe_optimizer_move(model, optimizer, moved)
+        notes.append(form.describe_dataset_move(model, default_dataset(model)))
+    if notes:
+        st.session_state[recipe_note_key(prefix)] = " ".join(notes)
 
 
 def recipe_note_key(prefix: str) -> str:
@@ -260,7 +265,7 @@ def gradcache_input(prefix: str, errors: FieldErrors) -> int | None:
     return int(value) or None
 
 
-def _model_widget_values(prefix: str, model: str) -> dict:
+def model_widget_values(prefix: str, model: str) -> dict:
     """What ``model_input``'s widgets hold to show ``model``: a built-in one picked, or "other" and its name."""
     builtin = model in BUILTIN_MODELS
     return {f"{FORM}{prefix}.model_choice": model if builtin else OTHER_MODEL,

@@ -9,18 +9,22 @@ from __future__ import annotations
 import streamlit as st
 
 from gradacc.app import form
-from gradacc.app.inputs import FORM, _model_widget_values, defaults, recipe_note_key
+from gradacc import recipes
+from gradacc.app.inputs import FORM, OWN_LEARNING_RATE, defaults, model_widget_values, recipe_note_key
 from gradacc.choices import BUILTIN_DATASETS
 from gradacc.config import RunConfig
-from gradacc.recipes import default_dataset
+from gradacc.recipes import default_dataset, shares_learning_rate
 from gradacc.serving.limits import Limits
 
 
 TRAIN_CONFIG = "train_config"
 TRAIN_FORM = f"{FORM}train."  # the Train form's widget keys: only the Train page and this section use them
 _TRAIN_CONFIG_SHOWN = "train_config.shown"  # the config the Train form's widgets showed when it last drew
-# The Train form's widgets, by RunConfig field (the model and the data have pickers of their own).
-TRAIN_FORM_FIELDS = ("backend", "micro_batch_size", "grad_accum_steps", "epochs", "learning_rate", "seed",
+# The visitor's own learning rate (None: the recipe's for the form's model and optimizer; inputs.learning_rate_input).
+OWN_RATE = TRAIN_FORM + OWN_LEARNING_RATE
+# The Train form's widgets, by RunConfig field (the model and the data have pickers of their own; the learning
+# rate's field shows the resolved rate, from OWN_RATE).
+TRAIN_FORM_FIELDS = ("backend", "micro_batch_size", "grad_accum_steps", "epochs", "seed",
                      "loss_normalization", "dropout", "train_samples", "eval_samples", "max_seq_length",
                      "num_processes", "memory_budget_mb", "gradient_checkpointing", "precision", "optimizer",
                      "pitfalls")
@@ -28,7 +32,7 @@ TRAIN_FORM_FIELDS = ("backend", "micro_batch_size", "grad_accum_steps", "epochs"
 
 def train_config() -> RunConfig:
     """The Train form's settings (the defaults, recipe filled in, until the visitor has been on the Train page)."""
-    return st.session_state.get(TRAIN_CONFIG) or RunConfig().resolved()
+    return st.session_state.get(TRAIN_CONFIG) or form.DEFAULTS
 
 
 def suggest_train_settings(**changes) -> None:
@@ -39,26 +43,28 @@ def suggest_train_settings(**changes) -> None:
 def carry_train_settings(limits: Limits, **changes) -> None:
     """Another page's settings for the Train form, carried whole (the planner's model, m, k, budget and levers).
 
-    A new model brings what choosing it on the Train page brings: the fields still at the old model's recipe move
-    to the new one's, the built-in data follows its task, and the form says so. ``changes`` win over the recipe."""
+    A new model or optimizer brings what choosing it on the Train page brings (``form.follow``): the fields still at
+    the old model's recipe move to the new one's, the built-in data follows its task, and the form says so.
+    ``changes`` win over the recipe. An optimizer of another update rule takes its own rate from the recipe."""
     current = train_config()
-    model = changes.get("model", current.model)
-    if model != current.model:
-        moves = form.recipe_moves(current.model, model,
-                                  {name: getattr(current, name) for name in form.PAGE_RECIPE_FIELDS}, limits,
-                                  current.optimizer)
-        moves = {name: value for name, value in moves.items() if name not in changes}
-        note = [form.describe_moves(model, moves)] if moves else []
+    model, optimizer = changes.get("model", current.model), changes.get("optimizer", current.optimizer)
+    if not shares_learning_rate(current.optimizer, optimizer):
+        st.session_state[OWN_RATE] = None  # the visitor's rate was for another rule
+    own_rate = st.session_state.get(OWN_RATE)
+    if (model, optimizer) != (current.model, current.optimizer):
+        values = {name: getattr(current, name) for name in form.MOVING_RECIPE_FIELDS}
+        moves, note = form.follow((current.model, current.optimizer), (model, optimizer), values, own_rate, limits,
+                                  keep=changes)
+        notes = [note] if note else []
         if current.dataset == default_dataset(current.model) != default_dataset(model) and "dataset" not in changes:
             changes["dataset"] = default_dataset(model)
-            note.append(form.describe_dataset_move(model, changes["dataset"]))
+            notes.append(form.describe_dataset_move(model, changes["dataset"]))
         changes = moves | changes
-        st.session_state[f"{TRAIN_FORM}recipe_model"] = model  # the Train page's follow_recipe: already followed
-        if note:
-            st.session_state[recipe_note_key("train")] = " ".join(note)
-    if "optimizer" in changes:  # it comes with its own rate (the planner's): the Train page's follow_optimizer
-        st.session_state[f"{TRAIN_FORM}recipe_optimizer"] = changes["optimizer"]  # has nothing left to move
-    st.session_state[TRAIN_CONFIG] = current.replace(**changes)
+        st.session_state[f"{TRAIN_FORM}recipe_for"] = (model, optimizer)  # the Train page's follow_recipe: followed
+        if notes:
+            st.session_state[recipe_note_key("train")] = " ".join(notes)
+    changes["learning_rate"] = recipes.learning_rate(model, optimizer, own_rate)  # what the form will show
+    st.session_state[TRAIN_CONFIG] = RunConfig.from_dict(current.to_dict() | changes)  # the Train page checks it
 
 
 def prepare_train_form(limits: Limits) -> None:
@@ -68,7 +74,7 @@ def prepare_train_form(limits: Limits) -> None:
     def within(value: int, limit: int | None) -> int:
         return min(value, limit) if limit else value
 
-    base = RunConfig().resolved()  # the default model (tiny-bert) and its recipe
+    base = form.DEFAULTS  # the default model (tiny-bert) and its recipe
     first = {field: getattr(base, field) for field in TRAIN_FORM_FIELDS}
     first |= {"epochs": within(base.epochs, limits.max_epochs),
               "train_samples": within(base.train_samples, limits.max_train_samples),
@@ -82,7 +88,7 @@ def prepare_train_form(limits: Limits) -> None:
         if getattr(shared, field) != getattr(shown, field):
             st.session_state[TRAIN_FORM + field] = getattr(shared, field)
     if shared.model != shown.model:
-        st.session_state.update(_model_widget_values("train", shared.model))
+        st.session_state.update(model_widget_values("train", shared.model))
     if shared.dataset != shown.dataset and shared.dataset in BUILTIN_DATASETS:
         st.session_state[f"{TRAIN_FORM}dataset_choice"] = shared.dataset
 

@@ -42,7 +42,7 @@ def untrained_retrieval(config: RunConfig) -> dict:
     from gradacc.training.contrastive import retrieval_metrics
     from gradacc.training.run.job import prepare
 
-    job = prepare(config.replace(instrument=False), lambda event: None, threading.Event())
+    job = prepare(config.replace(instrument=False).check(), lambda event: None, threading.Event())
     return retrieval_metrics(job.model, job.eval_examples, job.collate, job.device)
 
 
@@ -72,7 +72,7 @@ def run(quick: bool = False, threads: int = 1) -> dict:
         report.progress(f"{model}: effective batch {size['norm_effective_batch']} by m")
         norm_config = RunConfig(backend="pytorch", model=model, micro_batch_size=size["norm_effective_batch"],
                                 grad_accum_steps=1, max_seq_length=32, dropout=0.0, max_grad_norm=0.0, epochs=1,
-                                max_steps=1, eval_samples=8, instrument=False).validate()
+                                max_steps=1, eval_samples=8, instrument=False).check()
         for row in by_micro_batch(norm_config, list(size["norm_micro_batches"])):
             norms.append({"model": model, **row})
     result.update(contrastive=ways, norms=norms)

@@ -99,8 +99,8 @@ def reference_loop(config: RunConfig, on_step) -> None:
 
     from gradacc.training.run.job import prepare
 
-    job = prepare(config, lambda event: None, threading.Event())
-    config = job.config  # validated: the recipe's learning rate and warm-up filled in
+    job = prepare(config.check(), lambda event: None, threading.Event())
+    config = job.config  # checked: the recipe's learning rate and warm-up filled in
     model, k = job.model, config.grad_accum_steps
     model.train()
     loader = DataLoader(job.train_examples, batch_size=config.micro_batch_size, collate_fn=job.collate)
@@ -134,7 +134,7 @@ def component_costs(size: dict, repeats: int) -> dict:
     from gradacc.training.run.job import prepare
 
     config = config_for("pytorch", size, instrument=True, steps=size["steps"])
-    job = prepare(config, lambda event: None, threading.Event())
+    job = prepare(config.check(), lambda event: None, threading.Event())
     model = job.model
     model.train()
     batch = {key: value.to(job.device) for key, value in

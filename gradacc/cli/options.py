@@ -25,7 +25,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def value(text: str):
-    """A number as typed, or the text itself: RunConfig.validate refuses it in the flag's words
+    """A number as typed, or the text itself: RunConfig.check refuses it in the flag's words
     ("--micro-batch-size must be a whole number ...; got 2.5."), where argparse would say "invalid int value"."""
     for kind in (int, float):
         try:

@@ -31,7 +31,7 @@ def run(args) -> int:
     # The planner measures (torch): imported here, so that `gradacc --help` answers before torch loads.
     from gradacc.analysis import planner
 
-    RunConfig(model=args.model, max_seq_length=args.max_seq_length).validate()
+    RunConfig(model=args.model, max_seq_length=args.max_seq_length).check()
     if isinstance(args.memory_budget_mb, str):
         raise GradaccError(f"--memory-budget-mb must be a number; got {args.memory_budget_mb!r}.")
     planner.check_plan_inputs(float(args.memory_budget_mb), args.target_effective_batch)  # before measuring

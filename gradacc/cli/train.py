@@ -63,7 +63,7 @@ def run(args) -> int:
     from gradacc.training.run.options import RunOptions
 
     trackers.parse_report_to(args.report_to)  # a misspelt tracker fails here, before torch is imported
-    config = config_from_args(args).validate()
+    config = config_from_args(args).check()
     limits = Limits.from_env()
     limits.check(config)
     writes = distributed.is_main_process()  # only rank 0 prints and writes events

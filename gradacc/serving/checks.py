@@ -12,7 +12,7 @@ import concurrent.futures
 import threading
 import time
 
-from gradacc.config import RunConfig
+from gradacc.config import RunConfig, ValidConfig
 from gradacc.labels import field_label
 from gradacc.errors import GradaccError, one_line
 from gradacc.serving import warmup
@@ -22,10 +22,10 @@ MAX_WINDOW = 256
 KEEP_RESULTS = 32
 
 
-def check_config(backend: str, micro_batch_size, grad_accum_steps) -> RunConfig:
-    """The config a check runs, validated; GradaccError names the field at fault."""
+def check_config(backend: str, micro_batch_size, grad_accum_steps) -> ValidConfig:
+    """The config a check runs, checked; GradaccError (ConfigErrors: every one) names the fields at fault."""
     config = RunConfig(backend=backend, micro_batch_size=micro_batch_size, grad_accum_steps=grad_accum_steps,
-                       max_seq_length=32).validate()
+                       max_seq_length=32).check()
     if config.micro_batch_size * config.grad_accum_steps > MAX_WINDOW:
         raise GradaccError(f"{field_label('grad_accum_steps')} must keep m × k at most {MAX_WINDOW} here (the check "
                            f"also runs the whole window as one batch); got {config.micro_batch_size} × "
@@ -106,13 +106,13 @@ class CheckRunner:
         return check(config)
 
 
-def coupled_check_configs() -> list[RunConfig]:
+def coupled_check_configs() -> list[ValidConfig]:
     """The checks of "When accumulation is not a big batch": in-batch negatives (all-MiniLM-L6-v2, effective batch
     64 three ways) and BatchNorm against LayerNorm (effective batch 16 split into m = 2 … 16)."""
     return [RunConfig(task="contrastive", model="all-MiniLM-L6-v2", dataset="builtin-pairs", micro_batch_size=16,
-                      grad_accum_steps=4, max_seq_length=32).validate(),
-            RunConfig(model="bow-batchnorm", micro_batch_size=4, grad_accum_steps=4, max_seq_length=32).validate(),
-            RunConfig(model="bow-layernorm", micro_batch_size=4, grad_accum_steps=4, max_seq_length=32).validate()]
+                      grad_accum_steps=4, max_seq_length=32).check(),
+            RunConfig(model="bow-batchnorm", micro_batch_size=4, grad_accum_steps=4, max_seq_length=32).check(),
+            RunConfig(model="bow-layernorm", micro_batch_size=4, grad_accum_steps=4, max_seq_length=32).check()]
 
 
 def _key(config: RunConfig) -> tuple:

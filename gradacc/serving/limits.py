@@ -9,7 +9,7 @@
     GRADACC_MAX_RUN_MEMORY_MB   most memory one run may need (measured before it starts; unset: no limit)
 
 The app and the CLI both call ``Limits.from_env().check(config)``; a bad value raises ``GradaccError``
-naming the field, like ``RunConfig.validate``. The run manager takes its slots and run-time limit from here,
+naming the field, like ``RunConfig.check``. The run manager takes its slots and run-time limit from here,
 and a bad environment value is refused with one sentence naming the variable.
 """
 
@@ -60,7 +60,8 @@ class Limits:
         return int(self.max_upload_mb * 1_000_000)
 
     def errors(self, config: RunConfig) -> dict[str, str]:
-        """Every limit ``config`` breaks, as {field: one sentence}."""
+        """Every limit ``config`` breaks, as {field: one sentence} (``config``: checked, or its values that passed
+        the check: ``epochs`` filled in)."""
         found = {}
         if self.max_epochs is not None and config.epochs > self.max_epochs:
             found["epochs"] = (f"{field_label('epochs')} must be at most {self.max_epochs} on this deployment; "

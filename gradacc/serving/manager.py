@@ -19,7 +19,7 @@ import time
 from typing import Callable
 
 from gradacc import events as ev
-from gradacc.config import RunConfig
+from gradacc.config import RunConfig, ValidConfig
 from gradacc.errors import GradaccError, RunStopped, one_line
 from gradacc.serving import recovery, warmup
 from gradacc.serving.limits import Limits
@@ -30,7 +30,7 @@ from gradacc.training.run.launch import train_for
 
 log = logging.getLogger(__name__)
 
-TrainFn = Callable[[RunConfig, ev.EventSink, threading.Event], dict]
+TrainFn = Callable[[ValidConfig, ev.EventSink, threading.Event], dict]
 
 # Finished runs kept in memory so the page does not re-read the store on every rerun.
 FINISHED_CACHE_SIZE = 32
@@ -72,8 +72,8 @@ class RunManager:
         self._changed = threading.Condition(self._lock)  # notified whenever a run starts or ends
         self._live: dict[str, RunState] = {}  # queued and running
         self._queue: collections.deque[str] = collections.deque()
-        # Each queued run's config as submit() validated it: the run thread trains that object, not a copy of it.
-        self._configs: dict[str, RunConfig] = {}
+        # Each queued run's config as submit() checked it: the run thread trains that object, not a copy of it.
+        self._configs: dict[str, ValidConfig] = {}
         self._workers: dict[str, _Worker] = {}
         self._ended_threads: list[threading.Thread] = []
         self._finished: collections.OrderedDict[str, RunState] = collections.OrderedDict()
@@ -85,12 +85,13 @@ class RunManager:
     # --- submitting and stopping -----------------------------------------------------------
 
     def submit(self, config: RunConfig | dict, owner: str, label: str | None = None) -> str:
-        """Queue a run (FIFO); it starts as soon as a slot is free. Raises GradaccError for a bad config."""
+        """Queue a run (FIFO); it starts as soon as a slot is free. Raises ConfigErrors (every bad field) for a bad
+        config."""
         if isinstance(config, dict):
             config = RunConfig.from_dict(config)
-        # Validated now (the page's validated config passes as it is), so a bad value is reported next to its
+        # Checked now (the page's ValidConfig is itself), so a bad value is reported next to its
         # widget instead of after the queue.
-        config = config.validate()
+        config = config.check()
         run_id = ev.new_run_id()
         with self._lock:
             if self._closed:
@@ -212,7 +213,7 @@ class RunManager:
             run_id = self._queue.popleft()
             self._start(self._live[run_id], self._configs.pop(run_id))
 
-    def _start(self, state: RunState, config: RunConfig) -> None:
+    def _start(self, state: RunState, config: ValidConfig) -> None:
         worker = _Worker(state.run_id, lambda worker: self._work(state, worker, config))
         if self.max_run_seconds and self.max_run_seconds > 0:
             worker.timer = threading.Timer(self.max_run_seconds, _hit_limit,
@@ -257,7 +258,7 @@ class RunManager:
 
     # --- the worker thread -----------------------------------------------------------------
 
-    def _work(self, state: RunState, worker: _Worker, config: RunConfig) -> None:
+    def _work(self, state: RunState, worker: _Worker, config: ValidConfig) -> None:
         try:
             # While the app's warm-up imports torch, this thread must not import (see gradacc.serving.warmup); the
             # status meanwhile says "loading the model and data", and Stop still works.

@@ -43,7 +43,7 @@ def test_the_memory_probes_refuse_the_norm_models_in_words():
     from gradacc.errors import GradaccError
 
     with pytest.raises(GradaccError, match="budget probes one example alone") as refused:
-        RunConfig(model="bow-batchnorm", memory_budget_mb=5.0).validate()
+        RunConfig(model="bow-batchnorm", memory_budget_mb=5.0).check()
     assert refused.value.field == "memory_budget_mb"
     with pytest.raises(GradaccError, match="cannot be planned") as refused:
         measure_levers("bow-layernorm", 32)

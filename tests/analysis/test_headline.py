@@ -15,7 +15,7 @@ def run_events(m=8, k=4, losses=(0.7, 0.5, 0.3), activation=1_000_000, seconds_p
                eval_metrics=None, jitter=(0.0,), cpu_seconds_per_step=None, **config_changes) -> list[dict]:
     """One run's events; step n ends at n × seconds_per_step plus jitter[n % len(jitter)] of wall time, and at
     n × cpu_seconds_per_step of the training thread's CPU time (none measured when None)."""
-    config = RunConfig(micro_batch_size=m, grad_accum_steps=k, **config_changes).validate()
+    config = RunConfig(micro_batch_size=m, grad_accum_steps=k, **config_changes).check()
     batch = config.effective_batch
     found = [ev.run_started(config=config.to_dict(), effective_batch=batch, total_steps=len(losses),
                             steps_per_epoch=len(losses), train_examples=batch * len(losses), eval_examples=10,
@@ -155,16 +155,16 @@ def test_cli_compare_refuses_a_file_that_is_not_events(tmp_path, capsys):
 
 
 def test_runs_are_named_by_what_differs():
-    configs = {"a": RunConfig(dropout=0.0, learning_rate=5e-3).validate().to_dict(),
-               "b": RunConfig(dropout=0.1, learning_rate=1e-4).validate().to_dict(),
-               "c": RunConfig(dropout=0.1, learning_rate=1e-4).validate().to_dict()}
+    configs = {"a": RunConfig(dropout=0.0, learning_rate=5e-3).check().to_dict(),
+               "b": RunConfig(dropout=0.1, learning_rate=1e-4).check().to_dict(),
+               "c": RunConfig(dropout=0.1, learning_rate=1e-4).check().to_dict()}
     assert run_names.differing_labels(configs) == {"a": "m=8, k=4, lr 0.005, dropout 0",
                                                  "b": "m=8, k=4, lr 0.0001, dropout 0.1 #1",
                                                  "c": "m=8, k=4, lr 0.0001, dropout 0.1 #2"}
 
 
 def test_a_run_without_a_memory_budget_is_named_so():
-    configs = {"wall": RunConfig(micro_batch_size=64, grad_accum_steps=1, memory_budget_mb=450).validate().to_dict(),
-               "free": RunConfig(micro_batch_size=64, grad_accum_steps=1).validate().to_dict()}
+    configs = {"wall": RunConfig(micro_batch_size=64, grad_accum_steps=1, memory_budget_mb=450).check().to_dict(),
+               "free": RunConfig(micro_batch_size=64, grad_accum_steps=1).check().to_dict()}
     assert run_names.differing_labels(configs) == {"wall": "m=64, k=1, budget 450 MB",
                                                  "free": "m=64, k=1, no memory budget"}

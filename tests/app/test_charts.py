@@ -206,7 +206,7 @@ def test_the_memory_wall_shows_its_budget_and_the_refused_runs_need_above_it():
     from gradacc import events as ev
     from gradacc.config import RunConfig
 
-    config = RunConfig(micro_batch_size=64, grad_accum_steps=1, memory_budget_mb=450).validate().to_dict()
+    config = RunConfig(micro_batch_size=64, grad_accum_steps=1, memory_budget_mb=450).check().to_dict()
     static = {"parameters": 90e6, "gradients": 90e6, "optimizer_state": 180e6, "total": 360e6}
     refused = [ev.run_started(config=config, effective_batch=64, total_steps=8, steps_per_epoch=8,
                               train_examples=512, eval_examples=16, static_memory=static, device="cpu"),

@@ -45,7 +45,7 @@ def test_reading_the_source_imports_no_torch():
 
 @pytest.mark.parametrize("backend", ["pytorch", "accelerate", "trainer"])
 def test_the_three_things_accumulation_adds_stand_out_and_instrumentation_is_dimmed(backend):
-    code = codeview.backend_code(RunConfig(backend=backend).validate())
+    code = codeview.backend_code(RunConfig(backend=backend).check())
     lines = code.splitlines()
     roles = codeview.line_roles(code)
     marked = {role: [line.strip() for line, r in zip(lines, roles) if r == role] for role in set(roles)}

@@ -17,8 +17,8 @@ def added_and_removed(right: str, broken: str) -> tuple[list[str], list[str]]:
 
 @pytest.mark.parametrize("name", list(PITFALLS))
 def test_each_pitfall_adds_exactly_its_own_wrong_line_marked_beside_the_right_one(name):
-    right = codeview.backend_code(RunConfig().validate())
-    broken = codeview.backend_code(RunConfig(pitfalls=[name]).validate())
+    right = codeview.backend_code(RunConfig().check())
+    broken = codeview.backend_code(RunConfig(pitfalls=[name]).check())
     added, removed = added_and_removed(right, broken)
     assert not removed and added
     assert f'if job.pitfall("{name}")' in added[0] and "# WRONG" in added[0]
@@ -32,7 +32,7 @@ def test_each_pitfall_adds_exactly_its_own_wrong_line_marked_beside_the_right_on
 
 
 def test_the_right_loop_shows_no_wrong_line_and_the_source_still_holds_them_all():
-    right = codeview.backend_code(RunConfig().validate())
+    right = codeview.backend_code(RunConfig().check())
     assert "job.pitfall(" not in right and codeview.WRONG not in codeview.line_roles(right)
     source = codeview.definition_source("gradacc.training.backends.pytorch_loop", "train")
     assert set(codeview.pitfall_statements(source)) == set(PITFALLS)

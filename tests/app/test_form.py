@@ -3,31 +3,51 @@
 import pytest
 
 from gradacc.app import form
-from gradacc.config import RunConfig
+from gradacc import config as config_module
+from gradacc.config import RunConfig, ValidConfig, checked_values
 from gradacc.errors import GradaccError
 from gradacc.serving import uploads
 from gradacc.serving.limits import Limits
 
 
-def test_every_bad_field_is_reported_not_just_the_first():
+def test_every_bad_field_is_reported_not_just_the_first(monkeypatch):
+    checks = count_checks(monkeypatch)
     checked, errors = form.check(RunConfig(micro_batch_size=0, grad_accum_steps=-2, learning_rate=0.0, dropout=2.0))
-    assert checked is None
+    assert checked is None and len(checks) == 1  # one check found all four
     assert set(errors) == {"micro_batch_size", "grad_accum_steps", "learning_rate", "dropout"}
     assert errors["dropout"].startswith("Dropout must be at least 0 and at most 0.9")
 
 
-def test_a_good_config_is_validated_once_and_limits_and_data_size_are_checked_too(monkeypatch):
+def test_a_refused_field_and_a_broken_limit_are_both_said_from_one_call():
+    errors = form.check(RunConfig(micro_batch_size=0, epochs=5, train_samples=5000, eval_samples=50),
+                        Limits(max_epochs=2, max_train_samples=100), train_examples=10)[1]
+    assert set(errors) == {"micro_batch_size", "epochs", "train_samples"}
+    assert errors["micro_batch_size"].startswith("Micro-batch size (m) must be a whole number")  # not "at most 10"
+    assert errors["epochs"] == "Epochs must be at most 2 on this deployment; got 5."
+
+
+def test_a_good_config_is_checked_once_and_limits_and_data_size_are_checked_too(monkeypatch):
+    checks = count_checks(monkeypatch)
     typed = RunConfig(micro_batch_size=4.0)
     checked, errors = form.check(typed)
-    assert errors == {} and checked.validated and checked.micro_batch_size == 4  # normalised, recipe filled in
+    assert errors == {} and isinstance(checked, ValidConfig) and checked.micro_batch_size == 4  # normalised
     assert checked.learning_rate == typed.recipe.learning_rate and typed.learning_rate is None  # the form's untouched
-    calls = []
-    monkeypatch.setattr(RunConfig, "_check", lambda self: calls.append(self))
-    assert checked.validate() is checked and calls == []  # what Start submits is not checked again
-    monkeypatch.undo()
+    assert checked.check() is checked and len(checks) == 1  # what Start submits is not checked again
     errors = form.check(RunConfig(epochs=5, micro_batch_size=64), Limits(max_epochs=2), train_examples=10)[1]
     assert set(errors) == {"epochs", "micro_batch_size"}
     assert "Micro-batch size (m) must be at most the 10 training examples; got 64." == errors["micro_batch_size"]
+
+
+def count_checks(monkeypatch) -> list:
+    """Every run of the config check from now on (ValidConfig's constructor calls it)."""
+    calls = []
+
+    def counted(config):
+        calls.append(config)
+        return checked_values(config)
+
+    monkeypatch.setattr(config_module, "checked_values", counted)
+    return calls
 
 
 def test_a_field_with_no_widget_goes_to_the_general_slot():

@@ -252,7 +252,7 @@ def test_the_built_in_data_follows_the_model_and_a_far_too_high_learning_rate_is
     assert not at.warning
     at.number_input(key="form.train.learning_rate").set_value(5.0).run()
     assert [w.value for w in at.warning] == [health.learning_rate_warning(
-        at.session_state["train_config"].resolved())]
+        at.session_state["train_config"].check())]
     assert at.warning[0].value.startswith("The learning rate 5 is high for tiny-bert; its recipe uses 0.005")
     assert not at.button(key="start").disabled  # a warning, not a refusal: the visitor may want to see it fail
     at.number_input(key="form.train.learning_rate").set_value(5e-3).run()
@@ -279,7 +279,7 @@ def test_switching_the_optimizer_moves_a_recipe_learning_rate_to_the_new_optimiz
     assert at.number_input(key="form.train.learning_rate").value == recipe.learning_rate * 2
     at.number_input(key="form.train.learning_rate").set_value(recipe.learning_rate).run()
     assert [w.value for w in at.warning] == [health.learning_rate_warning(
-        at.session_state["train_config"].resolved())]
+        at.session_state["train_config"].check())]
     assert "tiny-bert's recipe for AdamW, not adafactor's" in at.warning[0].value
 
 

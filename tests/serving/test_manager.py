@@ -9,7 +9,7 @@ import time
 import pytest
 
 from gradacc import events as ev
-from gradacc.config import RunConfig
+from gradacc.config import ConfigErrors, RunConfig, ValidConfig
 from gradacc.errors import GradaccError
 from gradacc.serving.manager import RunManager, RunState, limit_reason
 from gradacc.serving.store import INTERRUPTED_REASON, RunStore
@@ -357,7 +357,7 @@ def test_slots_and_run_limit_come_from_the_environment(make_manager, monkeypatch
         monkeypatch.delenv(name)
 
 
-def test_the_run_trains_the_config_submit_validated_and_leaves_the_callers_as_it_was(make_manager):
+def test_the_run_trains_the_config_submit_checked_and_leaves_the_callers_as_it_was(make_manager):
     trained = []
 
     def recording_train(config, on_event, stop):
@@ -368,5 +368,17 @@ def test_the_run_trains_the_config_submit_validated_and_leaves_the_callers_as_it
     submitted = RunConfig(micro_batch_size=2, grad_accum_steps=3.0)
     run_id = manager.submit(submitted, owner="alice")
     assert manager.wait(run_id, timeout=5)
-    assert submitted.epochs is None and not submitted.validated  # the caller's config, untouched
-    assert trained[0].validated and type(trained[0].grad_accum_steps) is int and trained[0].epochs is not None
+    assert submitted.epochs is None and type(submitted) is RunConfig  # the caller's config, untouched
+    assert isinstance(trained[0], ValidConfig) and type(trained[0].grad_accum_steps) is int
+    assert trained[0].epochs is not None
+    # A ValidConfig (the Train page's) is trained as it is: the very object, not a copy checked again.
+    checked = RunConfig(micro_batch_size=2).check()
+    assert manager.wait(manager.submit(checked, owner="alice"), timeout=5)
+    assert trained[1] is checked
+
+
+def test_a_bad_config_is_refused_at_submit_with_every_field(make_manager):
+    manager = make_manager(fake_train)
+    with pytest.raises(ConfigErrors) as raised:
+        manager.submit(RunConfig(micro_batch_size=0, grad_accum_steps=0), owner="alice")
+    assert set(raised.value.by_field) == {"micro_batch_size", "grad_accum_steps"}

@@ -22,7 +22,7 @@ SMALL = dict(train_samples=256, eval_samples=16, dropout=0.0, max_steps=3)
 
 
 def measured_need(config: RunConfig) -> budget.Need:
-    job = prepare(config.replace().validate(), lambda event: None, threading.Event())
+    job = prepare(config.replace().check(), lambda event: None, threading.Event())
     return budget.measure_need(job.model, job.train_examples, job.collate, job.config, job.device, job.precision)
 
 
@@ -152,7 +152,7 @@ def test_on_cuda_the_allocator_is_capped_at_the_budget_and_a_run_within_it_compl
 
 
 def test_an_out_of_memory_message_names_the_cuda_workspaces_and_fits_around_them():
-    config = RunConfig(micro_batch_size=64, grad_accum_steps=1).validate()
+    config = RunConfig(micro_batch_size=64, grad_accum_steps=1).check()
     error = budget.out_of_memory(micro_batch_size=64, static_bytes=3 * MB, activation_bytes=64 * 0.5 * MB,
                                  fixed_bytes=0.0, cap=budget.Cap(60 * MB, "budget"), config=config,
                                  device_type="cuda", device_bytes=20 * MB)
@@ -171,7 +171,7 @@ def test_an_out_of_memory_message_names_the_cuda_workspaces_and_fits_around_them
 
 
 def test_static_need_counts_each_optimizers_own_state():
-    config = RunConfig().validate()
+    config = RunConfig().check()
     job = prepare(config, lambda event: None, threading.Event())
     parameters = measure.static_bytes(job.model)["parameters"]
     states = {name: budget.static_need(job.model, config.replace(optimizer=name), job.device)["optimizer_state"]
@@ -186,10 +186,10 @@ def test_static_need_counts_each_optimizers_own_state():
 
 
 def test_the_budget_is_a_run_setting_with_a_clear_message():
-    assert RunConfig(memory_budget_mb=700).validate().memory_budget_mb == 700.0
+    assert RunConfig(memory_budget_mb=700).check().memory_budget_mb == 700.0
     for bad in (0, -5, float("nan"), "lots", True):
         with pytest.raises(GradaccError, match=r"^Memory budget \(MB\) must be a number greater than 0") as error:
-            RunConfig(memory_budget_mb=bad).validate()
+            RunConfig(memory_budget_mb=bad).check()
         assert error.value.field == "memory_budget_mb"
 
 

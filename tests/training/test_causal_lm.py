@@ -56,7 +56,7 @@ def test_task_is_inferred_from_the_model(tmp_path):
     (folder / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
     assert models.infer_task(RunConfig(model=str(folder))) == CAUSAL_LM
     with pytest.raises(GradaccError, match="Task"):
-        RunConfig(task="translation").validate()
+        RunConfig(task="translation").check()
 
 
 def test_labels_are_the_tokens_and_counts_are_of_predicted_tokens_with_a_short_last_window():

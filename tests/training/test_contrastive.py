@@ -65,7 +65,7 @@ def test_a_contrastive_run_reports_retrieval_after_each_epoch(encoder_dir, one_t
 ])
 def test_bad_contrastive_settings_are_refused_in_words(encoder_dir, changes, field, words):
     with pytest.raises(GradaccError, match=words) as refused:
-        contrastive(encoder_dir, **changes).validate()
+        contrastive(encoder_dir, **changes).check()
     assert refused.value.field == field
 
 

@@ -38,7 +38,7 @@ def family_folders(tmp_path_factory):
 def test_the_runs_dropout_is_set_on_every_attribute_and_module_of_a_folder_model(family, family_folders):
     kind = families.FAMILIES[family][0]
     config = RunConfig(model=str(family_folders / family), dropout=RUN_DROPOUT,
-                       task="causal-lm" if kind == families.CAUSAL_LM else "classification").validate()
+                       task="causal-lm" if kind == families.CAUSAL_LM else "classification").check()
     loaded = models.load(config, 2, ["negative", "positive"], confinement=paths.TRUST_USER)
     attributes, modules = _dropout_settings(loaded.model)
     assert attributes, "every family names at least one dropout in its config"
@@ -58,7 +58,7 @@ def test_nested_sub_configs_get_the_dropout_too():
 def _prepared(config):
     from gradacc.training.run.job import prepare
 
-    return prepare(config.validate(), lambda event: None, threading.Event())
+    return prepare(config.check(), lambda event: None, threading.Event())
 
 
 SMALL = dict(micro_batch_size=2, grad_accum_steps=2, train_samples=8, eval_samples=8, max_seq_length=16)

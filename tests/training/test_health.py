@@ -62,24 +62,24 @@ def test_the_learning_rate_warning_before_start_names_what_the_run_end_warnings_
     from gradacc.config import RunConfig
     from gradacc.recipes import RECIPES
 
-    high = RunConfig(model="all-MiniLM-L6-v2", learning_rate=1e-3).resolved()
+    high = RunConfig(model="all-MiniLM-L6-v2", learning_rate=1e-3).check()
     assert health.likely_cause(high) == "Likely cause: learning rate 0.001 is high for a pretrained model; its recipe uses 0.0002."
     assert health.learning_rate_warning(high).startswith("The learning rate 0.001 is high for a pretrained model")
-    assert health.learning_rate_warning(RunConfig(learning_rate=4e-3).resolved()) is None
+    assert health.learning_rate_warning(RunConfig(learning_rate=4e-3).check()) is None
     # A rate the recipe fills in is the run's own optimizer's: never warned about.
     for model, recipe in RECIPES.items():
         for optimizer in ("adamw", "adamw-fused", *recipe.optimizer_rates):
-            assert health.learning_rate_warning(RunConfig(model=model, optimizer=optimizer).resolved()) is None
+            assert health.learning_rate_warning(RunConfig(model=model, optimizer=optimizer).check()) is None
     # AdamW's rate typed in (a form keeps it) for an optimizer with a measured rate of its own: told which.
     own = RECIPES["tiny-bert"].learning_rate_for("adafactor")
-    adafactor = health.learning_rate_warning(RunConfig(optimizer="adafactor", learning_rate=5e-3).resolved())
+    adafactor = health.learning_rate_warning(RunConfig(optimizer="adafactor", learning_rate=5e-3).check())
     assert adafactor == (f"Learning rate 0.005 is tiny-bert's recipe for AdamW, not adafactor's: its recipe's is "
                          f"{own:g}; set it before Start.")
     # ... and for one with none measured (validate refuses it unset): it needs one of its own.
-    pretrained = RunConfig(model="org/name", optimizer="sgd", learning_rate=5e-5).resolved()
+    pretrained = RunConfig(model="org/name", optimizer="sgd", learning_rate=5e-5).check()
     assert health.learning_rate_warning(pretrained) == ("Learning rate 5e-05 is org/name's recipe for AdamW, not "
                                                         "sgd's: it needs a learning rate of its own; set it before Start.")
-    assert health.learning_rate_warning(RunConfig(optimizer="sgd", learning_rate=0.05).resolved()) is None
+    assert health.learning_rate_warning(RunConfig(optimizer="sgd", learning_rate=0.05).check()) is None
     # A rate far above the optimizer's own measured one is high for it too.
-    assert health.learning_rate_warning(RunConfig(optimizer="adafactor", learning_rate=own * 10).resolved()) \
+    assert health.learning_rate_warning(RunConfig(optimizer="adafactor", learning_rate=own * 10).check()) \
         .startswith(f"The learning rate {own * 10:g} is high for tiny-bert with adafactor; its recipe uses {own:g}")

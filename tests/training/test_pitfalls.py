@@ -120,7 +120,7 @@ def test_drop_last_window_never_trains_the_short_window(right):
 ])
 def test_bad_pitfalls_are_refused_in_one_sentence_naming_the_field(changes, words):
     with pytest.raises(GradaccError) as raised:
-        RunConfig(**changes).validate()
+        RunConfig(**changes).check()
     assert raised.value.field == "pitfalls" and words in raised.value.message
     assert "\n" not in raised.value.message
 

@@ -148,7 +148,7 @@ def test_model_outside_allowed_folders_is_refused(model_dir, tmp_path_factory):
 
 
 def test_packaged_pretrained_minilm_loads_offline():
-    loaded = load(RunConfig(model="all-MiniLM-L6-v2").resolved(), 2, ["neg", "pos"])  # load takes a resolved config
+    loaded = load(RunConfig(model="all-MiniLM-L6-v2").check(), 2, ["neg", "pos"])  # load takes a resolved config
     assert loaded.model.config.num_labels == 2
     assert sum(p.numel() for p in loaded.model.parameters()) > 20_000_000
     assert loaded.tokenizer("hello world")["input_ids"][0] == loaded.tokenizer.cls_token_id
@@ -187,9 +187,9 @@ def test_hub_id_offline_is_refused_with_a_reason_before_loading(offline_flag, mo
 def test_tiny_bert_is_deterministic_for_a_seed():
     import torch
 
-    first = load(RunConfig(seed=3).resolved(), 2, ["a", "b"]).model
-    second = load(RunConfig(seed=3).resolved(), 2, ["a", "b"]).model
-    other = load(RunConfig(seed=4).resolved(), 2, ["a", "b"]).model
+    first = load(RunConfig(seed=3).check(), 2, ["a", "b"]).model
+    second = load(RunConfig(seed=3).check(), 2, ["a", "b"]).model
+    other = load(RunConfig(seed=4).check(), 2, ["a", "b"]).model
     pairs = zip(first.state_dict().values(), second.state_dict().values())
     assert all(torch.equal(a, b) for a, b in pairs)
     assert not torch.equal(first.classifier.weight, other.classifier.weight)

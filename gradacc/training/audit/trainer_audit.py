@@ -218,7 +218,7 @@ def audit_stock_trainer(config, steps: int = 1, window_timer=None, confinement=N
                            f"(k micro-batches per optimizer step); got {k}.", "grad_accum_steps")
     # Full windows on every rank (under accelerate launch / torchrun each takes its share of the examples).
     config = config.replace(backend="trainer", train_samples=m * k * steps * config.num_processes, epochs=1, max_steps=steps,
-                            eval_samples=8, instrument=False).validate()
+                            eval_samples=8, instrument=False).check()
     quiet_libraries()
     job = prepare(config, lambda event: None, threading.Event(), RunOptions(confinement=confinement))
     audit = accumulation_audit_class()()

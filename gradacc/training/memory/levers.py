@@ -27,7 +27,7 @@ class LeverRig:
                  dropout: float | None = None, device="cpu"):
         self.device = torch.device(device)
         extra = {} if dropout is None else {"dropout": dropout}  # None: the model's recipe, as a run takes it
-        self.config = RunConfig(model=model, max_seq_length=max_seq_length, seed=seed, **extra, **levers).validate()
+        self.config = RunConfig(model=model, max_seq_length=max_seq_length, seed=seed, **extra, **levers).check()
         loaded = models.load(self.config, len(builtin_data.LABEL_NAMES), list(builtin_data.LABEL_NAMES))
         self.model, self.tokenizer = loaded.model.to(self.device), loaded.tokenizer
         if self.config.gradient_checkpointing:

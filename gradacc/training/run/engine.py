@@ -11,7 +11,7 @@ import threading
 import time
 
 from gradacc import events
-from gradacc.config import RunConfig
+from gradacc.config import RunConfig, ValidConfig
 from gradacc.errors import GradaccError, RunFailed, RunStopped, one_line
 from gradacc.events import EventSink
 from gradacc.training.memory import budget
@@ -69,7 +69,7 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
             trackers(event)
 
     try:
-        config = config.validate()  # where a run enters the engine; a validated config passes as it is
+        config = config.check()  # where a run enters the engine: all its errors at once; a ValidConfig is itself
         trackers = _open_trackers(config, options)
         job = _prepare(config, emit, stop, options)  # measures the run's memory and refuses it past its cap
         emit(announce(job))
@@ -107,7 +107,7 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
     return ended
 
 
-def _warnings(emitted: list[dict], config: RunConfig) -> list[str]:
+def _warnings(emitted: list[dict], config: ValidConfig) -> list[str]:
     """A run that completed badly says so (see gradacc.training.run.health); a bug there never fails the run."""
     from gradacc.training.run.health import run_warnings
 
@@ -117,7 +117,7 @@ def _warnings(emitted: list[dict], config: RunConfig) -> list[str]:
         return [f"could not check the run for warnings ({type(error).__name__}: {error})"]
 
 
-def _open_trackers(config: RunConfig, options: RunOptions):
+def _open_trackers(config: ValidConfig, options: RunOptions):
     """The run's trackers (rank 0 only: one process writes), opened before anything slow so a bad one fails fast."""
     from gradacc.export import trackers
     from gradacc.training import distributed

@@ -17,7 +17,7 @@ from gradacc.training.memory import budget
 from gradacc.training.sources import dropout as dropouts
 from gradacc.training.sources import models
 from gradacc.choices import CAUSAL_LM, CONTRASTIVE, PITFALLS
-from gradacc.config import RunConfig, too_few_examples
+from gradacc.config import ValidConfig, too_few_examples
 from gradacc.steps import optimizer_steps_per_epoch, total_optimizer_steps
 from gradacc.errors import GradaccError, RunStopped
 from gradacc.events import EventSink
@@ -26,7 +26,7 @@ from gradacc.training.run.options import RunOptions
 
 @dataclass(frozen=True)  # built whole by ``prepare``: nothing is set on a Job after it is made
 class Job:
-    config: RunConfig
+    config: ValidConfig
     model: object
     tokenizer: object
     train_examples: list[dict]
@@ -111,13 +111,14 @@ def _with_predicted_tokens(train_examples, eval_examples):
     return keep_train, keep_eval, len(train_examples) + len(eval_examples) - len(keep_train) - len(keep_eval)
 
 
-def prepare(config: RunConfig, emit: EventSink, stop: threading.Event, options: RunOptions = RunOptions()) -> Job:
-    """Validate, load data and model, tokenise and order the data, measure the run's memory when something caps
+def prepare(config: ValidConfig, emit: EventSink, stop: threading.Event, options: RunOptions = RunOptions()) -> Job:
+    """Load data and model of a checked config (``RunConfig.check()``), tokenise and order the data, measure the run's memory when something caps
     it (refusing it, ``budget.OutOfMemory``, past the cap); GradaccError on bad input. ``options``: see
     ``RunOptions``.
     """
     token_level, collate, confinement = options.token_level, options.collate, options.confinement
-    config = config.validate()  # as it is when validated where it entered (train, a test, a benchmark)
+    if not isinstance(config, ValidConfig):  # a caller's slip, not bad input: check() it where it enters
+        raise TypeError(f"prepare takes a ValidConfig (RunConfig.check()); got {type(config).__name__}")
     # The task the run will have, shown in run_started's config: named, or inferred from the model.
     config = config.replace(task=models.infer_task(config))
     if config.num_processes != distributed.world_size():

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gradacc import events
-from gradacc.config import RunConfig
+from gradacc.config import ValidConfig
 from gradacc.env import MAX_RUN_MEMORY_MB
 from gradacc.errors import one_line
 from gradacc.events import EventSink
@@ -40,7 +40,7 @@ STDERR_LINES_KEPT = 200
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds gradacc/
 
 
-def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.Event | None = None,
+def train(config: ValidConfig, on_event: EventSink | None = None, stop: threading.Event | None = None,
           max_run_memory_mb: float | None = None) -> dict:
     """Run ``config`` on ``config.num_processes`` processes; emit rank 0's events; return ``run_ended``.
 
@@ -93,7 +93,7 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
     return ended
 
 
-def train_for(config: RunConfig) -> Callable[..., dict]:
+def train_for(config: ValidConfig) -> Callable[..., dict]:
     """What trains ``config``: ``engine.train`` in this process, or ``train`` above (one process per rank,
     through accelerate launch) when it asks for several processes. Both take (config, on_event, stop)."""
     if config.num_processes > 1:

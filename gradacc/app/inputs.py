@@ -128,16 +128,19 @@ OWN_LEARNING_RATE = "own_learning_rate"
 def learning_rate_input(prefix: str, errors: FieldErrors, model: str) -> float | None:
     """The learning rate field: the visitor's own rate, else ``recipes.learning_rate``'s answer for the form's model
     and optimizer, so it follows both by itself (empty where the recipe has no rate for the optimizer: the check
-    asks for one). Emptying the field gives it back to the recipe."""
+    asks for one). Typing the recipe's rate back gives the field back to the recipe."""
     optimizer = st.session_state.get(prefix + "optimizer") or RunConfig.optimizer  # its widget comes later
-    own = st.session_state.get(prefix + OWN_LEARNING_RATE)
-    st.session_state[prefix + "learning_rate"] = recipes.learning_rate(model, optimizer, own)
+    recipe_rate = recipes.learning_rate(model, optimizer)
+    st.session_state[prefix + "learning_rate"] = recipes.learning_rate(model, optimizer,
+                                                                       st.session_state.get(prefix + OWN_LEARNING_RATE))
     return number_field(prefix, "learning_rate", errors, whole=False, step=1e-4, format="%.1e",
-                        on_change=_keep_own_learning_rate, args=(prefix,))
+                        on_change=_keep_own_learning_rate, args=(prefix, recipe_rate))
 
 
-def _keep_own_learning_rate(prefix: str) -> None:
-    st.session_state[prefix + OWN_LEARNING_RATE] = st.session_state[prefix + "learning_rate"]
+def _keep_own_learning_rate(prefix: str, recipe_rate: float | None) -> None:
+    """The visitor typed a rate: theirs from now on, unless it is the recipe's rate the field was showing."""
+    typed = st.session_state[prefix + "learning_rate"]
+    st.session_state[prefix + OWN_LEARNING_RATE] = None if typed is None or typed == recipe_rate else typed
 
 
 def memory_inputs(prefix: str, errors: FieldErrors) -> dict:
@@ -201,7 +204,7 @@ def follow_recipe(prefix: str, model: str, limits: Limits) -> None:
     """When the form's model or optimizer changes, move the fields the visitor left at the old model's recipe to
     the new one's (``form.follow``; the learning rate follows by itself, see ``learning_rate_input``), the
     built-in data to the new model's task, and say so. Call it after the model input, before the fields' widgets."""
-    key = f"{FORM}{prefix}.recipe_for"
+    key = followed_key(prefix)
     now = (model, st.session_state.get(f"{FORM}{prefix}.optimizer") or RunConfig.optimizer)
     previous = st.session_state.get(key)
     st.session_state[key] = now
@@ -220,6 +223,11 @@ def follow_recipe(prefix: str, model: str, limits: Limits) -> None:
         notes.append(form.describe_dataset_move(model, default_dataset(model)))
     if notes:
         st.session_state[recipe_note_key(prefix)] = " ".join(notes)
+
+
+def followed_key(prefix: str) -> str:
+    """Where the form keeps the (model, optimizer) its recipe fields last followed."""
+    return f"{FORM}{prefix}.recipe_for"
 
 
 def recipe_note_key(prefix: str) -> str:

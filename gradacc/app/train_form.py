@@ -10,7 +10,8 @@ import streamlit as st
 
 from gradacc.app import form
 from gradacc import recipes
-from gradacc.app.inputs import FORM, OWN_LEARNING_RATE, defaults, model_widget_values, recipe_note_key
+from gradacc.app.inputs import (FORM, OWN_LEARNING_RATE, defaults, followed_key, model_widget_values,
+                                recipe_note_key)
 from gradacc.choices import BUILTIN_DATASETS
 from gradacc.config import RunConfig
 from gradacc.recipes import default_dataset, shares_learning_rate
@@ -37,7 +38,7 @@ def train_config() -> RunConfig:
 
 def suggest_train_settings(**changes) -> None:
     """Another page's advice for the Train form (the planner's m and k); the form shows it when it next draws."""
-    st.session_state[TRAIN_CONFIG] = train_config().replace(**changes)
+    st.session_state[TRAIN_CONFIG] = RunConfig.from_dict(train_config().to_dict() | changes)
 
 
 def carry_train_settings(limits: Limits, **changes) -> None:
@@ -60,7 +61,7 @@ def carry_train_settings(limits: Limits, **changes) -> None:
             changes["dataset"] = default_dataset(model)
             notes.append(form.describe_dataset_move(model, changes["dataset"]))
         changes = moves | changes
-        st.session_state[f"{TRAIN_FORM}recipe_for"] = (model, optimizer)  # the Train page's follow_recipe: followed
+        st.session_state[followed_key("train")] = (model, optimizer)  # the Train page's follow_recipe: followed
         if notes:
             st.session_state[recipe_note_key("train")] = " ".join(notes)
     changes["learning_rate"] = recipes.learning_rate(model, optimizer, own_rate)  # what the form will show

@@ -22,7 +22,7 @@ SMALL = dict(train_samples=256, eval_samples=16, dropout=0.0, max_steps=3)
 
 
 def measured_need(config: RunConfig) -> budget.Need:
-    job = prepare(config.replace().check(), lambda event: None, threading.Event())
+    job = prepare(config.check(), lambda event: None, threading.Event())
     return budget.measure_need(job.model, job.train_examples, job.collate, job.config, job.device, job.precision)
 
 
@@ -94,7 +94,7 @@ def test_a_later_longer_micro_batch_fails_the_run_mid_way_and_keeps_what_was_log
         return (short if calls["n"] <= 4 else long)(examples)
 
     config = RunConfig(micro_batch_size=8, grad_accum_steps=2, max_seq_length=64, **SMALL)
-    probe_job = prepare(config.replace(), lambda event: None, threading.Event())
+    probe_job = prepare(config.check(), lambda event: None, threading.Event())
     need = budget.measure_need(probe_job.model, probe_job.train_examples, short, probe_job.config, probe_job.device,
                                probe_job.precision)
     # Room for twice the activations of m=8 at 16 tokens; at 64 tokens they are more than 4x larger.

@@ -63,7 +63,7 @@ def test_labels_are_the_tokens_and_counts_are_of_predicted_tokens_with_a_short_l
     from gradacc.training.run.job import prepare
     import threading
 
-    job = prepare(RunConfig(**LM), lambda e: None, threading.Event())
+    job = prepare(RunConfig(**LM).check(), lambda e: None, threading.Event())
     assert job.config.task == CAUSAL_LM and job.causal_lm
     example = job.train_examples[0]
     # Position 0 predicts nothing; every other token is predicted from the ones before it.

@@ -92,7 +92,7 @@ def test_a_memory_budget_on_the_real_allocator_ends_every_run_cleanly(on_cuda, r
 
     config = RunConfig(micro_batch_size=64, grad_accum_steps=1, max_seq_length=128, train_samples=256,
                        eval_samples=16, dropout=0.0, max_steps=3)
-    job = prepare(config.replace().check(), lambda event: None, threading.Event())
+    job = prepare(config.check(), lambda event: None, threading.Event())
     need = budget.measure_need(job.model, job.train_examples, job.collate, job.config, job.device,
                                job.precision).total(64)
     del job

@@ -349,7 +349,7 @@ def test_a_multi_process_config_outside_a_launch_is_refused():
     with pytest.raises(GradaccError, match="2-process run with accelerate launch or torchrun"):
         from gradacc.training.run.job import prepare
 
-        prepare(RunConfig(num_processes=2), lambda event: None, threading.Event())
+        prepare(RunConfig(num_processes=2).check(), lambda event: None, threading.Event())
 
 
 def test_accelerate_launch_cpu_starting_one_process_is_named(monkeypatch):

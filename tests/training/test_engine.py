@@ -26,7 +26,7 @@ def test_optimizer_steps_per_epoch_flushes_the_short_last_window(n, m, k, expect
 
 
 def test_max_steps_caps_the_total():
-    config = RunConfig(micro_batch_size=8, grad_accum_steps=4, epochs=3, max_steps=5)
+    config = RunConfig(micro_batch_size=8, grad_accum_steps=4, epochs=3, max_steps=5).check()
     assert total_optimizer_steps(config, 2000) == 5
 
 
@@ -91,6 +91,29 @@ def test_default_run_learns_the_builtin_task():
     assert ended["status"] == "completed" and ended["warnings"] == [], ended
     assert len(recorder.of("step")) == 126
     assert recorder.of("eval")[-1]["eval_f1"] >= 0.85
+
+
+def test_bad_input_is_a_failed_run_naming_its_first_field_never_an_exception():
+    recorder = Recorder()
+    ended = train(RunConfig(micro_batch_size=0, grad_accum_steps=2.5, optimizer="lion"), recorder)
+    assert ended["status"] == "failed" and ended["field"] == "micro_batch_size"
+    assert ended["reason"] == "Micro-batch size (m) must be a whole number from 1 to 4096; got 0."
+    assert [event["event"] for event in recorder.events] == ["run_ended"]  # nothing started
+
+
+def test_a_checked_config_is_trained_as_it_is_and_not_checked_again(monkeypatch):
+    from gradacc import config as config_module
+    from gradacc.training.run import engine
+
+    checked = RunConfig(task="classification", **SMALL).check()
+    prepared, checks = [], []
+    prepare = engine._prepare
+    monkeypatch.setattr(engine, "_prepare", lambda config, *rest: prepared.append(config) or prepare(config, *rest))
+    check = config_module.checked_values
+    monkeypatch.setattr(config_module, "checked_values", lambda config: checks.append(config) or check(config))
+    ended = train(checked)
+    assert ended["status"] == "completed", ended
+    assert prepared == [checked] and prepared[0] is checked and checks == []
 
 
 def test_a_misspelt_run_option_is_a_type_error_not_a_silent_attribute():

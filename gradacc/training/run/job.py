@@ -119,8 +119,8 @@ def prepare(config: ValidConfig, emit: EventSink, stop: threading.Event, options
     token_level, collate, confinement = options.token_level, options.collate, options.confinement
     if not isinstance(config, ValidConfig):  # a caller's slip, not bad input: check() it where it enters
         raise TypeError(f"prepare takes a ValidConfig (RunConfig.check()); got {type(config).__name__}")
-    # The task the run will have, shown in run_started's config: named, or inferred from the model.
-    config = config.replace(task=models.infer_task(config))
+    if config.task is None:  # the model's task, shown in run_started's config (a new ValidConfig: it is checked)
+        config = config.replace(task=models.infer_task(config))
     if config.num_processes != distributed.world_size():
         raise GradaccError(f"Processes is {config.num_processes}, but this is a {distributed.world_size()}-process "
                            f"launch; start a {config.num_processes}-process run with accelerate launch or torchrun "

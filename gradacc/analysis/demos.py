@@ -64,7 +64,8 @@ class Scenario:
 
 
 def sized(config: RunConfig, effective_batch: int, scale: float) -> RunConfig:
-    """``config`` with its data (and a long story's epochs) scaled to ``scale``, in whole windows of ``effective_batch``."""
+    """``config`` with its data (and a long story's epochs) scaled by ``scale``, in whole windows of
+    ``effective_batch``."""
     changes = {"train_samples": scaled(config.train_samples, effective_batch, scale)}
     if config.eval_samples:
         changes["eval_samples"] = max(16, math.ceil(config.eval_samples * scale))

@@ -107,9 +107,11 @@ def test_following_a_new_model_or_optimizer_moves_untouched_fields_and_says_the_
     values = {"epochs": tiny.epochs, "dropout": 0.0, "max_seq_length": tiny.max_seq_length}  # dropout: the visitor's
     moves, note = form.follow(("tiny-bert", "adamw"), ("all-MiniLM-L6-v2", "adamw"), values, None)
     assert moves == {"epochs": 1}  # dropout was touched; the lengths are equal
-    assert note == "Set to all-MiniLM-L6-v2's recipe: Learning rate 0.0002, Epochs 1. Fields you changed keep your values."
+    assert note == ("Set to all-MiniLM-L6-v2's recipe: Learning rate 0.0002, Epochs 1. "
+                    "Fields you changed keep your values.")
     # The visitor's own rate stays theirs, and a field the hand-off sets itself is not moved.
-    assert form.follow(("tiny-bert", "adamw"), ("all-MiniLM-L6-v2", "adamw"), values, 1e-3, keep={"epochs"}) == ({}, None)
+    own = form.follow(("tiny-bert", "adamw"), ("all-MiniLM-L6-v2", "adamw"), values, 1e-3, keep={"epochs"})
+    assert own == ({}, None)
     moves, note = form.follow(("tiny-bert", "adamw"), ("tiny-bert", "adafactor"), values, None)
     assert moves == {} and note.startswith(
         f"Set to tiny-bert's recipe for adafactor: Learning rate {recipes.learning_rate('tiny-bert', 'adafactor'):g}")

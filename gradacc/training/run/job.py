@@ -112,9 +112,9 @@ def _with_predicted_tokens(train_examples, eval_examples):
 
 
 def prepare(config: ValidConfig, emit: EventSink, stop: threading.Event, options: RunOptions = RunOptions()) -> Job:
-    """Load data and model of a checked config (``RunConfig.check()``), tokenise and order the data, measure the run's memory when something caps
-    it (refusing it, ``budget.OutOfMemory``, past the cap); GradaccError on bad input. ``options``: see
-    ``RunOptions``.
+    """Load the data and the model of a checked config (``RunConfig.check()``), tokenise and order the data,
+    measure the run's memory when something caps it (refusing it, ``budget.OutOfMemory``, past the cap);
+    GradaccError on bad input (a data file, a model folder). ``options``: see ``RunOptions``.
     """
     token_level, collate, confinement = options.token_level, options.collate, options.confinement
     if not isinstance(config, ValidConfig):  # a caller's slip, not bad input: check() it where it enters

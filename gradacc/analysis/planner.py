@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from gradacc import recipes
 from gradacc.recipes import recipe_for, shares_learning_rate
 from gradacc.labels import field_label
 from gradacc.errors import GradaccError
@@ -202,18 +203,16 @@ def allowed_rows(plan: dict, optimizer: str, change_optimizer: bool, *, model: s
     """The plan's rows the pick may choose from: only ``optimizer``'s (the Train form's) unless the user allows
     another one; then also those of each optimizer whose learning rate ``model``'s recipe holds (measured), never
     one that would have to borrow another optimizer's rate."""
-    recipe = recipe_for(model)
     return [row for row in plan["rows"] if shares_learning_rate(optimizer, row["optimizer"])
-            or (change_optimizer and recipe.learning_rate_for(row["optimizer"]) is not None)]
+            or (change_optimizer and recipes.learning_rate(model, row["optimizer"]) is not None)]
 
 
 def unrated_optimizers(plan: dict, optimizer: str, model: str) -> list[str]:
     """Optimizers that fit the budget but that the planner does not offer: ``model``'s recipe has no learning rate
     measured for them (a pretrained folder or hub id with SGD or Adafactor)."""
-    recipe = recipe_for(model)
     return list(dict.fromkeys(row["optimizer"] for row in plan["rows"] if row["fits"]
                               and not shares_learning_rate(optimizer, row["optimizer"])
-                              and recipe.learning_rate_for(row["optimizer"]) is None))
+                              and recipes.learning_rate(model, row["optimizer"]) is None))
 
 
 def pick(plan: dict, optimizer: str, change_optimizer: bool, *, model: str) -> dict | None:
@@ -232,7 +231,7 @@ def pick(plan: dict, optimizer: str, change_optimizer: bool, *, model: str) -> d
     close = [row for row in fitting if row["seconds_per_example"] <= fastest * (1 + TIME_NOISE)]
     chosen = min(close, key=lambda row: (lever_count(row, optimizer), row["seconds_per_example"]))
     rate = None if shares_learning_rate(optimizer, chosen["optimizer"]) \
-        else recipe_for(model).learning_rate_for(chosen["optimizer"])
+        else recipes.learning_rate(model, chosen["optimizer"])
     return {"row": chosen, "why": _why(chosen, fitting, plan["rows"], optimizer, model, rate), "learning_rate": rate}
 
 

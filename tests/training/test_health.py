@@ -75,7 +75,7 @@ def test_the_learning_rate_warning_before_start_names_what_the_run_end_warnings_
     adafactor = health.learning_rate_warning(RunConfig(optimizer="adafactor", learning_rate=5e-3).check())
     assert adafactor == (f"Learning rate 0.005 is tiny-bert's recipe for AdamW, not adafactor's: its recipe's is "
                          f"{own:g}; set it before Start.")
-    # ... and for one with none measured (validate refuses it unset): it needs one of its own.
+    # ... and for one with none measured (the check refuses it unset): it needs one of its own.
     pretrained = RunConfig(model="org/name", optimizer="sgd", learning_rate=5e-5).check()
     assert health.learning_rate_warning(pretrained) == ("Learning rate 5e-05 is org/name's recipe for AdamW, not "
                                                         "sgd's: it needs a learning rate of its own; set it before Start.")

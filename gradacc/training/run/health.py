@@ -14,6 +14,7 @@ import statistics
 from gradacc import events as ev
 from gradacc.choices import PITFALLS
 from gradacc.config import RunConfig
+from gradacc import recipes
 from gradacc.recipes import is_pretrained, shares_learning_rate
 
 # A step whose loss is this many times the median of the steps before it is a spike...
@@ -171,7 +172,7 @@ def _spike(losses: list[float]) -> str | None:
 def learning_rate_is_high(config: RunConfig) -> bool:
     """A learning rate HIGH_LR_FACTOR or more times the recipe's rate for the run's optimizer: the likeliest cause
     of a spike or collapse. Where the recipe has no rate for the optimizer, nothing is measured against."""
-    lr, recipe_rate = config.learning_rate, config.recipe.learning_rate_for(config.optimizer)
+    lr, recipe_rate = config.learning_rate, recipes.learning_rate(config.model, config.optimizer)
     return lr is not None and recipe_rate is not None and lr >= HIGH_LR_FACTOR * recipe_rate
 
 
@@ -179,17 +180,17 @@ def _high_learning_rate(config: RunConfig) -> str:
     kind = "a pretrained model" if is_pretrained(config.model) else config.model
     optimizer = "" if shares_learning_rate("adamw", config.optimizer) else f" with {config.optimizer}"
     return (f"learning rate {config.learning_rate:g} is high for {kind}{optimizer}; its recipe uses "
-            f"{config.recipe.learning_rate_for(config.optimizer):g}")
+            f"{recipes.learning_rate(config.model, config.optimizer):g}")
 
 
 def learning_rate_warning(config: RunConfig) -> str | None:
     """Said before Start: a learning rate far above the recipe's for the run's optimizer (what ``likely_cause``
     names after a bad run), or AdamW's recipe rate typed in (a form keeps it) for an optimizer that needs its
-    own. A rate the recipe filled in is always the run's own optimizer's (RunConfig.resolved)."""
+    own. A rate the recipe filled in is always the run's own optimizer's (recipes.learning_rate)."""
     if learning_rate_is_high(config):
         return (f"The {_high_learning_rate(config)}: a run this far above it usually spikes or collapses "
                 "(F1 no better than always guessing one class).")
-    own = config.recipe.learning_rate_for(config.optimizer)
+    own = recipes.learning_rate(config.model, config.optimizer)
     if (config.learning_rate == config.recipe.learning_rate and not shares_learning_rate("adamw", config.optimizer)
             and config.learning_rate != own):
         instead = f"its recipe's is {own:g}" if own is not None else "it needs a learning rate of its own"

@@ -8,7 +8,7 @@ from gradacc.training.run import health
 from gradacc.app.live_chart import live_chart
 from gradacc.training.backends import DESCRIPTIONS
 from gradacc.choices import BACKENDS
-from gradacc.config import RunConfig, ValidConfig
+from gradacc.config import RunConfig
 from gradacc.labels import field_label
 from gradacc.errors import GradaccError
 
@@ -90,7 +90,7 @@ if run_id and st.query_params.get("run") != run_id:
 
 
 
-def start(run_config: ValidConfig) -> None:
+def start(run_config: RunConfig) -> None:  # the checked form, or a Fit with accumulation to check
     try:
         new_run = manager.submit(run_config, owner, label=form.run_label(run_config))
     except GradaccError as error:

@@ -28,6 +28,15 @@ if not HAVE_PLAYWRIGHT and not in_ci():
     collect_ignore_glob = ["test_*.py"]
 
 
+if HAVE_PLAYWRIGHT:
+    from playwright.sync_api import expect
+
+    # Playwright's `expect` waits 5 s by default: a page still loading plotly.js (4.8 MB unzipped) on a machine
+    # busy with other test suites took longer. A wait ends as soon as its condition holds, so a longer one only
+    # delays a failure; an expectation about pace states its own timeout.
+    expect.set_options(timeout=20_000)
+
+
 def pytest_terminal_summary(terminalreporter):
     if not HAVE_PLAYWRIGHT and not in_ci():
         terminalreporter.write_line("browser tests not run: the playwright package is not installed; "

@@ -7,8 +7,9 @@ import math
 from dataclasses import dataclass, field
 
 from gradacc import paths
-from gradacc.choices import (BACKENDS, BUILTIN_DATASETS, BUILTIN_MODELS, CONTRASTIVE, LOSS_NORMALIZATIONS, OPTIMIZERS,
-                             PITFALLS, PRECISIONS, SINGLE_EXAMPLE_UNMEASURABLE, TASKS)
+from gradacc.choices import (BACKENDS, BUILTIN_DATASETS, BUILTIN_MODELS, CONTRASTIVE, FSDP_UNSHARDABLE, GRAD_SYNCS,
+                             LOSS_NORMALIZATIONS, OPTIMIZERS, PER_WINDOW, PITFALLS, PRECISIONS,
+                             SINGLE_EXAMPLE_UNMEASURABLE, TASKS)
 from gradacc.errors import GradaccError
 from gradacc.labels import field_label
 from gradacc.recipes import RECIPE_FIELDS, Recipe, no_recipe_rate, recipe_for
@@ -18,6 +19,8 @@ MAX_MEMORY_BUDGET_MB = 10_000_000.0
 MAX_MICRO_BATCH = 4096
 MAX_ACCUM_STEPS = 4096
 MAX_SEQ_LEN = 512
+# Optimizers that cannot step FSDP's sharded (DTensor) parameters.
+FSDP_OPTIMIZERS_REFUSED = ("adafactor", "adamw-8bit")
 
 
 @dataclass
@@ -70,6 +73,10 @@ class RunConfig:
     # Contrastive task only: None trains with MultipleNegativesRankingLoss on each micro-batch; a number trains
     # with CachedMultipleNegativesRankingLoss (GradCache), embedding mini-batches of this many texts.
     gradcache_mini_batch: int | None = None
+    # Several processes: shard parameters, gradients and optimizer state over them (FSDP2) instead of replicating
+    # the model (DDP); grad_sync says when a sharded run reduce-scatters gradients while it accumulates (GRAD_SYNCS).
+    fsdp: bool = False
+    grad_sync: str = PER_WINDOW
 
     @property
     def effective_batch(self) -> int:
@@ -160,6 +167,7 @@ class RunConfig:
         self._validate_memory_levers()
         self._validate_pitfalls()
         self._validate_contrastive()
+        self._validate_sharding()
 
     def _validate_pitfalls(self) -> None:
         label = field_label("pitfalls")
@@ -196,6 +204,34 @@ class RunConfig:
         if self.memory_budget_mb is not None:
             raise GradaccError(f"{field_label('memory_budget_mb')} is not measured for the contrastive task yet; "
                                "leave it empty.", "memory_budget_mb")
+
+    def _validate_sharding(self) -> None:
+        if not isinstance(self.fsdp, bool):
+            raise GradaccError(f"{field_label('fsdp')} must be on or off; got {_shown(self.fsdp)}.", "fsdp")
+        _choice("grad_sync", self.grad_sync, GRAD_SYNCS)
+        if not self.fsdp:
+            if self.grad_sync != PER_WINDOW:
+                raise GradaccError(f"{field_label('grad_sync')} {self.grad_sync} is for sharded runs (FSDP); a DDP run "
+                                   "all-reduces once per window.", "grad_sync")
+            return
+        if self.num_processes < 2:
+            raise GradaccError(f"{field_label('fsdp')} needs 2 or more processes (torchrun --nproc_per_node N, or "
+                               f"accelerate launch --multi_gpu --num_processes N); this run has {self.num_processes}.",
+                               "fsdp")
+        model = self.model.strip()
+        if model in FSDP_UNSHARDABLE:
+            raise GradaccError(f"{field_label('model')} {model} cannot be sharded with FSDP: {FSDP_UNSHARDABLE[model]}.",
+                               "model")
+        refused = {"memory_budget_mb": (self.memory_budget_mb is not None, "it measures what an unsharded model "
+                                        "needs; leave it empty (the Memory planner page estimates a sharded run)"),
+                   "precision": (self.precision == "fp16", "its grad scaler does not take sharded gradients here; "
+                                 "use bf16 or fp32"),
+                   "optimizer": (self.optimizer in FSDP_OPTIMIZERS_REFUSED,
+                                 "it cannot step sharded (DTensor) parameters; use adamw, adamw-fused or sgd")}
+        for name, (bad, why) in refused.items():
+            if bad:
+                raise GradaccError(f"{field_label(name)} {_shown(getattr(self, name))} does not work on a sharded run "
+                                   f"(FSDP): {why}.", name)
 
     def _validate_memory_levers(self) -> None:
         if self.memory_budget_mb is not None and self.model in SINGLE_EXAMPLE_UNMEASURABLE:

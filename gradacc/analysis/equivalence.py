@@ -239,8 +239,11 @@ def accumulated_gradient(config: RunConfig, token_level: bool, trainer_library_d
 
 
 def _gradients(model) -> dict:
+    """Each parameter's whole gradient (a sharded one all-gathered: every rank asks for it at the same step)."""
+    from gradacc.training.fsdp import full_gradient
+
     # Wrappers (DDP) prefix names with "module."; strip it so every backend's names line up.
-    return {name.removeprefix("module."): p.grad.detach().float().flatten().clone()
+    return {name.removeprefix("module."): full_gradient(p).detach().float().flatten().clone()
             for name, p in model.named_parameters() if p.grad is not None}
 
 

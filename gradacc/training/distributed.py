@@ -46,12 +46,21 @@ def launch_warning() -> str | None:
     return None
 
 
+# How long a collective waits for the other ranks before it fails the run: a rank that hangs (alive, but no longer
+# calling collectives) would otherwise hold the others for torch's default of 30 minutes. Every rank does the
+# same work between two collectives, except evaluation without FSDP (rank 0 alone, the others wait).
+PROCESS_GROUP_TIMEOUT_S = 600
+
+
 def init_process_group(device) -> None:
     """Join the launch's process group (gloo on CPU, nccl on CUDA) unless Accelerate already did."""
+    import datetime
+
     import torch.distributed as dist
 
     if world_size() > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                timeout=datetime.timedelta(seconds=PROCESS_GROUP_TIMEOUT_S))
 
 
 def leave_process_group() -> None:
@@ -86,6 +95,20 @@ def sum_over_ranks(values: list[float], device) -> list[float]:
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(tensor)
     return tensor.tolist()
+
+
+def gather_from_ranks(values: list[float], device) -> list[list[float]]:
+    """Every rank's ``values`` (as many on each), in rank order, on every rank (one all-gather); float64 holds
+    byte counts exactly up to 2**53."""
+    if not is_distributed():
+        return [list(values)]
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    gathered = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, tensor)
+    return [part.tolist() for part in gathered]
 
 
 def from_main_process(value):

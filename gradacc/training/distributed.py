@@ -72,6 +72,20 @@ def leave_process_group() -> None:
         dist.destroy_process_group()
 
 
+def exit_rank(code: int) -> None:
+    """End a launched rank: flush, leave the process group, and exit without the interpreter's teardown.
+
+    Leaving the group is not enough after FSDP: the gloo group lives on in FSDP's mesh, and a worker thread of it
+    that drops a finished collective's tensor while the interpreter finalises calls pthread_exit from a noexcept
+    destructor: std::terminate, "terminate called without an active exception", SIGABRT (seen in a core dump), so a
+    completed launch reads as failed. ``os._exit`` skips the finalisation; what must be written is flushed first.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    leave_process_group()
+    os._exit(code)
+
+
 def is_distributed() -> bool:
     import torch.distributed as dist
 

@@ -13,6 +13,7 @@ Accelerate's FSDP plugin (``fsdp_version=2``) shards it instead, and ``sync_each
 from __future__ import annotations
 
 import contextlib
+import threading
 
 from torch.utils.data import DataLoader
 
@@ -34,6 +35,7 @@ def new_accelerator(job):
     from accelerate.utils import GradientAccumulationPlugin
 
     # A fresh accumulation state per run (these are process-wide singletons); the process group stays.
+    forget_fsdp_on_cpu()
     AcceleratorState._reset_state(reset_partial_state=False)
     GradientState._reset_state()
     # Accelerate's own autocast (and grad scaler for fp16) around the prepared model's forward.
@@ -76,6 +78,22 @@ def keep_fsdp_on_cpu(plugin) -> None:
         state.distributed_type = DistributedType.FSDP
         PartialState._shared_state["distributed_type"] = DistributedType.FSDP
         state.fsdp_plugin = plugin
+        _SWITCHED_TO_FSDP.set()
+
+
+# Set while the process-wide PartialState says FSDP because keep_fsdp_on_cpu said so.
+_SWITCHED_TO_FSDP = threading.Event()
+
+
+def forget_fsdp_on_cpu() -> None:
+    """The next run in this process (the equivalence check makes several) starts from the state Accelerate made:
+    PartialState outlives a run, and a DDP run must not find it switched to FSDP."""
+    if _SWITCHED_TO_FSDP.is_set():
+        from accelerate.state import PartialState
+        from accelerate.utils import DistributedType
+
+        PartialState._shared_state["distributed_type"] = DistributedType.MULTI_CPU
+        _SWITCHED_TO_FSDP.clear()
 
 
 def prepared_sharded(accelerator, model) -> None:

@@ -9,6 +9,7 @@ from gradacc import events, paths
 from gradacc.choices import PITFALLS
 from gradacc.cli.options import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, add_run_options, config_from_args, value
 from gradacc.config import RunConfig
+from gradacc.errors import GradaccError
 from gradacc.export import trackers
 from gradacc.labels import in_cli_words
 from gradacc.serving.limits import Limits
@@ -64,6 +65,9 @@ def run(args) -> int:
 
     trackers.parse_report_to(args.report_to)  # a misspelt tracker fails here, before torch is imported
     config = config_from_args(args).validate()
+    if config.fsdp and args.sync_each_micro_batch:
+        raise GradaccError("--sync-each-micro-batch is DDP's; a sharded run syncs after every micro-batch with "
+                           "--grad-sync per-micro-batch.")
     limits = Limits.from_env()
     limits.check(config)
     writes = distributed.is_main_process()  # only rank 0 prints and writes events

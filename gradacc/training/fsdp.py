@@ -69,13 +69,14 @@ def unwrappable(model: nn.Module) -> str | None:
 
 
 def group_sizes(model: nn.Module) -> dict:
-    """Parameters per ``fully_shard`` group as ``shard`` makes them: the whole model (N), the largest group and the
-    root's (what the blocks leave). Read before sharding; the bench's formula takes them."""
+    """Parameters per ``fully_shard`` group as ``shard`` makes them: the whole model (N), the largest group, the group
+    backward reduces first (the last block) and the root's (what the blocks leave); the formula of
+    ``gradacc.analysis.sharding`` takes them. A sharded model's parameters count whole (a DTensor's global size)."""
     total = sum(p.numel() for p in model.parameters())
     block_sizes = [sum(p.numel() for p in block.parameters()) for block in blocks(model)]
     root = total - sum(block_sizes)
-    return {"parameters": total, "largest_group": max([root, *block_sizes]), "root": root,
-            "groups": len(block_sizes) + 1}
+    return {"parameters": total, "largest_group": max([root, *block_sizes]),
+            "first_reduced": block_sizes[-1] if block_sizes else root, "root": root, "groups": len(block_sizes) + 1}
 
 
 def shard(model: nn.Module, device, name: str) -> nn.Module:
@@ -228,6 +229,11 @@ class ShardingProbe:
 
     def after_backward(self) -> None:
         self.held = max(self.held, gradient_bytes(self.model))
+
+    def discard(self) -> None:
+        """Forget what was counted since the last step (an evaluation's all-gathers belong to no window)."""
+        self.ledger.take()
+        self.held, self.window_started = 0, None
 
     def take(self) -> dict:
         """Every rank's figures for the window that just stepped (a collective: every rank calls it at each step)."""

@@ -133,5 +133,7 @@ class StepReporter:
         return time.thread_time() - self.started_cpu
 
     def evaluation(self, *, epoch: int, step: int, metrics: dict) -> None:
+        if self.sharding_probe is not None:
+            self.sharding_probe.discard()  # the evaluation's all-gathers are no window's
         named = {**metrics, "majority_f1": metrics.get("eval_majority_f1", metrics.get("majority_f1"))}
         self.job.emit(events.eval_(epoch=epoch, step=step, **{name: named.get(name) for name in events.EVAL_METRICS}))

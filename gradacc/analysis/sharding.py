@@ -28,7 +28,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gradacc.choices import PER_MICRO_BATCH, PER_WINDOW
+from gradacc.choices import GRAD_SYNCS, PER_MICRO_BATCH, PER_WINDOW
+from gradacc.errors import GradaccError
+from gradacc.labels import field_label
+from gradacc.units import MB, format_bytes
 
 QUANTITIES = ("grad_bytes", "grad_peak_bytes", "grad_comm_bytes", "param_comm_bytes")
 
@@ -117,3 +120,67 @@ def real_sizes(grad_accum_steps: int = 8) -> list[dict]:
                          "sent_bytes": {PER_WINDOW: ring_sent(window["grad_comm_bytes"], processes),
                                         PER_MICRO_BATCH: ring_sent(each["grad_comm_bytes"], processes)}})
     return rows
+
+
+# ---- the Memory planner on several processes ------------------------------------------------------
+
+def plan_processes(setting: dict, budget_mb: float, target_effective_batch: int, processes: int) -> dict:
+    """One measured lever setting (``planner.measure_levers``) on ``processes`` ranks, per rank: replicated (DDP:
+    every rank holds the whole model, its gradients and optimizer state) and sharded (FSDP) with each sync choice.
+
+    A sharded rank holds 1/P of the parameters and optimizer state, the gradients the formula above gives for its
+    sync choice (its peak), and one group's gathered parameters while that group computes; activations are the
+    measured line, per micro-batch. m is the largest power of two that fits, dividing the per-rank batch (target
+    ÷ P), k the rest; per-window sync is planned with k ≥ 2 (at k = 1 nothing waits for a window: it is the other). Each way says what a rank hands to its gradient collectives per window (``sent_bytes``: the
+    bytes a ring puts on the wire; DDP's all-reduce is a reduce-scatter and an all-gather)."""
+    from gradacc.training.memory.budget import largest_fitting_micro_batch
+
+    per_rank_batch, left = divmod(target_effective_batch, processes)
+    if left or not per_rank_batch:
+        raise GradaccError(f"{field_label('target_effective_batch')} {target_effective_batch} must be a multiple of the "
+                           f"{processes} processes: each takes the same share.", "target_effective_batch")
+    static, fit, shape = setting["static"], setting["fit"], Shape(**setting["shape"])
+    grad_bytes, param_bytes = static["gradients"] / shape.parameters, static["parameters"] / shape.parameters
+    budget = budget_mb * MB
+
+    def way(held: float, sent_per_k, most: int = per_rank_batch) -> dict:
+        m = largest_fitting_micro_batch(held, fit["fixed_bytes"], fit["bytes_per_example"], budget, most) if most \
+            else None
+        k = per_rank_batch // m if m else None
+        return {"fits": m is not None, "micro_batch_size": m, "grad_accum_steps": k, "static_bytes": held,
+                "peak_bytes": held + fit["fixed_bytes"] + fit["bytes_per_example"] * m if m else None,
+                "least_bytes": held + fit["fixed_bytes"] + fit["bytes_per_example"], "sent_bytes": sent_per_k(k)}
+
+    ways = {"ddp": way(static["total"], lambda k: 2 * ring_sent(static["gradients"], processes))}
+    for choice in GRAD_SYNCS:
+        def sent(k, choice=choice):
+            figures = per_rank(shape, processes, k or per_rank_batch, grad_bytes, param_bytes)[choice]
+            return ring_sent(figures["grad_comm_bytes"], processes)
+
+        gradients = per_rank(shape, processes, 1, grad_bytes, param_bytes)[choice]["grad_peak_bytes"]
+        held = (static["parameters"] + static["optimizer_state"]) / processes + gradients \
+            + shape.largest_group * param_bytes
+        most = per_rank_batch // 2 if choice == PER_WINDOW else per_rank_batch
+        ways[choice] = way(held, sent, most) | {"gradient_bytes": gradients}
+    return {"processes": processes, "budget_mb": budget_mb, "target_effective_batch": target_effective_batch,
+            "ways": ways, "verdict": verdict(ways)}
+
+
+def verdict(ways: dict) -> str:
+    """One sentence: which sync choice fits, and what per-micro-batch sync costs in bytes sent."""
+    window, each = ways[PER_WINDOW], ways[PER_MICRO_BATCH]
+    if each["grad_accum_steps"] == 1:
+        return (f"No accumulation is needed: m = {each['micro_batch_size']} per rank fits with k = 1, where both ways "
+                "to sync are the same run.")
+    if window["fits"] and each["fits"]:
+        return (f"Both ways to sync fit; per-window sync sends {format_bytes(window['sent_bytes'])} of gradients per window "
+                f"against per-micro-batch's {format_bytes(each['sent_bytes'])}: keep per-window.")
+    if each["fits"]:
+        return (f"Per-window sync does not fit: it holds the whole model's gradients "
+                f"({format_bytes(window['gradient_bytes'])}) on every rank for the window, so even m = 1 needs "
+                f"{format_bytes(window['least_bytes'])}. Per-micro-batch sync fits at m = {each['micro_batch_size']}, "
+                f"k = {each['grad_accum_steps']}, and sends {format_bytes(each['sent_bytes'])} of gradients per window "
+                f"instead of {format_bytes(window['sent_bytes'])} ({each['grad_accum_steps']}×).")
+    return (f"Neither way to sync fits: even per-micro-batch sync at m = 1 needs {format_bytes(each['least_bytes'])} per "
+            "rank; add processes or pull another lever.")
+

@@ -22,8 +22,8 @@ _TRAIN_CONFIG_SHOWN = "train_config.shown"  # the config the Train form's widget
 # The Train form's widgets, by RunConfig field (the model and the data have pickers of their own).
 TRAIN_FORM_FIELDS = ("backend", "micro_batch_size", "grad_accum_steps", "epochs", "learning_rate", "seed",
                      "loss_normalization", "dropout", "train_samples", "eval_samples", "max_seq_length",
-                     "num_processes", "memory_budget_mb", "gradient_checkpointing", "precision", "optimizer",
-                     "pitfalls")
+                     "num_processes", "fsdp", "grad_sync", "memory_budget_mb", "gradient_checkpointing", "precision",
+                     "optimizer", "pitfalls")
 
 
 def train_config() -> RunConfig:

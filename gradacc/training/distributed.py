@@ -59,6 +59,10 @@ def init_process_group(device) -> None:
     import torch.distributed as dist
 
     if world_size() > 1 and not dist.is_initialized():
+        if device.type == "cuda":  # NCCL's own calls (a barrier, an object's broadcast) use the current device
+            import torch
+
+            torch.cuda.set_device(device)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
                                 timeout=datetime.timedelta(seconds=PROCESS_GROUP_TIMEOUT_S))
 

@@ -133,8 +133,9 @@ class Progress:
         if kind == events.RUN_STARTED:
             self.total = event["total_steps"]
             config = event["config"]
+            sharded = f" sharded (FSDP, {config['grad_sync']} sync)" if config.get("fsdp") else ""
             print(f"{config['backend']}: micro-batch {config['micro_batch_size']} × {config['grad_accum_steps']} "
-                  f"accumulation steps × {config['num_processes']} process(es) = effective batch "
+                  f"accumulation steps × {config['num_processes']} process(es){sharded} = effective batch "
                   f"{event['effective_batch']}; {self.total} optimizer steps on {event['device']}")
             for note in event.get("notes") or []:
                 print(f"note: {note}")

@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 import threading
 
+from gradacc.choices import GRAD_SYNCS, PER_MICRO_BATCH, PER_WINDOW
 from gradacc.config import RunConfig
 from gradacc.labels import field_label
 from gradacc.errors import GradaccError
@@ -188,8 +189,6 @@ def grad_sync_comparison(config: RunConfig, confinement=None) -> dict:
     batch, and each rank's measured figures at the second step (the first carries FSDP's lazy set-up); then the two
     ratios per rank, per-window ÷ per-micro-batch gradient bytes held (≈ P) and per-micro-batch ÷ per-window bytes
     handed to reduce-scatter (= k)."""
-    from gradacc.choices import GRAD_SYNCS, PER_MICRO_BATCH, PER_WINDOW
-
     config = config.replace(train_samples=2 * config.effective_batch, max_steps=2, loss_normalization="exact")
     reference = full_batch_gradient(config, token_level=False, first_windows=1, confinement=confinement)
     report = {}
@@ -266,7 +265,7 @@ def accumulated_gradient(config: RunConfig, token_level: bool, trainer_library_d
 
 def _gradients(model) -> dict:
     """Each parameter's whole gradient (a sharded one all-gathered: every rank asks for it at the same step)."""
-    from gradacc.training.fsdp import full_gradient
+    from gradacc.training.fsdp import full_gradient  # torch: imported when a check runs, as the training is
 
     # Wrappers (DDP) prefix names with "module."; strip it so every backend's names line up.
     return {name.removeprefix("module."): full_gradient(p).detach().float().flatten().clone()

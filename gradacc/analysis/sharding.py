@@ -133,7 +133,7 @@ def plan_processes(setting: dict, budget_mb: float, target_effective_batch: int,
     measured line, per micro-batch. m is the largest power of two that fits, dividing the per-rank batch (target
     ÷ P), k the rest; per-window sync is planned with k ≥ 2 (at k = 1 nothing waits for a window: it is the other). Each way says what a rank hands to its gradient collectives per window (``sent_bytes``: the
     bytes a ring puts on the wire; DDP's all-reduce is a reduce-scatter and an all-gather)."""
-    from gradacc.training.memory.budget import largest_fitting_micro_batch
+    from gradacc.training.memory.budget import largest_fitting_micro_batch  # torch: not for the formula's users
 
     per_rank_batch, left = divmod(target_effective_batch, processes)
     if left or not per_rank_batch:

@@ -20,10 +20,17 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+
 from gradacc.analysis import sharding
 from gradacc.bench import report
 from gradacc.choices import GRAD_SYNCS, PER_MICRO_BATCH, PER_WINDOW
+from gradacc.config import RunConfig
 from gradacc.errors import RunFailed
+from gradacc.events import Recorder
+from gradacc.training import distributed, fsdp
+from gradacc.training.run.engine import train
+from gradacc.training.run.launch import free_port
 
 PROCESSES = 2
 FULL = {"models": ["tiny-bert", "tiny-gpt", "all-MiniLM-L6-v2"], "ks": [2, 4, 8], "rounds": 3, "windows": 5,
@@ -65,7 +72,7 @@ def _launch(size: dict, threads: int) -> dict:
         env = {**os.environ, "OMP_NUM_THREADS": str(threads),
                "PYTHONPATH": os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")]))}
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(PROCESSES),
-                   "--master_port", str(_free_port()), "-m", "gradacc.bench.fsdp", str(out), json.dumps(size),
+                   "--master_port", str(free_port()), "-m", "gradacc.bench.fsdp", str(out), json.dumps(size),
                    str(threads)]
         finished = subprocess.run(command, capture_output=True, text=True, env=env, timeout=LAUNCH_TIMEOUT_S)
         if not out.exists():
@@ -73,12 +80,6 @@ def _launch(size: dict, threads: int) -> dict:
             raise RunFailed(f"the 2-rank launch failed (exit {finished.returncode}): "
                             f"{(errors or finished.stderr.splitlines() or ['no output'])[-1]}")
         return json.loads(out.read_text())
-
-
-def _free_port() -> int:
-    from gradacc.training.run.launch import free_port
-
-    return free_port()
 
 
 def _point(model: str, k: int, measured: dict) -> dict:
@@ -115,20 +116,24 @@ def formula_check(points: list[dict], measured: dict) -> dict:
 
 
 def figure(result: dict):
+    import plotly.colors
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    titles = ("Gradient bytes per rank: per-window ÷ per-micro-batch", "Bytes sent per window: per-micro-batch ÷ "
-              "per-window", "Time per window: per-micro-batch ÷ per-window")
-    fig = make_subplots(rows=1, cols=3, subplot_titles=titles)
-    for model in dict.fromkeys(p["model"] for p in result["points"]):
+    titles = ("Gradient bytes per rank<br>per-window ÷ per-micro-batch", "Bytes sent per window<br>per-micro-batch ÷ "
+              "per-window", "Time per window (noisy here)<br>per-micro-batch ÷ per-window")
+    fig = make_subplots(rows=1, cols=3, subplot_titles=titles, horizontal_spacing=0.08)
+    for index, model in enumerate(dict.fromkeys(p["model"] for p in result["points"])):
         points = [p for p in result["points"] if p["model"] == model]
         ks = [f"k={p['grad_accum_steps']}" for p in points]
+        color = plotly.colors.qualitative.Plotly[index]
         for column, key in enumerate(("grad_bytes_ratio", "grad_comm_ratio", "time_ratio"), start=1):
-            fig.add_trace(go.Bar(x=ks, y=[p[key] for p in points], name=model, legendgroup=model,
+            fig.add_trace(go.Bar(x=ks, y=[p[key] for p in points], name=model, legendgroup=model, marker_color=color,
                                  showlegend=column == 1), row=1, col=column)
-    fig.update_layout(title="FSDP on 2 processes: what per-window sync saves in bytes sent, and what it costs in "
-                            "gradient memory", barmode="group")
+    fig.update_layout(title="FSDP on 2 processes: per-window sync holds P× the gradients, per-micro-batch sends k× "
+                            "the bytes", barmode="group", legend=dict(orientation="h", y=-0.12),
+                      margin=dict(t=110))
+    fig.update_annotations(font_size=13)
     return fig
 
 
@@ -156,13 +161,6 @@ def table(result: dict) -> tuple[list[str], list[list]]:
 # ---- each rank, under torchrun ------------------------------------------------------------------------
 
 def _rank_main(out: str, size: dict, threads: int) -> None:
-    import torch
-
-    from gradacc.training import distributed, fsdp
-    from gradacc.training.run.engine import train
-    from gradacc.config import RunConfig
-    from gradacc.events import Recorder
-
     torch.set_num_threads(threads)
     measured = {}
     for model in size["models"]:

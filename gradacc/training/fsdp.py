@@ -34,8 +34,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 from torch.distributed.tensor import DTensor
 
-from gradacc.choices import PER_MICRO_BATCH
-from gradacc.errors import GradaccError
+from gradacc.errors import GradaccError, one_line
 from gradacc.training import distributed
 
 
@@ -85,9 +84,13 @@ def shard(model: nn.Module, device, name: str) -> nn.Module:
     for a model FSDP cannot shard."""
     check_shardable(model, name)
     mesh = init_device_mesh(torch.device(device).type, (distributed.world_size(),))
-    for block in blocks(model):
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    try:
+        for block in blocks(model):
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    except ValueError as error:  # a parameter tied across two groups, say: FSDP's own reason, in one line
+        raise GradaccError(f"Model {name} cannot be sharded with FSDP: {one_line(error, with_type=False)}",
+                           "model") from None
     return model
 
 
@@ -105,10 +108,6 @@ def is_sharded(model) -> bool:
 def set_grad_sync(model, synced: bool) -> None:
     """Whether the next backward reduce-scatters (sticky in FSDP: set before every micro-batch)."""
     model.set_requires_gradient_sync(synced)
-
-
-def syncs_this_micro_batch(grad_sync: str, last_of_window: bool) -> bool:
-    return grad_sync == PER_MICRO_BATCH or last_of_window
 
 
 def full_gradient(parameter) -> torch.Tensor | None:

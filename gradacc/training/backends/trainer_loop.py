@@ -23,6 +23,7 @@ import tempfile
 import numpy as np
 import torch
 import torch.nn.functional as F
+from accelerate.utils import FullyShardedDataParallelPlugin
 from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
 
 from gradacc.choices import PER_MICRO_BATCH
@@ -75,8 +76,6 @@ class GradaccTrainer(Trainer):
     def create_accelerator_and_postprocess(self):
         super().create_accelerator_and_postprocess()
         if self.args.fsdp:  # on the CPU Accelerate drops the FSDP plugin (see keep_fsdp_on_cpu); keep it
-            from accelerate.utils import FullyShardedDataParallelPlugin
-
             keep_fsdp_on_cpu(FullyShardedDataParallelPlugin(**self.args.fsdp_plugin_args))
             self.is_fsdp_enabled = True
 

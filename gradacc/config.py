@@ -19,8 +19,9 @@ MAX_MEMORY_BUDGET_MB = 10_000_000.0
 MAX_MICRO_BATCH = 4096
 MAX_ACCUM_STEPS = 4096
 MAX_SEQ_LEN = 512
-# Optimizers that cannot step FSDP's sharded (DTensor) parameters.
-FSDP_OPTIMIZERS_REFUSED = ("adafactor", "adamw-8bit")
+# Optimizers a sharded run refuses, and why: FSDP's parameters are DTensors.
+FSDP_OPTIMIZERS_REFUSED = {"adafactor": "transformers' Adafactor cannot step sharded (DTensor) parameters",
+                           "adamw-8bit": "bitsandbytes' 8-bit AdamW is not checked with sharded (DTensor) parameters"}
 
 
 @dataclass
@@ -224,10 +225,10 @@ class RunConfig:
                                "model")
         refused = {"memory_budget_mb": (self.memory_budget_mb is not None, "it measures what an unsharded model "
                                         "needs; leave it empty (the Memory planner page estimates a sharded run)"),
-                   "precision": (self.precision == "fp16", "its grad scaler does not take sharded gradients here; "
+                   "precision": (self.precision == "fp16", "its grad scaler is not checked with sharded gradients; "
                                  "use bf16 or fp32"),
                    "optimizer": (self.optimizer in FSDP_OPTIMIZERS_REFUSED,
-                                 "it cannot step sharded (DTensor) parameters; use adamw, adamw-fused or sgd")}
+                                 f"{FSDP_OPTIMIZERS_REFUSED.get(self.optimizer)}; use adamw, adamw-fused or sgd")}
         for name, (bad, why) in refused.items():
             if bad:
                 raise GradaccError(f"{field_label(name)} {_shown(getattr(self, name))} does not work on a sharded run "

@@ -11,8 +11,9 @@ import math
 from dataclasses import dataclass, field
 
 from gradacc import paths, recipes
-from gradacc.choices import (BACKENDS, BUILTIN_DATASETS, BUILTIN_MODELS, CONTRASTIVE, LOSS_NORMALIZATIONS, OPTIMIZERS,
-                             PITFALLS, PRECISIONS, SINGLE_EXAMPLE_UNMEASURABLE, TASKS)
+from gradacc.choices import (BACKENDS, BUILTIN_DATASETS, BUILTIN_MODELS, CONTRASTIVE, FSDP_UNSHARDABLE, GRAD_SYNCS,
+                             LOSS_NORMALIZATIONS, OPTIMIZERS, PER_WINDOW, PITFALLS, PRECISIONS,
+                             SINGLE_EXAMPLE_UNMEASURABLE, TASKS)
 from gradacc.errors import GradaccError
 from gradacc.labels import field_label
 from gradacc.recipes import RECIPE_FIELDS, Recipe, no_recipe_rate, recipe_for
@@ -22,6 +23,9 @@ MAX_MEMORY_BUDGET_MB = 10_000_000.0
 MAX_MICRO_BATCH = 4096
 MAX_ACCUM_STEPS = 4096
 MAX_SEQ_LEN = 512
+# Optimizers a sharded run refuses, and why: FSDP's parameters are DTensors.
+FSDP_OPTIMIZERS_REFUSED = {"adafactor": "transformers' Adafactor cannot step sharded (DTensor) parameters",
+                           "adamw-8bit": "bitsandbytes' 8-bit AdamW is not checked with sharded (DTensor) parameters"}
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,10 @@ class RunConfig:
     # Contrastive task only: None trains with MultipleNegativesRankingLoss on each micro-batch; a number trains
     # with CachedMultipleNegativesRankingLoss (GradCache), embedding mini-batches of this many texts.
     gradcache_mini_batch: int | None = None
+    # Several processes: shard parameters, gradients and optimizer state over them (FSDP2) instead of replicating
+    # the model (DDP); grad_sync says when a sharded run reduce-scatters gradients while it accumulates (GRAD_SYNCS).
+    fsdp: bool = False
+    grad_sync: str = PER_WINDOW
 
     @property
     def effective_batch(self) -> int:
@@ -204,6 +212,7 @@ def checked_values(config: RunConfig) -> tuple[dict, dict[str, str]]:
     _check_memory_levers(checks)
     _check_pitfalls(checks)
     _check_contrastive(checks)
+    _check_sharding(checks)
     return values, checks.errors
 
 
@@ -269,6 +278,36 @@ def _check_contrastive(checks: _Checks) -> None:
     if values["memory_budget_mb"] is not None:
         checks.refuse("memory_budget_mb", f"{field_label('memory_budget_mb')} is not measured for the contrastive "
                       "task yet; leave it empty.")
+
+
+def _check_sharding(checks: _Checks) -> None:
+    values = checks.values
+    checks.take("fsdp", _switch, "on or off")
+    checks.take("grad_sync", _choice, GRAD_SYNCS)
+    if not checks.passed("fsdp", "grad_sync"):
+        return
+    if not values["fsdp"]:
+        if values["grad_sync"] != PER_WINDOW:
+            checks.refuse("grad_sync", f"{field_label('grad_sync')} {values['grad_sync']} is for sharded runs (FSDP); "
+                          "a DDP run all-reduces once per window.")
+        return
+    if checks.passed("num_processes") and values["num_processes"] < 2:
+        checks.refuse("fsdp", f"{field_label('fsdp')} needs 2 or more processes (torchrun --nproc_per_node N, or "
+                      f"accelerate launch --multi_gpu --num_processes N); this run has {values['num_processes']}.")
+    model = values["model"].strip() if checks.passed("model") else None
+    if model in FSDP_UNSHARDABLE:
+        checks.refuse("model", f"{field_label('model')} {model} cannot be sharded with FSDP: "
+                      f"{FSDP_UNSHARDABLE[model]}.")
+    refused = {"memory_budget_mb": (values["memory_budget_mb"] is not None, "it measures what an unsharded model "
+                                    "needs; leave it empty (the Memory planner page estimates a sharded run)"),
+               "precision": (values["precision"] == "fp16", "its grad scaler is not checked with sharded gradients; "
+                             "use bf16 or fp32"),
+               "optimizer": (values["optimizer"] in FSDP_OPTIMIZERS_REFUSED,
+                             f"{FSDP_OPTIMIZERS_REFUSED.get(values['optimizer'])}; use adamw, adamw-fused or sgd")}
+    for name, (bad, why) in refused.items():
+        if bad and checks.passed(name):
+            checks.refuse(name, f"{field_label(name)} {_shown(values[name])} does not work on a sharded run (FSDP): "
+                          f"{why}.")
 
 
 def too_few_examples(micro_batch_size: int, train_examples: int) -> str:

@@ -56,6 +56,22 @@ class PitfallFigures(TypedDict):
     loss_right: float
 
 
+class ShardingFigures(TypedDict):
+    """In a sharded (FSDP) run, what each rank measured in this window, one list entry per rank (training.fsdp):
+    ``grad_bytes``, the most gradient bytes it held after a backward (its shard, or the unsharded gradients a
+    per-window sync accumulates); ``grad_peak_bytes``, the same or more: also the reduce-scatter's buffers at its
+    call; ``grad_comm_bytes`` and ``grad_comm_calls``, the gradient bytes it handed to reduce-scatter and how many
+    calls; ``param_comm_bytes``, the parameter bytes it handed to all-gather; ``window_s``, the window's seconds
+    from its first micro-batch to the end of its optimizer step."""
+    grad_sync: Literal["per-window", "per-micro-batch"]
+    grad_bytes: list[int]
+    grad_peak_bytes: list[int]
+    grad_comm_bytes: list[int]
+    grad_comm_calls: list[int]
+    param_comm_bytes: list[int]
+    window_s: list[float]
+
+
 class OutOfMemoryFigures(TypedDict):
     """A run past its memory cap (training.budget): the figures, and ``fit``, the micro-batch size and
     accumulation that keep its effective batch within the cap (None when even m=1 does not fit)."""
@@ -107,6 +123,7 @@ class StepEvent(TypedDict):
     rss_bytes: int | None
     cuda_peak_bytes: int | None
     pitfall: NotRequired[PitfallFigures]  # only in a run with pitfalls
+    sharding: NotRequired[ShardingFigures]  # only in a sharded (FSDP) run
 
 
 class EvalEvent(TypedDict):
@@ -207,12 +224,13 @@ def run_started(*, config: dict, effective_batch: int, total_steps: int, steps_p
 
 def step(*, step: int, epoch: int, samples_seen: int, tokens_seen: int, micro_batches: int, loss: float,
          grad_norm: float | None, lr: float, elapsed_s: float, memory: dict, sync_rounds: int | None = None,
-         pitfall: dict | None = None, cpu_s: float | None = None) -> StepEvent:
+         pitfall: dict | None = None, cpu_s: float | None = None, sharding: dict | None = None) -> StepEvent:
     """``memory``: the memory fields (MEMORY_FIELDS, training.memory.snapshot); one not measured is None.
     ``sync_rounds``: DDP gradient all-reduces (one per bucket) in this window; None on one process.
     ``pitfall``: in a run with pitfalls, what the right loop would have done at this step (training.pitfalls):
     planned_lr, grad_norm_stepped, grad_norm_right and grad_cosine, examples_stepped, examples_seen and examples_trained
-    (all steps so far), loss_right; absent otherwise. ``cpu_s``: see StepEvent; None leaves it out."""
+    (all steps so far), loss_right; absent otherwise. ``cpu_s``: see StepEvent; None leaves it out. ``sharding``:
+    in a sharded run, each rank's measured figures (ShardingFigures); absent otherwise."""
     unknown = set(memory) - set(MEMORY_FIELDS)
     if unknown:  # a new memory figure is declared in StepEvent and MEMORY_FIELDS first
         raise TypeError(f"step: unknown memory field(s) {sorted(unknown)}")
@@ -224,6 +242,8 @@ def step(*, step: int, epoch: int, samples_seen: int, tokens_seen: int, micro_ba
         event["pitfall"] = pitfall
     if cpu_s is not None:
         event["cpu_s"] = cpu_s
+    if sharding is not None:
+        event["sharding"] = sharding
     return event
 
 

@@ -40,6 +40,8 @@ FIELD_LABELS = {
     "trainer_library_default": "Trainer library default",
     "pitfalls": "Pitfalls",
     "gradcache_mini_batch": "GradCache mini-batch",
+    "fsdp": "Shard the model (FSDP)",
+    "grad_sync": "Gradient sync",
     # Where a run is logged besides gradacc's own store (engine and CLI options, not RunConfig fields).
     "report_to": "Report to",
     "log_dir": "Log dir",
@@ -81,6 +83,8 @@ CLI_FLAGS = {
     "trainer_library_default": "--trainer-library-default",
     "pitfalls": "--pitfall",
     "gradcache_mini_batch": "--gradcache-mini-batch",
+    "fsdp": "--fsdp",
+    "grad_sync": "--grad-sync",
     "report_to": "--report-to",
     "log_dir": "--log-dir",
     "run_id": None,  # the CLI makes its own

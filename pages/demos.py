@@ -5,6 +5,7 @@ import streamlit as st
 
 from gradacc.analysis import demos
 from gradacc.app import comparison, coupled_view, inputs, pacing, runview, scroll, server, warmup_status, web_page
+from gradacc.app.charts import fsdp as fsdp_charts
 from gradacc.errors import GradaccError
 
 server.under_navigation()  # a page opened alone on a fresh server: run the app instead
@@ -118,6 +119,9 @@ def demo_view():
         snapshots = [snapshots[first], snapshots[second],
                      *(run for index, run in enumerate(snapshots) if index not in scenario.compares)]
     figures = comparison.draw(snapshots, key="demo", labels=labels)
+    sharded = [(labels[run.run_id], run.events) for run in snapshots]
+    if fsdp_charts.has_sharding(sharded):  # sharded runs: each rank's gradients held and sent, side by side
+        st.plotly_chart(fsdp_charts.sharding_figure(sharded), key="demo_sharding")
     if figures is not None and wanted.get("headline"):
         # The result, the moment it is written, and again once every run has ended: runs still training above it
         # change their panels' heights meanwhile, which moves it under the page's header.

@@ -3,7 +3,7 @@
 import pandas as pd
 import streamlit as st
 
-from gradacc.analysis import planner
+from gradacc.analysis import planner, sharding
 from gradacc.app import charts, inputs, server, train_form
 from gradacc import units
 from gradacc.config import RunConfig
@@ -15,6 +15,9 @@ from gradacc.serving import warmup
 server.under_navigation()  # a page opened alone on a fresh server: run the app instead
 
 K = f"{inputs.FORM}planner."
+PLANNED_PROCESSES = (1, 2, 4, 8, 16, 32, 64)
+WAY_NAMES = {"ddp": "replicated (DDP)", "per-window": "sharded (FSDP), per-window sync",
+             "per-micro-batch": "sharded (FSDP), per-micro-batch sync"}
 MEASUREMENT = "planner.measurement"
 
 server.run_manager()
@@ -195,3 +198,25 @@ st.dataframe([{"micro-batch size": m, "measured": units.format_bytes(b), "predic
                "error": f"{(fit.predict(m) - b) / b:+.2%}" if b else "—",
                "used for": "the fit" if m in check["fitted_on"] else "the check"} for m, b in activations.items()],
              hide_index=True)
+
+# Several processes: what each rank holds, replicated (DDP) or sharded (FSDP) with each way to sync.
+st.markdown(f"### {planner.setting_label(shown)} on several processes, per rank")
+processes = st.selectbox(field_label("num_processes"), PLANNED_PROCESSES, key=K + "processes", persist_state="session",
+                         help="Replicated (DDP), every rank holds the whole model, its gradients and optimizer state. "
+                              "Sharded (FSDP), each holds 1/P of them, and its gradients depend on when they are "
+                              "synced: per window, the whole model's for the window; per micro-batch, its shard.")
+if processes > 1:
+    try:
+        spread = sharding.plan_processes(setting, budget_mb, target, processes)
+    except GradaccError as error:
+        errors.show({error.field or "config": error.message}, st.container())
+    else:
+        st.table(pd.DataFrame([{
+            "way": WAY_NAMES[name], "m": way["micro_batch_size"], "k": way["grad_accum_steps"],
+            "static per rank": units.format_bytes(way["static_bytes"]),
+            "predicted peak per rank": units.format_bytes(way["peak_bytes"]) if way["fits"] else "does not fit",
+            "gradients sent per window": units.format_bytes(way["sent_bytes"])}
+            for name, way in spread["ways"].items()]).astype({"m": "Int64", "k": "Int64"}))
+        st.info(spread["verdict"])
+        st.caption("Sharded figures come from the formula that `python -m gradacc bench fsdp` checks on measured "
+                   "runs (docs/fsdp.md); bytes sent are what a ring puts on the wire.")

@@ -3,6 +3,7 @@
 import streamlit as st
 
 from gradacc.app import charts, form, inputs, pacing, runview, server, train_form, warmup_status
+from gradacc.app.charts import fsdp as fsdp_charts
 from gradacc import units
 from gradacc.training.run import health
 from gradacc.app.live_chart import live_chart
@@ -185,6 +186,8 @@ def run_charts(current):
         with eval_chart:
             live_chart(eval_figure, key="eval_chart")
         live_chart(memory_figure, key="memory_chart")  # full width: its two panels need the room
+        if fsdp_charts.has_sharding(curves):  # a sharded run: what each rank held and sent, as it measured them
+            st.plotly_chart(fsdp_charts.sharding_figure(curves), key="sharding_chart")
 
 
 run_panel()

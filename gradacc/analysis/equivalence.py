@@ -17,7 +17,9 @@ in-batch negatives is ``gradacc.analysis.contrastive``.
 Under ``accelerate launch`` / ``torchrun`` with P processes (``config.num_processes``) the same check runs on
 every rank: the window is m·k·P examples, each rank accumulates its own micro-batches with DDP, and the
 gradient after the sync is compared with the full-batch gradient of the whole window computed in this one
-process. It also reports the gradient all-reduces of the window, with ``no_sync`` and without.
+process. It also reports the gradient all-reduces of the window, with ``no_sync`` and without. A sharded run
+(``fsdp``) is checked with its own sync choice, then both choices side by side (``grad_sync``): each one's error,
+and what each rank measured (gradient bytes held, bytes handed to reduce-scatter).
 
 The comparison means something only if the model is deterministic at dropout 0: the run's dropout is set on
 every family's config and Dropout modules (``gradacc.training.sources.dropout``), and before any gradient is compared
@@ -30,6 +32,7 @@ from __future__ import annotations
 import math
 import threading
 
+from gradacc.choices import GRAD_SYNCS, PER_MICRO_BATCH, PER_WINDOW
 from gradacc.config import RunConfig
 from gradacc.labels import field_label
 from gradacc.errors import GradaccError
@@ -96,7 +99,9 @@ def check(config: RunConfig, samples: int | None = None, cases=CASES, confinemen
     report = {"backend": config.backend, "model": config.model, "micro_batch_size": config.micro_batch_size,
               "grad_accum_steps": config.grad_accum_steps, "num_processes": processes, "samples": samples,
               **main, "cases": results}
-    if processes > 1:
+    if processes > 1 and config.fsdp:
+        report["grad_sync"] = grad_sync_comparison(config, confinement)
+    elif processes > 1:
         report["sync_rounds"] = sync_rounds(config, confinement)
     if coupled and processes == 1:
         report["by_micro_batch"] = by_micro_batch(config, confinement=confinement)
@@ -179,6 +184,25 @@ def sync_rounds(config: RunConfig, confinement=None) -> dict:
     return report
 
 
+def grad_sync_comparison(config: RunConfig, confinement=None) -> dict:
+    """A sharded run's two ways to sync, over two full windows: each one's first-step gradient against the full
+    batch, and each rank's measured figures at the second step (the first carries FSDP's lazy set-up); then the two
+    ratios per rank, per-window ÷ per-micro-batch gradient bytes held (≈ P) and per-micro-batch ÷ per-window bytes
+    handed to reduce-scatter (= k)."""
+    config = config.replace(train_samples=2 * config.effective_batch, max_steps=2, loss_normalization="exact")
+    reference = full_batch_gradient(config, token_level=False, first_windows=1, confinement=confinement)
+    report = {}
+    for choice in GRAD_SYNCS:
+        run = accumulated_gradient(config.replace(grad_sync=choice), token_level=False, confinement=confinement)
+        figures = run["sharding"][-1]
+        report[choice] = {"rel_error": relative_error(run["gradient"], reference["gradient"]),
+                          **{name: figures[name] for name in ("grad_bytes", "grad_peak_bytes", "grad_comm_bytes")}}
+    window, each = report[PER_WINDOW], report[PER_MICRO_BATCH]
+    report["grad_bytes_ratio"] = [a / b for a, b in zip(window["grad_bytes"], each["grad_bytes"])]
+    report["grad_comm_ratio"] = [b / a for a, b in zip(window["grad_comm_bytes"], each["grad_comm_bytes"])]
+    return report
+
+
 def full_batch_gradient(config: RunConfig, token_level: bool, first_windows: int | None = None,
                         confinement=None) -> dict:
     """The gradient of the mean loss over the whole window in one forward/backward pass, in this process.
@@ -235,12 +259,16 @@ def accumulated_gradient(config: RunConfig, token_level: bool, trainer_library_d
         raise GradaccError(f"The equivalence run did not complete: {ended['reason']}", "backend")
     steps = recorder.of("step")
     return {"gradient": captured, "sync_rounds": [step["sync_rounds"] for step in steps],
+            "sharding": [step.get("sharding") for step in steps],
             "activation_bytes": steps[0]["activation_bytes"] if steps else None}
 
 
 def _gradients(model) -> dict:
+    """Each parameter's whole gradient (a sharded one all-gathered: every rank asks for it at the same step)."""
+    from gradacc.training.fsdp import full_gradient  # torch: imported when a check runs, as the training is
+
     # Wrappers (DDP) prefix names with "module."; strip it so every backend's names line up.
-    return {name.removeprefix("module."): p.grad.detach().float().flatten().clone()
+    return {name.removeprefix("module."): full_gradient(p).detach().float().flatten().clone()
             for name, p in model.named_parameters() if p.grad is not None}
 
 

@@ -125,6 +125,7 @@ def measure_levers(model: str, max_seq_length: int, grid=LEVER_GRID, seed: int =
     example = (the timed passes + the timed step) / 12. The model's recipe dropout is on, as in the run the plan is
     for (its masks are activations too). In the app, call it only once the warm-up's imports are done
     (``gradacc.serving.warmup``): it imports torch."""
+    from gradacc.training.fsdp import group_sizes
     from gradacc.training.run.engine import quiet_libraries
     from gradacc.training.memory.levers import LeverRig, timed
 
@@ -137,6 +138,8 @@ def measure_levers(model: str, max_seq_length: int, grid=LEVER_GRID, seed: int =
     for (checkpointing, precision), settings in groups.items():
         rig = LeverRig(model, max_seq_length, {"gradient_checkpointing": checkpointing, "precision": precision},
                        examples=max(HELD_OUT_SIZE, TIMED_MICRO_BATCH), seed=seed)
+        sizes = group_sizes(rig.model)  # how FSDP would shard it (gradacc.analysis.sharding.plan_processes)
+        shape = {name: sizes[name] for name in ("parameters", "largest_group", "first_reduced", "root")}
         activations = {size: rig.activation_bytes(size) for size in (*FIT_SIZES, HELD_OUT_SIZE)}
         fit = fit_activations({size: activations[size] for size in FIT_SIZES})
         held_out_error = (fit.predict(HELD_OUT_SIZE) - activations[HELD_OUT_SIZE]) / activations[HELD_OUT_SIZE]
@@ -147,7 +150,7 @@ def measure_levers(model: str, max_seq_length: int, grid=LEVER_GRID, seed: int =
             rig.step(zero_grad=False)  # allocates the optimizer's state: once per run, not per step
             step, _ = timed(lambda: rig.step(zero_grad=False))
             measured[tuple(levers.items())] = {
-                "levers": levers, "static": rig.static_need(),
+                "levers": levers, "static": rig.static_need(), "shape": shape,
                 "fit": {"fixed_bytes": fit.fixed_bytes, "bytes_per_example": fit.bytes_per_example},
                 "activations": activations, "held_out_error": held_out_error,
                 "seconds_per_example": (passes + step) / (TIMED_MICRO_BATCH * TIMED_MICRO_BATCHES)}

@@ -8,8 +8,8 @@ import math
 import streamlit as st
 
 from gradacc.app import form
-from gradacc.choices import (BACKENDS, BUILTIN_DATASETS, BUILTIN_MODELS, LOSS_NORMALIZATIONS, OPTIMIZERS, PITFALLS,
-                             PRECISIONS)
+from gradacc.choices import (BACKENDS, BUILTIN_DATASETS, BUILTIN_MODELS, GRAD_SYNCS, LOSS_NORMALIZATIONS, OPTIMIZERS,
+                             PER_WINDOW, PITFALLS, PRECISIONS)
 from gradacc.config import RunConfig
 from gradacc import recipes
 from gradacc.recipes import default_dataset
@@ -107,11 +107,25 @@ def training_inputs(prefix: str, errors: FieldErrors, model: str) -> dict:
                                             key=prefix + "loss_normalization", persist_state="session",
                                             format_func=NORMALIZATION_NAMES.get, horizontal=True)
     errors.slot("loss_normalization")
-    values["num_processes"] = st.selectbox(
-        field_label("num_processes"), [1, 2], key=prefix + "num_processes", persist_state="session",
-        help="Data parallelism: 2 processes (started with accelerate launch) each train on their own micro-batches; "
-             "gradients are all-reduced once per window (no_sync).")
-    errors.slot("num_processes")
+    processes_column, shard_column = st.columns(2)
+    with processes_column:
+        values["num_processes"] = st.selectbox(
+            field_label("num_processes"), [1, 2], key=prefix + "num_processes", persist_state="session",
+            help="Data parallelism: 2 processes (started with accelerate launch) each train on their own "
+                 "micro-batches; gradients are all-reduced once per window (no_sync).")
+        errors.slot("num_processes")
+    with shard_column:
+        values["fsdp"] = st.toggle(field_label("fsdp"), key=prefix + "fsdp", persist_state="session",
+                                   help="FSDP2: each process keeps 1/P of the parameters, gradients and optimizer "
+                                        "state instead of a whole copy (DDP); needs 2 processes.")
+        errors.slot("fsdp")
+    sync = st.radio(field_label("grad_sync"), GRAD_SYNCS, key=prefix + "grad_sync", persist_state="session",
+                    horizontal=True, disabled=not values["fsdp"],
+                    help="Sharded runs: reduce-scatter gradients once per window (every process holds the whole "
+                         "model's gradients meanwhile), or after every micro-batch (each holds only its shard, and "
+                         "sends k times the bytes).")
+    values["grad_sync"] = sync if values["fsdp"] else PER_WINDOW  # DDP syncs once per window (no_sync)
+    errors.slot("grad_sync")
     with st.expander("Advanced: data size and sequence length"):
         values |= {"train_samples": number_field(prefix, "train_samples", errors, step=100),
                    "eval_samples": number_field(prefix, "eval_samples", errors, step=50),

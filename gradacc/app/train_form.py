@@ -27,8 +27,8 @@ OWN_RATE = TRAIN_FORM + OWN_LEARNING_RATE
 # rate's field shows the resolved rate, from OWN_RATE).
 TRAIN_FORM_FIELDS = ("backend", "micro_batch_size", "grad_accum_steps", "epochs", "seed",
                      "loss_normalization", "dropout", "train_samples", "eval_samples", "max_seq_length",
-                     "num_processes", "memory_budget_mb", "gradient_checkpointing", "precision", "optimizer",
-                     "pitfalls")
+                     "num_processes", "fsdp", "grad_sync", "memory_budget_mb", "gradient_checkpointing", "precision",
+                     "optimizer", "pitfalls")
 
 
 def train_config() -> RunConfig:

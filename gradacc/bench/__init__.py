@@ -12,6 +12,8 @@
               not the big batch
     learning-rates  SGD's and Adafactor's learning rates for each built-in model's recipe (a short sweep)
     audit     what gradacc.audit costs a Trainer run: its seconds against one window's forward+backward, once
+    fsdp      sharded (FSDP) on 2 processes: gradient bytes per rank and bytes sent per window, per-window vs
+              per-micro-batch sync, and the formula that takes them to 1B-70B models
 
 Each suite module has ``run(quick, threads) -> dict``, ``figure(result)`` and ``table(result)``.
 """
@@ -24,7 +26,8 @@ import json
 import sys
 from pathlib import Path
 
-SUITES = ("overhead", "memory", "sweep", "latency", "ga-bug", "levers", "pitfalls", "families", "coupled", "learning-rates", "audit")
+SUITES = ("overhead", "memory", "sweep", "latency", "ga-bug", "levers", "pitfalls", "families", "coupled", "learning-rates", "audit",
+          "fsdp")
 DEFAULT_OUT = "bench-out"
 # One intra-op thread by default: on a small shared machine two OpenMP threads wait on each other
 # whenever another process takes a core (we measured 3-30x slower steps under load), which drowns

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from gradacc import paths
-from gradacc.choices import CONTRASTIVE
+from gradacc.choices import CONTRASTIVE, GRAD_SYNCS
 from gradacc.cli.options import EXIT_OK, add_run_options, config_from_args
 from gradacc.training import distributed
 from gradacc.units import format_bytes
@@ -43,7 +43,9 @@ def run(args) -> int:
         print(f"{case:<20}{items:<26}{result['naive_rel_error']:>11.2e}{result['exact_rel_error']:>11.2e}"
               + (f"   library default {result['library_default_rel_error']:.2e}"
                  if "library_default_rel_error" in result else ""))
-    if processes > 1:
+    if "grad_sync" in report:
+        print_grad_sync(report["grad_sync"], report["grad_accum_steps"])
+    elif processes > 1:
         rounds = report["sync_rounds"]
         print(f"gradient all-reduces per optimizer step (steps 1, 2; k={report['grad_accum_steps']}): "
               f"{', '.join(map(str, rounds['no_sync']))} with no_sync, "
@@ -59,6 +61,22 @@ def run(args) -> int:
             print("BatchNorm normalises with each micro-batch's own statistics: accumulation is not the big batch "
                   "(k=1 is the big batch itself).")
     return EXIT_OK
+
+
+def print_grad_sync(comparison: dict, grad_accum_steps: int) -> None:
+    """A sharded run's two sync choices: the same gradient, per rank the gradient bytes held and sent."""
+    print(f"sharded (FSDP), k={grad_accum_steps}: both ways to sync give the full-batch gradient; what each rank held "
+          "and handed to reduce-scatter per window:")
+    print(f"{'gradient sync':<18}{'exact error':>12}{'gradient bytes held per rank':>34}{'bytes sent per rank':>30}")
+    for choice in GRAD_SYNCS:
+        row = comparison[choice]
+        held = ", ".join(format_bytes(b) for b in row["grad_bytes"])
+        sent = ", ".join(format_bytes(b) for b in row["grad_comm_bytes"])
+        print(f"{choice:<18}{row['rel_error']:>12.2e}{held:>34}{sent:>30}")
+    held = ", ".join(f"{r:.3f}" for r in comparison["grad_bytes_ratio"])
+    sent = ", ".join(f"{r:.3f}" for r in comparison["grad_comm_ratio"])
+    print(f"gradient bytes held, per-window ÷ per-micro-batch: {held} (the processes: sharding undone); bytes sent, "
+          f"per-micro-batch ÷ per-window: {sent} (k)")
 
 
 def print_contrastive_check(report: dict) -> int:

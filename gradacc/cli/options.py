@@ -6,8 +6,8 @@ import argparse
 import json
 import sys
 
-from gradacc.choices import (BACKENDS, BUILTIN_MODEL_TASKS, CAUSAL_LM, CONTRASTIVE, LOSS_NORMALIZATIONS, OPTIMIZERS,
-                             PRECISIONS, TASKS)
+from gradacc.choices import (BACKENDS, BUILTIN_MODEL_TASKS, CAUSAL_LM, CONTRASTIVE, GRAD_SYNCS, LOSS_NORMALIZATIONS,
+                             OPTIMIZERS, PRECISIONS, TASKS)
 from gradacc.config import RunConfig
 from gradacc.errors import GradaccError
 from gradacc.training import distributed
@@ -64,6 +64,13 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                         help="autocast precision: bf16 also on CPU; fp16 only on CUDA (with a grad scaler)")
     parser.add_argument("--optimizer", choices=OPTIMIZERS, default=RunConfig.optimizer,
                         help="adamw-fused where torch fuses it on the device; adamw-8bit needs bitsandbytes and CUDA")
+    parser.add_argument("--fsdp", action="store_true",
+                        help="several processes: shard parameters, gradients and optimizer state over them (FSDP2) "
+                             "instead of replicating the model (DDP)")
+    parser.add_argument("--grad-sync", choices=GRAD_SYNCS, default=RunConfig.grad_sync,
+                        help="with --fsdp: reduce-scatter gradients once per window (each rank holds the whole "
+                             "model's gradients meanwhile) or after every micro-batch (each rank holds its shard, "
+                             "and sends k times the bytes)")
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:

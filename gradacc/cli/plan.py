@@ -23,23 +23,33 @@ def add_parser(commands) -> None:
     plan.add_argument("--change-optimizer", action="store_true",
                       help="let the pick use another optimizer whose learning rate the model's recipe holds "
                            "(the pick says it: pass it as --lr)")
+    plan.add_argument("--processes", type=value, default=1,
+                      help="also plan the pick on this many processes, per rank: replicated (DDP) and sharded (FSDP) "
+                           "with each way to sync")
     plan.add_argument("--json", action="store_true")
     plan.set_defaults(run=run)
 
 
 def run(args) -> int:
     # The planner measures (torch): imported here, so that `gradacc --help` answers before torch loads.
-    from gradacc.analysis import planner
+    from gradacc.analysis import planner, sharding
 
     RunConfig(model=args.model, max_seq_length=args.max_seq_length).check()
     if isinstance(args.memory_budget_mb, str):
         raise GradaccError(f"--memory-budget-mb must be a number; got {args.memory_budget_mb!r}.")
     planner.check_plan_inputs(float(args.memory_budget_mb), args.target_effective_batch)  # before measuring
-    result = planner.plan_levers(planner.measure_levers(args.model, args.max_seq_length), float(args.memory_budget_mb),
-                                 args.target_effective_batch)
+    if isinstance(args.processes, bool) or not isinstance(args.processes, int) or args.processes < 1:
+        raise GradaccError(f"--processes must be a whole number of at least 1; got {args.processes!r}.")
+    measured = planner.measure_levers(args.model, args.max_seq_length)
+    result = planner.plan_levers(measured, float(args.memory_budget_mb), args.target_effective_batch)
     top = planner.pick(result, args.optimizer, args.change_optimizer, model=args.model)
+    spread = None
+    if args.processes > 1:
+        shown = top["row"] if top else min(result["rows"], key=lambda row: row["static_bytes"])
+        spread = sharding.plan_processes(planner.measurement_of(measured, shown), float(args.memory_budget_mb),
+                                         args.target_effective_batch, args.processes)
     if args.json:
-        print(json.dumps(result | {"pick": top}, default=str))
+        print(json.dumps(result | {"pick": top, "processes": spread}, default=str))
         return EXIT_OK
     print(f"{args.model} at {args.max_seq_length} tokens, budget {result['budget_mb']:g} MB, effective batch "
           f"{result['target_effective_batch']}; fastest first (seconds per example from a short timed run)")
@@ -71,6 +81,19 @@ def run(args) -> int:
                   + ("" if args.change_optimizer else "; --change-optimizer lets the pick use another one"))
     if result["reason"]:
         print(in_cli_words(result["reason"], "budget_mb"))  # the page's label, the flag here
+    if spread is not None:
+        print_processes(spread)
     print(f"activation line checked on a micro-batch of {planner.HELD_OUT_SIZE} it was not fitted on: largest error "
           f"{result['largest_held_out_error']:+.2%}")
     return EXIT_OK if result["fastest"] else EXIT_FAILED
+
+
+def print_processes(spread: dict) -> None:
+    print(f"on {spread['processes']} processes, per rank:")
+    print(f"{'':<36}{'m':>6}{'k':>6}{'static':>11}{'peak':>11}{'gradients sent/window':>23}")
+    for name, way in spread["ways"].items():
+        label = "replicated (DDP)" if name == "ddp" else f"sharded (FSDP), {name} sync"
+        print(f"{label:<36}{way['micro_batch_size'] or '—':>6}{way['grad_accum_steps'] or '—':>6}"
+              f"{format_bytes(way['static_bytes']):>11}{format_bytes(way['peak_bytes']):>11}"
+              f"{format_bytes(way['sent_bytes']):>23}")
+    print(spread["verdict"])

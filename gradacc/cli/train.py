@@ -9,6 +9,7 @@ from gradacc import events, paths
 from gradacc.choices import PITFALLS
 from gradacc.cli.options import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, add_run_options, config_from_args, value
 from gradacc.config import RunConfig
+from gradacc.errors import GradaccError
 from gradacc.export import trackers
 from gradacc.labels import in_cli_words
 from gradacc.serving.limits import Limits
@@ -64,6 +65,9 @@ def run(args) -> int:
 
     trackers.parse_report_to(args.report_to)  # a misspelt tracker fails here, before torch is imported
     config = config_from_args(args).check()
+    if config.fsdp and args.sync_each_micro_batch:
+        raise GradaccError("--sync-each-micro-batch is DDP's; a sharded run syncs after every micro-batch with "
+                           "--grad-sync per-micro-batch.")
     limits = Limits.from_env()
     limits.check(config)
     writes = distributed.is_main_process()  # only rank 0 prints and writes events
@@ -129,8 +133,9 @@ class Progress:
         if kind == events.RUN_STARTED:
             self.total = event["total_steps"]
             config = event["config"]
+            sharded = f" sharded (FSDP, {config['grad_sync']} sync)" if config.get("fsdp") else ""
             print(f"{config['backend']}: micro-batch {config['micro_batch_size']} × {config['grad_accum_steps']} "
-                  f"accumulation steps × {config['num_processes']} process(es) = effective batch "
+                  f"accumulation steps × {config['num_processes']} process(es){sharded} = effective batch "
                   f"{event['effective_batch']}; {self.total} optimizer steps on {event['device']}")
             for note in event.get("notes") or []:
                 print(f"note: {note}")

@@ -46,12 +46,25 @@ def launch_warning() -> str | None:
     return None
 
 
+# How long a collective waits for the other ranks before it fails the run: a rank that hangs (alive, but no longer
+# calling collectives) would otherwise hold the others for torch's default of 30 minutes. Every rank does the
+# same work between two collectives, except evaluation without FSDP (rank 0 alone, the others wait).
+PROCESS_GROUP_TIMEOUT_S = 600
+
+
 def init_process_group(device) -> None:
     """Join the launch's process group (gloo on CPU, nccl on CUDA) unless Accelerate already did."""
+    import datetime
+
     import torch.distributed as dist
 
     if world_size() > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        if device.type == "cuda":  # NCCL's own calls (a barrier, an object's broadcast) use the current device
+            import torch
+
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                timeout=datetime.timedelta(seconds=PROCESS_GROUP_TIMEOUT_S))
 
 
 def leave_process_group() -> None:
@@ -61,6 +74,20 @@ def leave_process_group() -> None:
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def exit_rank(code: int) -> None:
+    """End a launched rank: flush, leave the process group, and exit without the interpreter's teardown.
+
+    Leaving the group is not enough after FSDP: the gloo group lives on in FSDP's mesh, and a worker thread of it
+    that drops a finished collective's tensor while the interpreter finalises calls pthread_exit from a noexcept
+    destructor: std::terminate, "terminate called without an active exception", SIGABRT (seen in a core dump), so a
+    completed launch reads as failed. ``os._exit`` skips the finalisation; what must be written is flushed first.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    leave_process_group()
+    os._exit(code)
 
 
 def is_distributed() -> bool:
@@ -86,6 +113,20 @@ def sum_over_ranks(values: list[float], device) -> list[float]:
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(tensor)
     return tensor.tolist()
+
+
+def gather_from_ranks(values: list[float], device) -> list[list[float]]:
+    """Every rank's ``values`` (as many on each), in rank order, on every rank (one all-gather); float64 holds
+    byte counts exactly up to 2**53."""
+    if not is_distributed():
+        return [list(values)]
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    gathered = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, tensor)
+    return [part.tolist() for part in gathered]
 
 
 def from_main_process(value):

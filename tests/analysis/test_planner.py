@@ -156,3 +156,76 @@ def test_a_lever_is_picked_when_accumulation_alone_does_not_fit():
     assert planner.levers_of(top["row"]) == CHECKPOINTED
     assert top["why"].startswith("Accumulation alone does not fit: without checkpointing not even a micro-batch")
     assert planner.pick(planner.plan_levers(measured[:1], 16, 64), "adamw", False, model="tiny-bert") is None
+
+
+# ---- several processes, sharded or not (gradacc.analysis.sharding.plan_processes) -----------------------
+
+def sharded_setting(parameters: int = 25_000_000, layer: int = 2_000_000) -> dict:
+    """A measured fp32 AdamW setting of a model with 10 layers: 4 bytes of parameters and gradients, 8 of state."""
+    root = parameters - 10 * layer
+    return {"static": {"parameters": 4 * parameters, "gradients": 4 * parameters, "optimizer_state": 8 * parameters,
+                       "total": 16 * parameters},
+            "fit": {"fixed_bytes": 0.0, "bytes_per_example": 5 * MB},
+            "shape": {"parameters": parameters, "largest_group": max(layer, root), "first_reduced": layer,
+                      "root": root}}
+
+
+def test_sharding_divides_what_every_rank_holds_and_per_window_sync_keeps_the_whole_gradient():
+    from gradacc.analysis import sharding
+
+    plan = sharding.plan_processes(sharded_setting(), budget_mb=250, target_effective_batch=256, processes=8)
+    ways = plan["ways"]
+    # Replicated: 400 MB static on every rank. Sharded: 300/8 MB of parameters and state, plus the gradients.
+    assert ways["ddp"]["static_bytes"] == 400 * MB
+    assert ways["per-window"]["gradient_bytes"] == pytest.approx(100 * MB + 4 * 2 * MB / 8)
+    assert ways["per-micro-batch"]["gradient_bytes"] == pytest.approx(100 * MB / 8 + 4 * 5 * MB * (1 + 1 / 8))
+    assert ways["per-micro-batch"]["static_bytes"] < ways["per-window"]["static_bytes"] < ways["ddp"]["static_bytes"]
+    assert not ways["ddp"]["fits"]  # 400 MB of replicated state alone is over 250 MB
+    for way in (ways["per-window"], ways["per-micro-batch"]):  # m × k × 8 processes = 256 exactly
+        assert way["micro_batch_size"] * way["grad_accum_steps"] * 8 == 256
+    # Per-micro-batch sync sends k times the gradient bytes per window (a ring sends 7/8 of them).
+    k = ways["per-micro-batch"]["grad_accum_steps"]
+    assert ways["per-micro-batch"]["sent_bytes"] == pytest.approx(k * 100 * MB * 7 / 8)
+    assert ways["per-window"]["sent_bytes"] == pytest.approx(100 * MB * 7 / 8)
+    assert plan["verdict"].startswith("Both ways to sync fit")
+
+
+def test_the_planner_says_when_only_per_micro_batch_sync_fits_and_what_it_sends():
+    from gradacc.analysis import sharding
+
+    # 120 MB per rank: per-window's 101 MB of gradients and the rest are over it; per-micro-batch's 35 MB leave room.
+    plan = sharding.plan_processes(sharded_setting(), budget_mb=120, target_effective_batch=64, processes=8)
+    ways = plan["ways"]
+    assert not ways["ddp"]["fits"] and not ways["per-window"]["fits"] and ways["per-micro-batch"]["fits"]
+    assert plan["verdict"].startswith("Per-window sync does not fit: it holds the whole model's gradients (101.0 MB)")
+    assert ways["per-micro-batch"]["micro_batch_size"] == 4 and ways["per-micro-batch"]["grad_accum_steps"] == 2
+    assert plan["verdict"].endswith("sends 175.0 MB of gradients per window instead of 87.5 MB (2×).")
+
+
+def test_no_accumulation_needed_is_said_as_such():
+    from gradacc.analysis import sharding
+
+    plan = sharding.plan_processes(sharded_setting(), budget_mb=5000, target_effective_batch=64, processes=8)
+    assert plan["ways"]["per-micro-batch"]["grad_accum_steps"] == 1
+    assert plan["ways"]["per-window"]["grad_accum_steps"] == 2  # planned with a window to accumulate
+    assert plan["verdict"].startswith("No accumulation is needed: m = 8 per rank")
+
+
+def test_a_target_the_processes_do_not_divide_is_refused_with_the_field():
+    from gradacc.analysis import sharding
+
+    with pytest.raises(GradaccError, match="multiple of the 8 processes") as refused:
+        sharding.plan_processes(sharded_setting(), budget_mb=2000, target_effective_batch=60, processes=8)
+    assert refused.value.field == "target_effective_batch"
+
+
+def test_the_formula_of_real_sizes_holds_its_parameter_counts():
+    from gradacc.analysis import sharding
+
+    counts = {row["model"]: row["parameters"] for row in sharding.real_sizes()}
+    assert counts["1B"] == pytest.approx(1.236e9, rel=0.01) and counts["8B"] == pytest.approx(8.03e9, rel=0.01)
+    assert counts["70B"] == pytest.approx(70.55e9, rel=0.01)
+    seventy = next(row for row in sharding.real_sizes() if row["model"] == "70B" and row["processes"] == 64)
+    # Per-window sync holds the unsharded bf16 gradients whatever P: 141 GB, no 80 GB device holds them.
+    assert seventy["grad_bytes"]["per-window"] == pytest.approx(2 * counts["70B"])
+    assert seventy["grad_bytes"]["per-window"] / seventy["grad_bytes"]["per-micro-batch"] == pytest.approx(64)

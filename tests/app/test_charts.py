@@ -231,3 +231,24 @@ def test_long_titles_wrap_instead_of_being_cut():
     assert figure.layout.title.text.replace(" <br>", " ") == title
     assert all(len(line) <= charts.TITLE_CHARS for line in figure.layout.title.text.split(" <br>"))
     assert figure.layout.font.size >= 16
+
+
+def test_the_sharding_figure_puts_each_ranks_gradients_held_and_sent_side_by_side():
+    from gradacc.app.charts.fsdp import TITLE, has_sharding, sharding_figure
+
+    def run(sync, held, sent):
+        figures = {"grad_sync": sync, "grad_bytes": held, "grad_peak_bytes": held, "grad_comm_bytes": sent,
+                   "grad_comm_calls": [3, 3], "param_comm_bytes": [1, 1], "window_s": [0.1, 0.1]}
+        return [{"event": "step", "step": 1, "sharding": {**figures, "grad_bytes": [1, 1]}},
+                {"event": "step", "step": 2, "sharding": figures}]
+
+    runs = [("pw", run("per-window", [4e6, 4e6], [4e6, 4e6])), ("pmb", run("per-micro-batch", [2e6, 2e6], [16e6, 16e6]))]
+    assert has_sharding(runs) and not has_sharding([("ddp", [{"event": "step", "step": 1}])])
+    figure = go.Figure(sharding_figure(runs).to_dict())  # plotly checks every property
+    assert figure.layout.title.text.replace(" <br>", " ") == TITLE
+    bars = {(trace.name, trace.xaxis): list(trace.y) for trace in figure.data}
+    assert bars == {("pw (per-window)", "x"): [4.0, 4.0], ("pw (per-window)", "x2"): [4.0, 4.0],
+                    ("pmb (per-micro-batch)", "x"): [2.0, 2.0], ("pmb (per-micro-batch)", "x2"): [16.0, 16.0]}
+    assert list(figure.data[0].x) == ["rank 0", "rank 1"]  # the latest step's figures, one bar per rank
+    empty = sharding_figure([("ddp", [{"event": "step", "step": 1}])])
+    assert not empty.data and empty.layout.annotations[0].text == "No sharded steps yet"

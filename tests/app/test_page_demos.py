@@ -93,6 +93,17 @@ def test_each_demo_button_runs_its_scenario_to_a_headline(demo_home, name):
         assert errors["CachedMultipleNegativesRankingLoss (GradCache) m=64"] <= 1e-5
         assert errors["bow-batchnorm m=2"] > errors["bow-batchnorm m=8"] > 0.01
         assert errors["bow-layernorm m=2"] <= 1e-5
+    if name == "fsdp-sync":  # each rank's measured gradients held and sent, the two runs side by side
+        from app_support import chart
+        from gradacc.app.charts.fsdp import TITLE
+        from support import plotted
+
+        bars = {(trace["name"].split(" (")[0], trace["xaxis"]): plotted(trace["y"])
+                for trace in chart(at, TITLE)["data"]}
+        held, sent = "x", "x2"
+        assert bars[("per-window sync", held)] == pytest.approx([2 * v for v in bars[("per-micro-batch sync", held)]],
+                                                               rel=0.01)
+        assert bars[("per-micro-batch sync", sent)] == pytest.approx([4 * v for v in bars[("per-window sync", sent)]])
     # Its offline copy: the page the download button builds replays every run that trained.
     from gradacc.app import web_page
 

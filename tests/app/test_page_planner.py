@@ -161,3 +161,19 @@ def test_in_a_fresh_session_the_plan_reaches_the_train_page_whole_with_the_model
     assert at.number_input(key="form.train.memory_budget_mb").value == 50.0
     assert any(i.value.startswith("Set to the recipe for a pretrained model: Learning rate 5e-05") for i in at.info)
     assert not at.error and not at.warning
+
+
+def test_several_processes_show_each_ranks_memory_replicated_and_sharded_both_ways(app_home):
+    at = measured_page({"budget_mb": 3.0, "target_effective_batch": 64})
+    assert not at.table  # one process: nothing to spread
+    at.selectbox(key="form.planner.processes").set_value(8).run()
+    assert not at.exception, [e.value for e in at.exception]
+    table = at.table[0].value
+    assert list(table["way"]) == ["replicated (DDP)", "sharded (FSDP), per-window sync",
+                                  "sharded (FSDP), per-micro-batch sync"]
+    for m, k in zip(table["m"].dropna(), table["k"].dropna()):
+        assert m * k * 8 == 64
+    verdict = at.info[-1].value
+    assert verdict.startswith(("Both ways", "Per-window sync does not fit", "No accumulation", "Neither"))
+    set_numbers(at, "planner", {"target_effective_batch": 60})  # not a multiple of 8: said, next to the field
+    assert "multiple of the 8 processes" in error_after(at, "form.planner.target_effective_batch")

@@ -427,3 +427,22 @@ def test_fit_with_accumulation_restarts_a_run_that_ran_out_of_memory_with_the_sa
     assert at.number_input(key="form.train.grad_accum_steps").value == 4
     assert metric(at, "Effective batch") == "64"
     assert "fit_with_accumulation" not in [button.key for button in at.button]  # a completed run needs no fit
+
+
+def test_shard_the_model_sits_beside_processes_and_what_it_cannot_do_is_said_next_to_the_field(app_home):
+    at = open_app()
+    assert at.radio(key="form.train.grad_sync").disabled  # a DDP run syncs once per window
+    at.toggle(key="form.train.fsdp").set_value(True).run()
+    assert error_after(at, "form.train.fsdp").startswith("Shard the model (FSDP) needs 2 or more processes")
+    assert at.button(key="start").disabled
+    at.selectbox(key="form.train.num_processes").set_value(2).run()
+    assert error_after(at, "form.train.fsdp") is None
+    at.radio(key="form.train.grad_sync").set_value("per-micro-batch").run()
+    assert not at.error and not at.button(key="start").disabled
+    config = at.session_state["train_config"]  # what Start submits
+    assert (config.fsdp, config.grad_sync, config.num_processes) == (True, "per-micro-batch", 2)
+    at.selectbox(key="form.train.optimizer").set_value("adafactor").run()
+    assert "does not work on a sharded run (FSDP)" in error_after(at, "form.train.optimizer")
+    at.selectbox(key="form.train.optimizer").set_value("adamw")
+    at.toggle(key="form.train.fsdp").set_value(False).run()
+    assert at.session_state["train_config"].grad_sync == "per-window" and not at.error

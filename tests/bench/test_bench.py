@@ -254,3 +254,14 @@ def test_learning_rates_sweeps_each_optimizer_and_chooses_its_best_held_out_scor
             assert pick["usable"] == (best["mean_score"] >= reference["mean_score"] - learning_rates.USABLE_F1_GAP)
             assert (optimizer in result["recipe_rates"][model]) == pick["usable"]
     assert "chosen" in result["printed"]
+
+
+def test_fsdp(tmp_path, capsys):
+    """One 2-rank torchrun launch (tiny-bert, k=2): the ratios are measured, and the formula matches the points."""
+    result = bench("fsdp", tmp_path, capsys)
+    (point,) = result["points"]
+    assert point["grad_bytes_ratio"] == pytest.approx(2, rel=0.01) and point["grad_comm_ratio"] == 2
+    assert positive(point["time_ratio"]) and all(positive(r) for r in point["time_ratio_rounds"])
+    assert result["formula"]["points"] == 16 and result["formula"]["worst_rel_error"] < 0.01
+    assert {row["model"] for row in result["real_sizes"]} == {"1B", "8B", "70B"}
+    assert all(goal["met"] for goal in result["goals"].values())

@@ -107,6 +107,18 @@ def test_plan_picks_with_the_runs_optimizer_and_says_why(capsys):
     assert f"train it with: --optimizer {chosen} --lr {own:g}" in out
 
 
+def test_plan_on_several_processes_shows_each_ranks_memory_replicated_and_sharded(capsys):
+    code, out, _ = cli(capsys, "plan", "--model", "tiny-bert", "--max-seq-length", "16", "--memory-budget-mb", "3",
+                       "--target-effective-batch", "8", "--change-optimizer", "--processes", "2")
+    assert code == 0
+    section = out[out.index("on 2 processes, per rank:"):].splitlines()
+    assert [line.split("  ")[0] for line in section[2:5]] == [
+        "replicated (DDP)", "sharded (FSDP), per-window sync", "sharded (FSDP), per-micro-batch sync"]
+    assert section[5].startswith(("Both ways", "Per-window sync does not fit", "No accumulation", "Neither"))
+    assert_one_error_line(*cli(capsys, "plan", "--memory-budget-mb", "10", "--target-effective-batch", "8",
+                               "--processes", "0"), 2, "--processes must be a whole number of at least 1")
+
+
 def test_plan_refuses_a_bad_budget_with_its_flag(capsys):
     # Refused before the model is measured (seconds): the flag, not the page's label.
     assert_one_error_line(*cli(capsys, "plan", "--memory-budget-mb", "0", "--target-effective-batch", "8"), 2,

@@ -118,3 +118,23 @@ def test_a_step_takes_only_the_declared_memory_fields():
     assert ev.step(**kwargs, memory={"rss_bytes": 1})["cuda_peak_bytes"] is None  # not measured: None
     with pytest.raises(TypeError, match="unknown memory field"):
         ev.step(**kwargs, memory={"rss_bytes": 1, "gpu_temperature": 60})
+
+
+SHARDING = {"grad_sync": "per-window", "grad_bytes": [768776, 768776], "grad_peak_bytes": [868744, 868744],
+            "grad_comm_bytes": [768776, 768776], "grad_comm_calls": [3, 3], "param_comm_bytes": [1168648, 1168648],
+            "window_s": [0.11, 0.1]}
+
+
+@pytest.mark.parametrize("change, problem", [
+    ({"grad_sync": "sometimes"}, "step.sharding.grad_sync: 'sometimes' is not one of"),
+    ({"grad_bytes": [1.5, 2]}, "step.sharding.grad_bytes[0]: 1.5 is not int"),
+    ({"window_s": 0.1}, "step.sharding.window_s: 0.1 is not a list"),
+])
+def test_a_sharded_step_carries_each_ranks_figures_as_declared(change, problem):
+    """A sharded (FSDP) run's steps carry one figure per rank (tests/training/test_fsdp.py checks real runs' steps)."""
+    step = ev.step(step=1, epoch=1, samples_seen=16, tokens_seen=256, micro_batches=2, loss=0.7, grad_norm=None,
+                   lr=1e-3, elapsed_s=0.5, memory={"rss_bytes": 1}, sharding=SHARDING)
+    assert step["sharding"] == SHARDING and ev.schema_problems(step) == []
+    assert problem in " ".join(ev.schema_problems({**step, "sharding": {**SHARDING, **change}}))
+    assert "sharding" not in ev.step(step=1, epoch=1, samples_seen=16, tokens_seen=256, micro_batches=2, loss=0.7,
+                                     grad_norm=None, lr=1e-3, elapsed_s=0.5, memory={})

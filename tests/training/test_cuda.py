@@ -120,3 +120,44 @@ def test_the_levers_cut_activations_on_cuda_as_on_the_cpu(on_cuda, record_proper
     assert rows["+ checkpointing"]["activations_vs_baseline"] < rows["accumulation"]["activations_vs_baseline"]
     assert rows["combined"]["activations_vs_baseline"] < rows["+ checkpointing"]["activations_vs_baseline"]
     assert all(row["cuda_peak_bytes"] for row in rows.values())
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="FSDP across processes needs 2 GPUs (NCCL, one per rank)")
+def test_fsdp_on_two_gpus_gives_the_full_batch_gradient_both_ways_with_p_and_k_measured(tmp_path, record_property):
+    """tests/training/fsdp_worker.py (test_fsdp.py's checks on the CPU) on 2 GPUs: NCCL, Accelerate's own FSDP path
+    (no CPU switch), each rank on cuda:LOCAL_RANK. The same figures: ×P gradient bytes held per window, ×k bytes
+    sent per micro-batch, the check at the GPU's tolerance for both sync choices."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from support import ROOT, free_port
+
+    out = tmp_path / "seen"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "GRADACC_DEVICE": "cuda"}
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                             str(free_port()), str(ROOT / "tests" / "training" / "fsdp_worker.py"), str(out)],
+                            capture_output=True, text=True, env=env, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(Path(f"{out}.rank0.json").read_text())
+    runs = seen["runs"]
+    for name, events in runs.items():
+        assert events[-1]["status"] == "completed", (name, events[-1]["reason"])
+        assert events[0]["device"].startswith("cuda"), name
+    ratios = {}
+    for backend in ("pytorch", "accelerate", "trainer"):
+        window = [e for e in runs[f"{backend} per-window"] if e["event"] == "step"][1]["sharding"]
+        each = [e for e in runs[f"{backend} per-micro-batch"] if e["event"] == "step"][1]["sharding"]
+        ratios[backend] = (window["grad_bytes"][0] / each["grad_bytes"][0],
+                           each["grad_comm_bytes"][0] / window["grad_comm_bytes"][0])
+    comparison = seen["check"]["grad_sync"]
+    record_property("grad_bytes_and_comm_ratios", ratios)
+    record_property("check_rel_errors", {sync: comparison[sync]["rel_error"] for sync in ("per-window",
+                                                                                          "per-micro-batch")})
+    for held, sent in ratios.values():
+        assert held == pytest.approx(2, rel=0.01) and sent == 2
+    assert comparison["per-window"]["rel_error"] <= EXACT_TOLERANCE
+    assert comparison["per-micro-batch"]["rel_error"] <= EXACT_TOLERANCE
+    assert all(case["exact_rel_error"] <= EXACT_TOLERANCE for case in seen["check"]["cases"].values())

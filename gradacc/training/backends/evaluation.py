@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from gradacc.training import distributed
+from gradacc.training.fsdp import is_sharded
 from gradacc.training.backends.device import to_device
 from gradacc.training.backends.metrics import classification_metrics, language_model_metrics
 
@@ -19,8 +20,12 @@ def evaluate(model: torch.nn.Module, job) -> dict:
     On several processes rank 0 evaluates the whole eval set on the unwrapped model and sends the numbers to
     the others: every example counts once (sharding would pad the last batch with repeats, which
     ``gather_for_metrics`` must drop again), token labels need no cross-rank padding, and eval sets here are
-    small enough that splitting them would not pay. (Trainer shards and uses ``gather_for_metrics``.)
+    small enough that splitting them would not pay. (Trainer shards and uses ``gather_for_metrics``.) A sharded
+    model (FSDP) has no whole copy on any rank: every rank evaluates the whole set, all-gathering each layer
+    together, and gets the same figures.
     """
+    if is_sharded(model):
+        return _evaluate(model, job)
     metrics = _evaluate(distributed.unwrap(model), job) if distributed.is_main_process() else None
     return distributed.from_main_process(metrics)
 

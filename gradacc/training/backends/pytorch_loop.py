@@ -10,6 +10,8 @@ measures what it did against the right loop in the same run.
 On several processes (``accelerate launch`` / ``torchrun``) the model is wrapped in
 ``DistributedDataParallel`` and every micro-batch but the window's last runs inside ``model.no_sync()``:
 gradients add up locally and the ranks all-reduce once per optimizer step instead of once per micro-batch.
+With ``fsdp`` it is sharded instead (``gradacc.training.fsdp``), and ``grad_sync`` says whether its gradients are
+reduce-scattered once per window or after every micro-batch.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from gradacc.training import distributed
+from gradacc.choices import PER_MICRO_BATCH
+from gradacc.training import fsdp
 from gradacc.training.backends.device import to_device
 from gradacc.training.backends.evaluation import evaluate
 from gradacc.training.backends.optimizer import clip_gradients, make_optimizer, make_scheduler
@@ -37,15 +40,18 @@ def train(job) -> None:
     model = job.model
     # This rank's own micro-batches (on one process: consecutive micro-batches of m, in the seeded order).
     dataloader = DataLoader(job.train_examples, batch_sampler=job.micro_batches, collate_fn=job.collate)
-    optimizer = make_optimizer(model, config, job.device)
-    lr_scheduler = make_scheduler(optimizer, config, job.total_steps)
     precision = job.precision  # autocast for the forward pass; fp16 also scales the loss
     meter = activation_meter(job, model)
     report = StepReporter(job, num_processes)
-    if num_processes > 1:
-        distributed.init_process_group(job.device)
+    if config.fsdp:
+        model = fsdp.shard(model, job.device, config.model)  # each rank keeps 1/P of every parameter
+    elif num_processes > 1:
         model = DistributedDataParallel(model, device_ids=[job.device.index] if job.device.type == "cuda" else None)
+    # After wrapping: FSDP replaces each parameter by this rank's shard, which is what the optimizer steps.
+    optimizer = make_optimizer(model, config, job.device)
+    lr_scheduler = make_scheduler(optimizer, config, job.total_steps)
     report.sync_probe = SyncProbe.attach(model)  # None unless the model is DDP-wrapped
+    report.sharding_probe = fsdp.ShardingProbe.attach(model, config, job.device)  # None unless it is sharded
     report.pitfall_probe = PitfallProbe.attach(job, model, optimizer)  # None unless the run asks for pitfalls
 
     step, window = 0, WindowTally()  # the window being accumulated: its loss, micro-batches, activation bytes
@@ -61,7 +67,11 @@ def train(job) -> None:
                 last_of_window = (index + 1) % grad_accum_steps == 0
             # DDP all-reduces gradients during backward(); inside no_sync() they only add up on this rank.
             # Forward and backward both go inside: DDP decides at forward time whether backward syncs.
-            skip_sync = num_processes > 1 and not last_of_window and not job.sync_each_micro_batch
+            # FSDP reduce-scatters during backward() unless told not to (per window: only the window's last).
+            syncs = last_of_window or job.sync_each_micro_batch or config.grad_sync == PER_MICRO_BATCH
+            if config.fsdp:
+                fsdp.set_grad_sync(model, syncs)
+            skip_sync = num_processes > 1 and not config.fsdp and not syncs
             with model.no_sync() if skip_sync else contextlib.nullcontext():
                 # Activations are measured on the first micro-batch of each window (the hooks cost time).
                 measuring = config.instrument and window.micro_batches == 0
@@ -74,6 +84,7 @@ def train(job) -> None:
                                           grad_accum_steps, num_processes)
                 # Accumulation, 2 of 3: backward() every micro-batch; the gradients add up in each .grad.
                 precision.scale(loss).backward()
+            report.backward_done()
             if job.pitfall("clip-per-micro-batch"): clip_gradients(model, config.max_grad_norm)  # WRONG: k clips
             if job.pitfall("scheduler-per-micro-batch") and not last_of_window:  # WRONG: k schedule steps per step
                 lr_scheduler.step()

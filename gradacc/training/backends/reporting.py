@@ -78,6 +78,8 @@ class StepReporter:
         self.tokens_seen = 0
         # Set when the model is DDP-wrapped: counts the gradient all-reduces of each window.
         self.sync_probe: distributed.SyncProbe | None = None
+        # Set when the model is sharded (FSDP): each rank's gradient bytes, collective bytes and window seconds.
+        self.sharding_probe = None
         # Set when the run asks for pitfalls: what the right loop would have done at each step (training.pitfalls).
         self.pitfall_probe = None
         self.started = time.perf_counter()
@@ -90,6 +92,8 @@ class StepReporter:
     def micro_batch(self, batch: dict) -> None:
         if self.job.memory_guard is not None:
             self.job.memory_guard.note_batch(batch)
+        if self.sharding_probe is not None:
+            self.sharding_probe.micro_batch_started()
         examples = batch_examples(batch)
         self.samples_seen += examples
         if self.pitfall_probe is not None:
@@ -97,11 +101,17 @@ class StepReporter:
         # A contrastive micro-batch's tokens are those of its queries and its positives.
         self.tokens_seen += int(sum(value.sum() for key, value in batch.items() if key.endswith("attention_mask")))
 
+    def backward_done(self) -> None:
+        """After each micro-batch's backward: a sharded run reads the gradient bytes its rank holds now."""
+        if self.sharding_probe is not None:
+            self.sharding_probe.after_backward()
+
     def step(self, window: WindowTally, *, step: int, epoch: int, grad_norm: float | None, lr: float) -> None:
         """The ``step`` event of the optimizer step that just ended ``window``; then ``window`` starts the next."""
         samples, tokens, loss_sum = distributed.sum_over_ranks([self.samples_seen, self.tokens_seen, window.loss],
                                                                self.job.device)
         activation_bytes = window.activation_bytes
+        sharding = self.sharding_probe.take() if self.sharding_probe else None  # every rank's, gathered
         # CPU time read before wall time, as they were started in the other order: the CPU interval lies inside the
         # wall one, so one thread's CPU seconds never read above its wall seconds.
         cpu_s = self.cpu_seconds()
@@ -112,7 +122,7 @@ class StepReporter:
                                   memory=measure.snapshot(activation_bytes, self.job.device, self.job.config.instrument),
                                   sync_rounds=self.sync_probe.take() if self.sync_probe else None,
                                   pitfall=self.pitfall_probe.take() if self.pitfall_probe else None,
-                                  cpu_s=cpu_s))
+                                  cpu_s=cpu_s, sharding=sharding))
         measure.reset_cuda_peak(self.job.device)
         window.next_window()
 
@@ -123,5 +133,7 @@ class StepReporter:
         return time.thread_time() - self.started_cpu
 
     def evaluation(self, *, epoch: int, step: int, metrics: dict) -> None:
+        if self.sharding_probe is not None:
+            self.sharding_probe.discard()  # the evaluation's all-gathers are no window's
         named = {**metrics, "majority_f1": metrics.get("eval_majority_f1", metrics.get("majority_f1"))}
         self.job.emit(events.eval_(epoch=epoch, step=step, **{name: named.get(name) for name in events.EVAL_METRICS}))

@@ -10,7 +10,9 @@ come out k× too large. gradacc passes a ``compute_loss_func`` that really uses 
 
 On several processes Trainer prepares (DDP-wraps) the model and shards the data through Accelerate, runs
 every micro-batch but the window's last inside ``accelerator.no_sync``, sums ``num_items_in_batch`` over
-ranks and multiplies each loss by the number of processes to undo DDP's average.
+ranks and multiplies each loss by the number of processes to undo DDP's average. With ``fsdp`` the model is
+sharded through ``TrainingArguments(fsdp="full_shard", fsdp_config={"version": 2})`` instead (FSDP2 averages its
+reduce-scatter as DDP does), and ``sync_each_batch`` is the per-micro-batch sync.
 """
 
 from __future__ import annotations
@@ -21,9 +23,13 @@ import tempfile
 import numpy as np
 import torch
 import torch.nn.functional as F
+from accelerate.utils import FullyShardedDataParallelPlugin
 from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
 
+from gradacc.choices import PER_MICRO_BATCH
 from gradacc.errors import RunStopped
+from gradacc.training import fsdp
+from gradacc.training.backends.accelerate_loop import forget_fsdp_on_cpu, keep_fsdp_on_cpu, prepared_sharded
 from gradacc.training.backends.evaluation import EVAL_BATCH_SIZE, evaluate, next_token_predictions
 from gradacc.training.backends.optimizer import make_optimizer, warmup_steps
 from gradacc.training.backends.reporting import StepReporter, WindowTally, activation_meter, check_finite
@@ -67,6 +73,18 @@ class GradaccTrainer(Trainer):
         self.report = report
         self.window = window
 
+    def create_accelerator_and_postprocess(self):
+        super().create_accelerator_and_postprocess()
+        if self.args.fsdp:  # on the CPU Accelerate drops the FSDP plugin (see keep_fsdp_on_cpu); keep it
+            keep_fsdp_on_cpu(FullyShardedDataParallelPlugin(**self.args.fsdp_plugin_args))
+            self.is_fsdp_enabled = True
+
+    def create_optimizer(self, model=None):
+        # Trainer refuses an optimizer passed in with FSDP: it asks for one here, on the model it then shards.
+        if self.optimizer is None:
+            self.optimizer = make_optimizer(model or self.model, self.job.config, self.job.device)
+        return self.optimizer
+
     def training_step(self, model, inputs, num_items_in_batch=None):
         self.job.check_stop()  # within one micro-batch, even mid-window
         self.report.micro_batch(inputs)
@@ -76,6 +94,7 @@ class GradaccTrainer(Trainer):
         finally:
             self.window.measuring = False
         check_finite(loss, self.state.global_step + 1)
+        self.report.backward_done()
         self.window.add(float(loss), self.meter.bytes if measuring else None)
         return loss
 
@@ -105,8 +124,12 @@ class EventCallback(TrainerCallback):
         self.lr = 0.0
 
     def on_train_begin(self, args, state, control, **kwargs):
-        # Trainer has just DDP-wrapped the model (on several processes): count its gradient all-reduces.
+        # Trainer has just DDP-wrapped the model (on several processes): count its gradient all-reduces; or sharded it.
         self.report.sync_probe = SyncProbe.attach(self.trainer.model_wrapped)
+        if self.job.config.fsdp:
+            prepared_sharded(self.trainer.accelerator, self.trainer.model_wrapped)
+            self.report.sharding_probe = fsdp.ShardingProbe.attach(self.trainer.model_wrapped, self.job.config,
+                                                                   self.job.device)
 
     def on_substep_end(self, args, state, control, **kwargs):
         if self.job.stop.is_set():
@@ -158,8 +181,18 @@ class _Samples(torch.utils.data.Dataset):
         return self.examples[index]
 
 
+def sharding_arguments(model) -> dict:
+    """TrainingArguments for FSDP2: each of the model's repeated blocks its own group, as the other loops shard it."""
+    block_classes = sorted({type(block).__name__ for block in fsdp.blocks(model)})
+    wrap = {"transformer_layer_cls_to_wrap": block_classes} if block_classes else {"auto_wrap_policy": "NO_WRAP"}
+    return {"fsdp": "full_shard", "fsdp_config": {"version": 2, "reshard_after_forward": True, **wrap}}
+
+
 def train(job) -> None:
     config = job.config
+    forget_fsdp_on_cpu()  # TrainingArguments reads Accelerate's process-wide state: as Accelerate made it
+    if config.fsdp:
+        fsdp.check_shardable(job.model, config.model)  # before Trainer's prepare tries
     report = StepReporter(job, config.num_processes)
     meter = activation_meter(job, job.model)
     window = WindowTally()
@@ -194,9 +227,11 @@ def train(job) -> None:
             fp16=config.precision == "fp16",
             activation_checkpointing=config.gradient_checkpointing,  # transformers 5's gradient_checkpointing
             activation_checkpointing_kwargs={"use_reentrant": False} if config.gradient_checkpointing else None,
-            # Several processes: all-reduce after every micro-batch when asked to (what no_sync saves, measured).
+            # Several processes: all-reduce after every micro-batch when asked to (what no_sync saves, measured), or
+            # reduce-scatter after every micro-batch (FSDP's per-micro-batch sync).
             accelerator_config={"gradient_accumulation_kwargs": {"sync_each_batch": True}}
-            if job.sync_each_micro_batch else None,
+            if job.sync_each_micro_batch or config.grad_sync == PER_MICRO_BATCH else None,
+            **(sharding_arguments(job.model) if config.fsdp else {}),
         )
         callback = EventCallback(job, report, window)
 
@@ -224,7 +259,8 @@ def train(job) -> None:
             # A causal LM's eval keeps each token's loss and prediction, not (examples × tokens × vocabulary) logits.
             preprocess_logits_for_metrics=_per_token if job.causal_lm else None,
             # The run's optimizer (the same groups and class the other backends build); Trainer adds its schedule.
-            optimizers=(make_optimizer(job.model, config, job.device), None),
+            # With FSDP Trainer asks GradaccTrainer.create_optimizer for it instead.
+            optimizers=(None, None) if config.fsdp else (make_optimizer(job.model, config, job.device), None),
             # Contrastive: the model's own loss (the micro-batch's in-batch-negatives mean), which Trainer divides by k,
             # as sentence-transformers' own Trainer subclass does.
             compute_loss_func=None if job.trainer_library_default or job.contrastive else make_loss_function(

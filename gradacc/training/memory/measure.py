@@ -13,6 +13,7 @@ import contextlib
 
 import psutil
 import torch
+from torch.distributed.tensor import DTensor
 
 _PROCESS = psutil.Process()
 
@@ -60,7 +61,10 @@ class ActivationMeter:
     """
 
     def __init__(self, model: torch.nn.Module, on_measured=None):
-        self._parameter_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        # A sharded model's parameters (DTensors) have no storage of their own; the layers they are gathered into
+        # for forward are nn.Parameters, which _pack skips.
+        self._parameter_storages = {p.untyped_storage().data_ptr() for p in model.parameters()
+                                    if not isinstance(p, DTensor)}
         self._seen: set = set()
         self.bytes = 0
         self.bytes_by_dtype: dict[str, int] = {}
@@ -68,6 +72,10 @@ class ActivationMeter:
         self.active = False  # inside measure(): a model that saves activations later (GradCache) asks this
 
     def _pack(self, tensor: torch.Tensor):
+        # A weight or a view of one (a transposed weight) is no activation. FSDP gathers each layer's weights into
+        # fresh storage for its forward pass, which the storages noted at the start cannot know.
+        if isinstance(tensor, torch.nn.Parameter) or isinstance(tensor._base, torch.nn.Parameter):
+            return tensor
         storage = tensor.untyped_storage()
         pointer = storage.data_ptr()
         if pointer not in self._parameter_storages and pointer not in self._seen:

@@ -175,6 +175,8 @@ def prepare(config: ValidConfig, emit: EventSink, stop: threading.Event, options
         notes.append("Broken on purpose: " + ", ".join(f"{name} ({PITFALLS[name]})" for name in config.pitfalls)
                      + "; the run measures what it breaks against the right loop and says it when it ends.")
     device = pick_device()
+    # Every backend's ranks join here (Accelerate and Trainer use a group that exists): one timeout for all of them.
+    distributed.init_process_group(device)
     # torch loads with the backends' helpers, here and not when this module is imported: a cold server's run
     # thread does that import (see tests/attack/test_attack_resources.py).
     from gradacc.training.backends.device import Precision, enable_gradient_checkpointing

@@ -37,7 +37,7 @@ from gradacc.events import EventSink
 
 STOP_GRACE_S = 3.0
 STDERR_LINES_KEPT = 200
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds gradacc/
+PACKAGE_ROOT = Path(__file__).resolve().parents[3]  # the folder that holds gradacc/
 
 
 def train(config: ValidConfig, on_event: EventSink | None = None, stop: threading.Event | None = None,

@@ -13,13 +13,12 @@ Accelerate's FSDP plugin (``fsdp_version=2``) shards it instead, and ``sync_each
 from __future__ import annotations
 
 import contextlib
-import threading
 
 from torch.utils.data import DataLoader
 
 from gradacc.choices import PER_MICRO_BATCH
-from gradacc.errors import RunFailed
 from gradacc.training import fsdp
+from gradacc.training.backends import accelerate_fsdp
 from gradacc.training.backends.evaluation import evaluate
 from gradacc.training.backends.optimizer import clip_gradients, make_optimizer, make_scheduler
 from gradacc.training.backends.reporting import StepReporter, WindowTally, activation_meter, check_finite
@@ -35,12 +34,12 @@ def new_accelerator(job):
     from accelerate.utils import GradientAccumulationPlugin
 
     # A fresh accumulation state per run (these are process-wide singletons); the process group stays.
-    forget_fsdp_on_cpu()
+    accelerate_fsdp.forget_fsdp_on_cpu()
     AcceleratorState._reset_state(reset_partial_state=False)
     GradientState._reset_state()
     # Accelerate's own autocast (and grad scaler for fp16) around the prepared model's forward.
     options = dict(cpu=job.device.type == "cpu", mixed_precision=MIXED_PRECISION[job.config.precision])
-    plugin = fsdp_plugin(job.model) if job.config.fsdp else None
+    plugin = accelerate_fsdp.fsdp_plugin(job.model) if job.config.fsdp else None
     if plugin is not None:
         options["fsdp_plugin"] = plugin
     # Sync after every micro-batch: DDP's all-reduce (what no_sync saves, measured), or FSDP's per-micro-batch sync.
@@ -50,57 +49,8 @@ def new_accelerator(job):
     else:
         accelerator = Accelerator(gradient_accumulation_steps=job.config.grad_accum_steps, **options)
     if plugin is not None:
-        keep_fsdp_on_cpu(plugin)
+        accelerate_fsdp.keep_fsdp_on_cpu(plugin)
     return accelerator
-
-
-def fsdp_plugin(model):
-    """Accelerate's FSDP2 plugin: each of the model's repeated blocks its own group (as gradacc.training.fsdp.shard
-    does), parameters resharded after forward."""
-    from accelerate.utils import FullyShardedDataParallelPlugin
-
-    block_classes = sorted({type(block).__name__ for block in fsdp.blocks(model)})
-    return FullyShardedDataParallelPlugin(fsdp_version=2, reshard_after_forward=True,
-                                          auto_wrap_policy="transformer_based_wrap" if block_classes else "no_wrap",
-                                          transformer_cls_names_to_wrap=block_classes or None)
-
-
-def keep_fsdp_on_cpu(plugin) -> None:
-    """Accelerate 1.16 turns its FSDP plugin on only for accelerator devices (state.py: DistributedType.MULTI_CPU is not
-    among the types that become FSDP): on the CPU it drops the plugin without a word and prepare() wraps the model in
-    DDP. FSDP2 itself runs on the CPU with gloo, so the state is switched to FSDP here, before prepare(); prepare()
-    then shards the model with fully_shard, and ``prepared_sharded`` checks that it did."""
-    from accelerate.state import AcceleratorState, PartialState
-    from accelerate.utils import DistributedType
-
-    state = AcceleratorState()
-    if state.distributed_type == DistributedType.MULTI_CPU:
-        state.distributed_type = DistributedType.FSDP
-        PartialState._shared_state["distributed_type"] = DistributedType.FSDP
-        state.fsdp_plugin = plugin
-        _SWITCHED_TO_FSDP.set()
-
-
-# Set while the process-wide PartialState says FSDP because keep_fsdp_on_cpu said so.
-_SWITCHED_TO_FSDP = threading.Event()
-
-
-def forget_fsdp_on_cpu() -> None:
-    """The next run in this process (the equivalence check makes several) starts from the state Accelerate made:
-    PartialState outlives a run, and a DDP run must not find it switched to FSDP."""
-    if _SWITCHED_TO_FSDP.is_set():
-        from accelerate.state import PartialState
-        from accelerate.utils import DistributedType
-
-        PartialState._shared_state["distributed_type"] = DistributedType.MULTI_CPU
-        _SWITCHED_TO_FSDP.clear()
-
-
-def prepared_sharded(accelerator, model) -> None:
-    """RunFailed when a run asked for FSDP and the library prepared something else (a silent fallback to DDP)."""
-    if not fsdp.is_sharded(model):
-        raise RunFailed(f"Accelerate did not shard the model (its state is {accelerator.distributed_type}, the model "
-                        f"a {type(model).__name__}); this run asked for FSDP")
 
 
 def train(job) -> None:
@@ -117,7 +67,7 @@ def train(job) -> None:
     lr_scheduler = make_scheduler(optimizer, config, job.total_steps, calls_per_step=num_processes)
     model, optimizer, dataloader, lr_scheduler = accelerator.prepare(job.model, optimizer, dataloader, lr_scheduler)
     if config.fsdp:
-        prepared_sharded(accelerator, model)
+        accelerate_fsdp.prepared_sharded(accelerator, model)
     meter = activation_meter(job, model)
     report = StepReporter(job, num_processes)
     report.sync_probe = SyncProbe.attach(model)  # None unless prepare wrapped the model in DDP

@@ -29,7 +29,7 @@ from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArgu
 from gradacc.choices import PER_MICRO_BATCH
 from gradacc.errors import RunStopped
 from gradacc.training import fsdp
-from gradacc.training.backends.accelerate_loop import forget_fsdp_on_cpu, keep_fsdp_on_cpu, prepared_sharded
+from gradacc.training.backends.accelerate_fsdp import forget_fsdp_on_cpu, keep_fsdp_on_cpu, prepared_sharded
 from gradacc.training.backends.evaluation import EVAL_BATCH_SIZE, evaluate, next_token_predictions
 from gradacc.training.backends.optimizer import make_optimizer, warmup_steps
 from gradacc.training.backends.reporting import StepReporter, WindowTally, activation_meter, check_finite

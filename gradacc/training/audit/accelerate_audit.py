@@ -47,7 +47,7 @@ class AccelerateAudit:
         self._verdict: Verdict | None = None
         self.recorder = Recorder(self.module, on_forward=self._on_forward)
         self.recorder.recording = True
-        self.log = WindowLog(self._micro_batch_count, optimizer)
+        self.log = WindowLog(self._micro_batch_count, optimizer, self.module)
         self.log.attach()
         self.patches = Patches()
         self.patches.method(accelerator, "backward", self._backward)

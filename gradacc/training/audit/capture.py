@@ -217,12 +217,15 @@ class Patches:
 
 
 class WindowLog:
-    """Clipping calls, effective zero_grads and scheduler steps of the audited loop, counted by micro-batch."""
+    """Clipping calls, effective zero_grads (the torch optimizer's, which Accelerate's skips while accumulating, and the
+    model's) and scheduler steps of the audited loop, counted by micro-batch."""
 
-    def __init__(self, micro_batches, optimizer):
+    def __init__(self, micro_batches, optimizer, module):
         self._micro_batches = micro_batches  # () -> how many micro-batches the window has run so far
         self._thread = threading.get_ident()
+        self._optimizer = optimizer
         self._inner_optimizer = getattr(optimizer, "optimizer", optimizer)  # Accelerate's wraps the torch one
+        self._module = module
         self.clips: list[Clip] = []
         self.zero_grads: list[int] = []
         self.scheduler_steps = 0
@@ -243,7 +246,7 @@ class WindowLog:
         log = self
 
         def counted_step(scheduler, *args, **kwargs):
-            if log._ours() and getattr(scheduler, "optimizer", None) is log._inner_optimizer:
+            if log._ours() and getattr(scheduler, "optimizer", None) in (log._optimizer, log._inner_optimizer):
                 log.scheduler_steps += 1
                 if scheduler not in log.stepped_schedulers:
                     log.stepped_schedulers.append(scheduler)
@@ -251,6 +254,7 @@ class WindowLog:
 
         self.patches.set(LRScheduler, "step", counted_step)
         self.patches.method(self._inner_optimizer, "zero_grad", self._zero_grad)
+        self.patches.method(self._module, "zero_grad", self._zero_grad)
 
     def _clip(self, name, original):
         def clip(parameters, max_norm, *args, **kwargs):

@@ -108,7 +108,7 @@ def agrees(own_loss, total: torch.Tensor, count: int, given_count, tolerance: fl
     """Whether the model's own loss is the hand-made sum ÷ the micro-batch's items or ÷ the count it was given."""
     if own_loss is None or not torch.is_tensor(own_loss) or own_loss.numel() != 1:
         return True  # nothing to check against (the trainer popped the labels, or TRL computes it outside)
-    own, total = float(own_loss), float(total)
+    own, total = float(own_loss.detach()), float(total.detach())
     divisors = [count] + ([float(given_count)] if given_count is not None else [])
     return any(math.isclose(own, total / d, rel_tol=tolerance, abs_tol=1e-7) for d in divisors if d)
 

@@ -37,7 +37,7 @@ class _Window:
         self.verdict: Verdict | None = None
         self.recorder = Recorder(trainer.model)
         self.recorder.recording = True
-        self.log = WindowLog(lambda: len(self.micro_batches), trainer.optimizer)
+        self.log = WindowLog(lambda: len(self.micro_batches), trainer.optimizer, trainer.model)
         self.patches = Patches()
         self._depth = 0
 

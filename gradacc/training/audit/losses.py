@@ -79,14 +79,15 @@ def summed(kind: str, output, labels, shift_labels=None) -> tuple[torch.Tensor, 
     logits = output["logits"] if isinstance(output, dict) else output.logits
     logits = logits.float()
     if kind == CAUSAL:
-        if shift_labels is None:
-            logits, shift_labels = logits[..., :-1, :], labels[..., 1:]
-        kept = shift_labels != -100
-        return F.cross_entropy(logits[kept], shift_labels[kept], reduction="sum"), int(kept.sum())
+        if shift_labels is None:  # the labels shifted, not the logits: no copy of a (tokens × vocabulary) tensor
+            shift_labels = F.pad(labels, (0, 1), value=-100)[..., 1:]
+        target = shift_labels.reshape(-1)
+        total = F.cross_entropy(logits.reshape(target.numel(), -1), target, ignore_index=-100, reduction="sum")
+        return total, int((target != -100).sum())
     if kind in (CLASSIFICATION, TOKEN):
         flat = labels.reshape(-1)
-        kept = flat != -100
-        return F.cross_entropy(logits.reshape(flat.numel(), -1)[kept], flat[kept], reduction="sum"), int(kept.sum())
+        total = F.cross_entropy(logits.reshape(flat.numel(), -1), flat, ignore_index=-100, reduction="sum")
+        return total, int((flat != -100).sum())
     if kind == REGRESSION:
         values = logits.squeeze() if logits.numel() == labels.numel() else logits
         return F.mse_loss(values.reshape(labels.shape), labels.float(), reduction="sum"), labels.numel()

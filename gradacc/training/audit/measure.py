@@ -79,10 +79,10 @@ def measure(setup: Setup, micro_batches: list[MicroBatch], log: WindowLog, backw
     try:
         with set_aside(setup.module, setup.trainer), setup.no_sync():
             reference = replayer.replay(micro_batches)
+            seconds = time.perf_counter() - started  # the replay: one forward+backward of the window
             window_items, window_loss = distributed.sum_over_ranks(
                 [float(sum(reference.items)), reference.summed_loss], next(iter(applied.values())).device)
             fit = _fit(applied, params, unclip * window_items, precision)
-            seconds = time.perf_counter() - started
             zero_grads = tuple(z for z in log.zero_grads if z < j)
             early_clip = any(c.after_micro_batch < j and c.factor < 1 for c in clips)
             if not fit.plain_scale and j > 1 and not zero_grads and not early_clip:

@@ -78,18 +78,21 @@ def measure(setup: Setup, micro_batches: list[MicroBatch], log: WindowLog, backw
     weighted = None
     try:
         with set_aside(setup.module, setup.trainer), setup.no_sync():
-            reference = replayer.replay(micro_batches)
+            device = next(iter(applied.values())).device
+            items = replayer.count(micro_batches)
+            window_items = distributed.sum_over_ranks([float(sum(items))], device)[0]
+            # ÷ the window's items, as a right run divides: a right run's gradient comes back bit for bit in bf16 too.
+            reference = replayer.replay(micro_batches, [window_items] * j)
             seconds = time.perf_counter() - started  # the replay: one forward+backward of the window
-            window_items, window_loss = distributed.sum_over_ranks(
-                [float(sum(reference.items)), reference.summed_loss], next(iter(applied.values())).device)
-            fit = _fit(applied, params, unclip * window_items, precision)
+            window_loss = distributed.sum_over_ranks([reference.summed_loss], device)[0]
+            fit = _fit(applied, params, unclip, precision)
             zero_grads = tuple(z for z in log.zero_grads if z < j)
             early_clip = any(c.after_micro_batch < j and c.factor < 1 for c in clips)
             if not fit.plain_scale and j > 1 and not zero_grads and not early_clip:
                 for p in params.values():
                     p.grad = None
-                replayer.replay(micro_batches, per_item=False)
-                weighted = _fit(applied, params, unclip * j * setup.num_processes, precision)
+                replayer.replay(micro_batches, [max(n, 1) * j for n in items])  # each micro-batch's mean ÷ j
+                weighted = _fit(applied, params, unclip * setup.num_processes, precision)
     except NotReplayable as reason:
         return Verdict(gradient=NOT_JUDGED, kind=replayer.kind, meaning=str(reason), **base)
     evidence = causes.Evidence(setup.who, reference.kind, setup.k, j, setup.num_processes, fit, weighted,

@@ -68,19 +68,36 @@ def as_recorded(forward_autocast):
 
 
 class Replayer:
-    """Replays micro-batches through ``module`` under ``rule`` (losses.LossRule); see ``replay``."""
+    """Replays micro-batches through ``module`` under ``rule`` (losses.LossRule): ``count`` their items first (from
+    their labels, without running the model), then ``replay`` them into ``.grad``."""
 
     def __init__(self, module, recorder: Recorder, rule: losses.LossRule, precision: str, trainer=None):
         self.module, self.recorder, self.rule, self.trainer = module, recorder, rule, trainer
         self.tolerance = AGREE[precision]
         self.kind = rule.kind
 
-    def replay(self, micro_batches: list[MicroBatch], per_item: bool = True) -> Reference:
-        """Back-propagate each micro-batch's loss, summed over its items (``per_item``) or its mean, into ``.grad``."""
+    def count(self, micro_batches: list[MicroBatch]) -> list[int]:
+        """Each micro-batch's items: as its loss counts them (the kind's rule), or its rows for a trainer's own loss."""
+        if self.kind in (losses.TRAINER_LOSS, losses.USER_LOSS):
+            return [self._user_count(m) for m in micro_batches]
+        labels, shift = _labels(micro_batches[0])
+        if labels is None:
+            raise NotReplayable("the batch holds no labels, so the loss cannot be recomputed from the model's output: "
+                                "pass loss_fn=lambda model, batch: <its mean loss> to the audit")
+        counting = losses.model_kind(self.module, labels)
+        if counting is None:  # a model of the user's own: its kind from its own loss, on the first micro-batch
+            with torch.no_grad():
+                output = self._forward(1, micro_batches[0])
+            counting = self._find_kind(micro_batches[0], output)
+        return [losses.items(counting, *_labels(m)) for m in micro_batches]
+
+    def replay(self, micro_batches: list[MicroBatch], divisors: list[float]) -> Reference:
+        """Back-propagate each micro-batch's loss summed over its items ÷ its divisor (the window's items: the
+        reference; its items × the micro-batches: their means counted equally) into ``.grad``."""
         items, total = [], 0.0
-        for index, micro_batch in enumerate(micro_batches, start=1):
+        for index, (micro_batch, divisor) in enumerate(zip(micro_batches, divisors), start=1):
             summed, count = self._one(index, micro_batch)
-            (summed if per_item else summed / max(count, 1)).backward()
+            (summed / divisor).backward()
             items.append(count)
             total += float(summed.detach())
         return Reference(self.kind, tuple(items), total)
@@ -89,36 +106,46 @@ class Replayer:
         if self.kind == losses.TRAINER_LOSS:
             return self._trainer_loss(index, micro_batch)
         forward = micro_batch.trained
-        inputs = micro_batch.inputs or {}
-        labels = forward.kwargs.get("labels", inputs.get("labels"))
-        shift = forward.kwargs.get("shift_labels", inputs.get("shift_labels"))
+        labels, shift = _labels(micro_batch)
         if self.kind == losses.USER_LOSS:
-            batch = inputs or forward.kwargs
+            batch = micro_batch.inputs or forward.kwargs
             mean = self._run(index, micro_batch, forward.rng, forward.autocast,
                              lambda: self.rule.loss_fn(self.module, detached(batch)), first_only=True)
-            kind = losses.model_kind(self.module, labels) if labels is not None else None
-            count = losses.items(kind, labels, shift) if kind else _rows(batch)
+            count = self._user_count(micro_batch)
             return mean * count, count
-        output = self._run(index, micro_batch, forward.rng, forward.autocast,
-                           lambda: self.module(*forward.args, **forward.kwargs), first_only=True)
-        if labels is None:
-            raise NotReplayable("the batch holds no labels, so the loss cannot be recomputed from the model's output: "
-                                "pass loss_fn=lambda model, batch: <its mean loss> to the audit")
+        output = self._forward(index, micro_batch)
         if self.kind is None:
-            self.kind = losses.find_kind(self.module, output, labels, shift, forward.kwargs.get("num_items_in_batch"),
-                                         self.tolerance)
-            if self.kind is None:
-                raise NotReplayable(f"the loss of {type(losses.base_model(self.module)).__name__} is none the audit "
-                                    "computes by hand: pass loss_fn=lambda model, batch: <its mean loss> to the audit")
+            self.kind = self._find_kind(micro_batch, output)
         if self.rule.compute_loss_func is not None or self.rule.label_smoother is not None:
-            count = losses.items(self.kind, labels, shift) if self.kind in losses.CANDIDATES else \
-                int((labels != -100).sum())
+            count = losses.items(self.kind, labels, shift)
             if self.rule.compute_loss_func is not None:
                 mean = self.rule.compute_loss_func(output, labels, num_items_in_batch=count)
             else:
                 mean = self.rule.label_smoother(output, labels, shift_labels=self.kind == losses.CAUSAL)
             return mean * count, count
         return losses.summed(self.kind, output, labels, shift)
+
+    def _forward(self, index: int, micro_batch: MicroBatch):
+        forward = micro_batch.trained
+        return self._run(index, micro_batch, forward.rng, forward.autocast,
+                         lambda: self.module(*forward.args, **forward.kwargs), first_only=True)
+
+    def _find_kind(self, micro_batch: MicroBatch, output) -> str:
+        labels, shift = _labels(micro_batch)
+        kind = losses.find_kind(self.module, output, labels, shift,
+                                micro_batch.trained.kwargs.get("num_items_in_batch"), self.tolerance)
+        if kind is None:
+            raise NotReplayable(f"the loss of {type(losses.base_model(self.module)).__name__} is none the audit "
+                                "computes by hand: pass loss_fn=lambda model, batch: <its mean loss> to the audit")
+        return kind
+
+    def _user_count(self, micro_batch: MicroBatch) -> int:
+        labels, shift = _labels(micro_batch) if micro_batch.trained is not None else (
+            (micro_batch.inputs or {}).get("labels"), None)
+        kind = losses.model_kind(self.module, labels) if labels is not None else None
+        if kind is not None and self.kind == losses.USER_LOSS:
+            return losses.items(kind, labels, shift)
+        return _rows(micro_batch.inputs or micro_batch.trained.kwargs)
 
     def _trainer_loss(self, index: int, micro_batch: MicroBatch):
         """A trainer whose loss is its own (no labels in the batch: TRL's DPO): its compute_loss, replayed whole from
@@ -148,6 +175,14 @@ class Replayer:
                                 "from the same random state (a generator of its own, or a non-deterministic kernel), "
                                 "so there is no reference to compare with")
         return result
+
+
+def _labels(micro_batch: MicroBatch):
+    """(labels, shift_labels) of a micro-batch: what its forward was given, else what Trainer's compute_loss was
+    (it pops the labels for a compute_loss_func)."""
+    forward, inputs = micro_batch.trained, micro_batch.inputs or {}
+    kwargs = forward.kwargs if forward is not None else {}
+    return kwargs.get("labels", inputs.get("labels")), kwargs.get("shift_labels", inputs.get("shift_labels"))
 
 
 def _call_compute_loss(trainer, module, inputs):

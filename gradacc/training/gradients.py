@@ -74,15 +74,20 @@ def projection(gradient: dict, reference: dict, gradient_scale: float = 1.0) -> 
 
     dots, squares, differences = [], [], []
     c = gradient_scale
+    scratch = {}  # one reused buffer per dtype and device: no fresh pages per piece (see CHUNK)
     for g, r in _pieces(gradient, reference):
-        whole = g.numel() - g.numel() % BLOCK
-        product, square = g * r, r * r
-        dots.append(product[:whole].view(-1, BLOCK).sum(dim=1).double())
-        squares.append(square[:whole].view(-1, BLOCK).sum(dim=1).double())
-        if whole < g.numel():  # the piece's tail is a block of its own
-            dots.append(product[whole:].sum().double().reshape(1))
-            squares.append(square[whole:].sum().double().reshape(1))
-        difference = torch.add(r, g, alpha=-c)
+        n = g.numel()
+        key = (r.dtype, r.device)
+        if key not in scratch:
+            scratch[key] = torch.empty(CHUNK, dtype=r.dtype, device=r.device)
+        buffer = scratch[key][:n]
+        whole = n - n % BLOCK
+        for pieces, other in ((dots, g), (squares, r)):
+            product = torch.mul(other, r, out=buffer)
+            pieces.append(product[:whole].view(-1, BLOCK).sum(dim=1, dtype=torch.float64))
+            if whole < n:  # the piece's tail is a block of its own
+                pieces.append(product[whole:].sum(dtype=torch.float64).reshape(1))
+        difference = torch.add(r, g, alpha=-c, out=buffer)
         differences.append(torch.dot(difference, difference).double())
     block_dots, block_squares = torch.cat(dots) * c, torch.cat(squares)
     reference_sq, dot = float(block_squares.sum()), float(block_dots.sum())

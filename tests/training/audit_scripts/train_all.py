@@ -9,11 +9,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
-from datasets import Dataset  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 from transformers import (BertForSequenceClassification, GPT2LMHeadModel, Qwen2ForCausalLM, Trainer,  # noqa: E402
                           TrainingArguments, get_linear_schedule_with_warmup)
-from trl import SFTConfig, SFTTrainer  # noqa: E402
 
 from audit_support import bert, cls_data, gpt2, lm_collator, lm_data, padding_collator, qwen2, texts, tokenizer, \
     trainer_args  # noqa: E402
@@ -42,6 +40,9 @@ for epoch in range(2):
             optimizer.zero_grad()
 
 if "--with-sft" in sys.argv:
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
     SFTTrainer(model=Qwen2ForCausalLM(qwen2(0.1)), train_dataset=Dataset.from_dict({"text": texts(48)}),
                processing_class=tokenizer(),
                args=SFTConfig(**trainer_args(), max_length=32, bf16=False, gradient_checkpointing=False)).train()

@@ -123,12 +123,13 @@ def reset_accelerate():
 
 def accelerate_loop(model_fn, data, collate, *, kind=None, k=K, epochs=1, audited=True, backward="accelerator",
                     mixed_precision="no", clip_every=False, scheduler_every=False, body=None, autocast=None,
-                    before_step=None):
+                    before_step=None, loss_fn=None, zero_grad="optimizer"):
     """accelerate's examples/by_feature/gradient_accumulation.py loop on a tiny model, with the audit one line before
     it; returns (verdict, truth result, weights after the run, sync pattern, per-micro-batch losses).
 
     ``body(model, batch, output, accelerator)``: the loss to back-propagate (default: the model's own);
-    ``before_step(model, accelerator)``: the loop's own lines before its clipping and ``optimizer.step()``."""
+    ``before_step(model, accelerator)``: the loop's own lines before its clipping and ``optimizer.step()``;
+    ``loss_fn``: given to the audit; ``zero_grad``: "optimizer" (the prepared one) or "model" (``model.zero_grad()``)."""
     from accelerate import Accelerator
     from torch.utils.data import DataLoader
     from transformers import get_linear_schedule_with_warmup
@@ -144,7 +145,7 @@ def accelerate_loop(model_fn, data, collate, *, kind=None, k=K, epochs=1, audite
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3)
     scheduler = get_linear_schedule_with_warmup(optimizer, num_warmup_steps=2, num_training_steps=100)
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
-    audit = audit_accelerate(accelerator, model, optimizer) if audited else None  # the one added line
+    audit = audit_accelerate(accelerator, model, optimizer, loss_fn=loss_fn) if audited else None  # the one added line
     truth = None
     if kind:
         truth = Truth(accelerator.unwrap_model(model), kind)
@@ -174,7 +175,7 @@ def accelerate_loop(model_fn, data, collate, *, kind=None, k=K, epochs=1, audite
                     scheduler.scheduler.step()  # the torch scheduler itself, every micro-batch
                 else:
                     scheduler.step()
-                optimizer.zero_grad()
+                (model if zero_grad == "model" else optimizer).zero_grad()
     if truth is not None:
         truth.close()
     weights = [p.detach().clone() for p in accelerator.unwrap_model(model).parameters()]

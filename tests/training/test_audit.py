@@ -219,6 +219,24 @@ def test_a_compute_loss_func_of_ones_own_that_ignores_num_items_is_told_so_in_it
     assert fixed.ok, fixed.line
 
 
+def test_a_compute_loss_that_divides_by_k_on_top_of_num_items_is_k_times_too_small_and_told_not_to():
+    from transformers import Trainer
+
+    from gradacc.audit import token_mean_loss
+
+    class DividedAgain(Trainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            return loss / self.args.gradient_accumulation_steps  # "accumulation needs ÷ k"
+
+    verdict, truth = run_trainer(classifier(), "classification", cls_data(), padding_collator(),
+                                 loss_func=token_mean_loss, trainer_class=DividedAgain)
+    agrees_with_truth(verdict, truth)
+    assert verdict.gradient == V.DIVIDED_TWICE and "do not divide the loss by k yourself" in verdict.fix
+    fixed, _ = run_trainer(classifier(), None, cls_data(), padding_collator(), loss_func=token_mean_loss)
+    assert fixed.ok, fixed.line
+
+
 def test_a_model_whose_randomness_cannot_be_replayed_is_not_judged_in_one_line():
     """Noise from a generator of the model's own: the replay cannot give the same output, and the audit says so."""
     from transformers import BertForSequenceClassification

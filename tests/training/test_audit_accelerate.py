@@ -168,3 +168,29 @@ def test_a_model_with_a_generator_of_its_own_is_not_judged_and_its_loss_without_
     unlabelled = [{k: v for k, v in e.items() if k != "labels"} for e in cls_data(16)]
     verdict, *_ = accelerate_loop(bert_classifier, unlabelled, padding_collator(), body=no_labels)
     assert not verdict.judged and "loss_fn" in verdict.meaning, verdict.line
+
+
+def test_zero_grad_of_the_model_inside_the_window_is_named_and_the_prepared_optimizers_fixes_it():
+    """model.zero_grad() runs every micro-batch (the prepared optimizer's zero_grad skips while accumulating)."""
+    verdict, *_ = accelerate_loop(bert_classifier, cls_data(32), padding_collator(), zero_grad="model")
+    assert verdict.gradient == V.ZEROED and "micro-batch 1, 2, 3 of 4" in verdict.meaning, verdict.line
+    assert "after optimizer.step() only" in verdict.fix
+    fixed, truth, *_ = accelerate_loop(bert_classifier, cls_data(32), padding_collator(), kind="classification")
+    assert fixed.ok, fixed.line
+
+
+def test_another_objective_is_named_so_and_given_as_loss_fn_it_is_exact():
+    """Cross-entropy plus a penalty on the logits: no scale of the window's mean cross-entropy, nor of equally weighted
+    micro-batches; the audit says so, and with the objective as loss_fn it is exact."""
+    import torch.nn.functional as F
+
+    def penalised(model, batch, output=None, accelerator=None):
+        logits = output.logits if output is not None else model(**batch).logits
+        return F.cross_entropy(logits, batch["labels"]) + logits.pow(2).mean()
+
+    verdict, *_ = accelerate_loop(bert_classifier, cls_data(32), padding_collator(), body=penalised)
+    assert verdict.gradient == V.OTHER_LOSS and "loss_fn" in verdict.fix, verdict.line
+    fixed, *_ = accelerate_loop(bert_classifier, cls_data(32), padding_collator(), body=penalised,
+                                loss_fn=lambda model, batch: penalised(model, batch))
+    assert fixed.ok and fixed.kind == "your loss_fn", fixed.line
+

@@ -59,21 +59,23 @@ def _pieces(gradient: dict, reference: dict):
             yield g[start:start + CHUNK].float(), r[start:start + CHUNK].float()
 
 
-def projection(gradient: dict, reference: dict, gradient_scale: float = 1.0) -> dict:
+def projection(gradient: dict, reference: dict, gradient_scale: float = 1.0, candidates=(1.0,)) -> dict:
     """g = ``gradient`` × ``gradient_scale`` projected on r = ``reference``: the scale s = g·r / r·r, what no scale
     explains (residual ‖g − s·r‖ / ‖r‖), the relative error ‖g − r‖ / ‖r‖, and the standard error of s measured
     from the residual itself: s is the weighted mean of the blocks' own scales s_b = g_b·r_b / r_b·r_b (blocks of
     ``BLOCK`` values, weights r_b·r_b), and se = √(Σ (g_b·r_b − s·r_b·r_b)²) / Σ r_b·r_b: 0 when g is exactly a
     scale of r, and as large as the rounding noise (bf16's, fp16's) makes the blocks disagree.
 
-    One pass over both gradients; a second when s is far from 1 (the residual is then measured against s·r itself,
-    not derived from ‖g − r‖, whose (s − 1)²·‖r‖² would drown it)."""
+    One pass over both gradients. The residual comes from ‖g − c·r‖² − (s − c)²·‖r‖² (g − c·r is (g − s·r) plus
+    (s − c)·r, the two orthogonal) for the ``candidates`` scale c nearest s, each taken in the same pass (1, and the
+    scales the caller expects: k, 1/k, ...); when s is near none of them, a second pass measures ‖g − s·r‖ itself,
+    since a far c's (s − c)²·‖r‖² would drown it."""
     import math
 
     import torch
 
-    dots, squares, differences = [], [], []
-    c = gradient_scale
+    candidates = sorted({1.0, *(float(c) for c in candidates)})
+    dots, squares, differences = [], [], {c: [] for c in candidates}
     scratch = {}  # one reused buffer per dtype and device: no fresh pages per piece (see CHUNK)
     for g, r in _pieces(gradient, reference):
         n = g.numel()
@@ -87,19 +89,21 @@ def projection(gradient: dict, reference: dict, gradient_scale: float = 1.0) -> 
             pieces.append(product[:whole].view(-1, BLOCK).sum(dim=1, dtype=torch.float64))
             if whole < n:  # the piece's tail is a block of its own
                 pieces.append(product[whole:].sum(dtype=torch.float64).reshape(1))
-        difference = torch.add(r, g, alpha=-c, out=buffer)
-        differences.append(torch.dot(difference, difference).double())
-    block_dots, block_squares = torch.cat(dots) * c, torch.cat(squares)
+        for c in candidates:  # ‖g × gradient_scale − c·r‖² = gradient_scale² ‖g − (c / gradient_scale)·r‖²
+            difference = torch.add(g, r, alpha=-c / gradient_scale, out=buffer)
+            differences[c].append(torch.dot(difference, difference).double())
+    block_dots, block_squares = torch.cat(dots) * gradient_scale, torch.cat(squares)
     reference_sq, dot = float(block_squares.sum()), float(block_dots.sum())
     if reference_sq == 0:
         raise GradaccError("The reference gradient is zero: nothing to compare the step's gradient with.", "backend")
-    difference = float(torch.stack(differences).sum())
     scale = dot / reference_sq
-    if abs(scale - 1) <= 0.01:  # g − r = (g − s·r) + (s − 1)·r, the two orthogonal
-        residual_sq = max(0.0, difference - (scale - 1) ** 2 * reference_sq)
+    distance = {c: float(torch.stack(parts).sum()) * gradient_scale ** 2 for c, parts in differences.items()}
+    nearest = min(candidates, key=lambda c: abs(scale - c))
+    if abs(scale - nearest) <= 0.01 * max(1.0, abs(nearest)):
+        residual_sq = max(0.0, distance[nearest] - (scale - nearest) ** 2 * reference_sq)
     else:
         residual_sq = float(sum(torch.dot(d, d).double() for d in
-                                (torch.add(r * scale, g, alpha=-c) for g, r in _pieces(gradient, reference))))
+                                (torch.add(r * scale, g, alpha=-gradient_scale) for g, r in _pieces(gradient, reference))))
     se = float(torch.sqrt(((block_dots - scale * block_squares) ** 2).sum())) / reference_sq
     return {"scale": scale, "residual": math.sqrt(residual_sq / reference_sq),
-            "rel_error": math.sqrt(difference / reference_sq), "se": se}
+            "rel_error": math.sqrt(distance[1.0] / reference_sq), "se": se}

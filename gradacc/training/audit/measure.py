@@ -85,14 +85,16 @@ def measure(setup: Setup, micro_batches: list[MicroBatch], log: WindowLog, backw
             reference = replayer.replay(micro_batches, [window_items] * j)
             seconds = time.perf_counter() - started  # the replay: one forward+backward of the window
             window_loss = distributed.sum_over_ranks([reference.summed_loss], device)[0]
-            fit = _fit(applied, params, unclip, precision)
+            counted = [window_items / counted_items] if counted_items else []
+            expected = [setup.k, setup.k * setup.num_processes, 1 / setup.k, j / setup.k, setup.num_processes, *counted]
+            fit = _fit(applied, params, unclip, precision, expected)
             zero_grads = tuple(z for z in log.zero_grads if z < j)
             early_clip = any(c.after_micro_batch < j and c.factor < 1 for c in clips)
             if not fit.plain_scale and j > 1 and not zero_grads and not early_clip:
                 for p in params.values():
                     p.grad = None
                 replayer.replay(micro_batches, [max(n, 1) * j for n in items])  # each micro-batch's mean ÷ j
-                weighted = _fit(applied, params, unclip * setup.num_processes, precision)
+                weighted = _fit(applied, params, unclip * setup.num_processes, precision, expected)
     except NotReplayable as reason:
         return Verdict(gradient=NOT_JUDGED, kind=replayer.kind, meaning=str(reason), **base)
     evidence = causes.Evidence(setup.who, reference.kind, setup.k, j, setup.num_processes, fit, weighted,
@@ -106,11 +108,12 @@ def measure(setup: Setup, micro_batches: list[MicroBatch], log: WindowLog, backw
                    reference_seconds=seconds, audit_seconds=time.perf_counter() - started, **base)
 
 
-def _fit(applied: dict, params: dict, gradient_scale: float, precision: str) -> Fit:
-    """The step's gradient × ``gradient_scale`` against the reference now in ``.grad`` (summed over processes)."""
+def _fit(applied: dict, params: dict, gradient_scale: float, precision: str, expected=()) -> Fit:
+    """The step's gradient × ``gradient_scale`` against the reference now in ``.grad`` (summed over processes);
+    ``expected``: the scales a cause would give (measured exactly in the same pass)."""
     reference = {name: p.grad.detach().reshape(-1) for name, p in params.items() if p.grad is not None}
     reference = _sum_over_ranks(reference)
-    numbers = projection(applied, reference, gradient_scale=gradient_scale)
+    numbers = projection(applied, reference, gradient_scale=gradient_scale, candidates=expected)
     return Fit(numbers["scale"], numbers["residual"], numbers["se"], numbers["rel_error"], precision)
 
 

@@ -42,8 +42,10 @@ def gradient_sums(gradient: dict, reference: dict, gradient_scale: float = 1.0) 
             "own": own * gradient_scale ** 2}
 
 
-# Values per block of the scale's standard error: enough blocks on a tiny model, few enough to be cheap.
+# Values per block of the scale's standard error, and how many pieces (CHUNK values each) at least give their blocks
+# to it: enough blocks to measure the noise well (16k on a large model), while the scale itself uses every value.
 BLOCK = 256
+SAMPLED_PIECES = 64
 
 
 def _pieces(gradient: dict, reference: dict):
@@ -59,51 +61,65 @@ def _pieces(gradient: dict, reference: dict):
             yield g[start:start + CHUNK].float(), r[start:start + CHUNK].float()
 
 
-def projection(gradient: dict, reference: dict, gradient_scale: float = 1.0, candidates=(1.0,)) -> dict:
+def projection(gradient: dict, reference: dict, gradient_scale: float = 1.0, expected=()) -> dict:
     """g = ``gradient`` × ``gradient_scale`` projected on r = ``reference``: the scale s = g·r / r·r, what no scale
     explains (residual ‖g − s·r‖ / ‖r‖), the relative error ‖g − r‖ / ‖r‖, and the standard error of s measured
     from the residual itself: s is the weighted mean of the blocks' own scales s_b = g_b·r_b / r_b·r_b (blocks of
     ``BLOCK`` values, weights r_b·r_b), and se = √(Σ (g_b·r_b − s·r_b·r_b)²) / Σ r_b·r_b: 0 when g is exactly a
     scale of r, and as large as the rounding noise (bf16's, fp16's) makes the blocks disagree.
 
-    One pass over both gradients. The residual comes from ‖g − c·r‖² − (s − c)²·‖r‖² (g − c·r is (g − s·r) plus
-    (s − c)·r, the two orthogonal) for the ``candidates`` scale c nearest s, each taken in the same pass (1, and the
-    scales the caller expects: k, 1/k, ...); when s is near none of them, a second pass measures ‖g − s·r‖ itself,
-    since a far c's (s − c)²·‖r‖² would drown it."""
+    One pass over both gradients when s is near 1 or near one of the ``expected`` scales e, whose ‖g − e·r‖ the pass
+    takes too (then ‖g − s·r‖² = ‖g − e·r‖² − (s − e)²·‖r‖², the two parts orthogonal); a second when it is not,
+    which measures ‖g − s·r‖ itself: derived from a far e, (s − e)²·‖r‖² would drown it. The blocks come from every piece of a small model and from an even sample of
+    ``SAMPLED_PIECES``-odd pieces of a large one (se ∝ 1/√(sampled fraction), corrected for)."""
     import math
 
     import torch
 
-    candidates = sorted({1.0, *(float(c) for c in candidates)})
-    dots, squares, differences = [], [], {c: [] for c in candidates}
-    scratch = {}  # one reused buffer per dtype and device: no fresh pages per piece (see CHUNK)
-    for g, r in _pieces(gradient, reference):
-        n = g.numel()
+    pieces = list(_pieces(gradient, reference))
+    stride = max(1, len(pieces) // SAMPLED_PIECES)
+    expected = sorted({float(e) for e in expected} - {1.0})
+    dots, squares, sums, apart = [], [], [], {e: [] for e in expected}
+    c = gradient_scale
+    buffers = {}  # one reused buffer per dtype and device: no fresh pages per piece (see CHUNK)
+
+    def buffer_for(r):
         key = (r.dtype, r.device)
-        if key not in scratch:
-            scratch[key] = torch.empty(CHUNK, dtype=r.dtype, device=r.device)
-        buffer = scratch[key][:n]
-        whole = n - n % BLOCK
-        for pieces, other in ((dots, g), (squares, r)):
-            product = torch.mul(other, r, out=buffer)
-            pieces.append(product[:whole].view(-1, BLOCK).sum(dim=1, dtype=torch.float64))
-            if whole < n:  # the piece's tail is a block of its own
-                pieces.append(product[whole:].sum(dtype=torch.float64).reshape(1))
-        for c in candidates:  # ‖g × gradient_scale − c·r‖² = gradient_scale² ‖g − (c / gradient_scale)·r‖²
-            difference = torch.add(g, r, alpha=-c / gradient_scale, out=buffer)
-            differences[c].append(torch.dot(difference, difference).double())
-    block_dots, block_squares = torch.cat(dots) * gradient_scale, torch.cat(squares)
-    reference_sq, dot = float(block_squares.sum()), float(block_dots.sum())
+        if key not in buffers:
+            buffers[key] = torch.empty(CHUNK, dtype=r.dtype, device=r.device)
+        return buffers[key][:r.numel()]
+
+    for index, (g, r) in enumerate(pieces):
+        buffer, n = buffer_for(r), g.numel()
+        if index % stride == 0:  # this piece's blocks measure the scale's noise
+            whole = n - n % BLOCK
+            for blocks, other in ((dots, g), (squares, r)):
+                product = torch.mul(other, r, out=buffer)
+                blocks.append(product[:whole].view(-1, BLOCK).sum(dim=1).double())
+                if whole < n:  # the piece's tail is a block of its own
+                    blocks.append(product[whole:].sum().double().reshape(1))
+        difference = torch.add(r, g, alpha=-c, out=buffer)
+        sums.append(torch.stack([torch.dot(g, r), torch.dot(r, r), torch.dot(difference, difference)]).double())
+        for e in expected:  # ‖g·c − e·r‖² = c²·‖g − (e / c)·r‖², in the cache still
+            distance = torch.add(g, r, alpha=-e / c, out=buffer)
+            apart[e].append(torch.dot(distance, distance).double())
+    dot, reference_sq, difference = (float(x) for x in torch.stack(sums).sum(dim=0))
+    dot *= c
     if reference_sq == 0:
         raise GradaccError("The reference gradient is zero: nothing to compare the step's gradient with.", "backend")
     scale = dot / reference_sq
-    distance = {c: float(torch.stack(parts).sum()) * gradient_scale ** 2 for c, parts in differences.items()}
-    nearest = min(candidates, key=lambda c: abs(scale - c))
-    if abs(scale - nearest) <= 0.01 * max(1.0, abs(nearest)):
-        residual_sq = max(0.0, distance[nearest] - (scale - nearest) ** 2 * reference_sq)
+    near = [(1.0, difference)] + [(e, float(torch.stack(apart[e]).sum()) * c * c) for e in expected]
+    e, distance = min(near, key=lambda pair: abs(scale - pair[0]))
+    if abs(scale - e) <= 0.01 * max(1.0, e):
+        residual_sq = max(0.0, distance - (scale - e) ** 2 * reference_sq)
     else:
-        residual_sq = float(sum(torch.dot(d, d).double() for d in
-                                (torch.add(r * scale, g, alpha=-gradient_scale) for g, r in _pieces(gradient, reference))))
-    se = float(torch.sqrt(((block_dots - scale * block_squares) ** 2).sum())) / reference_sq
+        residual_sq = 0.0
+        for g, r in _pieces(gradient, reference):
+            apart = torch.add(g, r, alpha=-scale / c, out=buffer_for(r))  # (g·c − s·r) ÷ c
+            residual_sq += float(torch.dot(apart, apart)) * c * c
+    block_dots, block_squares = torch.cat(dots) * c, torch.cat(squares)
+    sampled = float(block_squares.sum()) / reference_sq  # the sampled blocks' share of ‖r‖²
+    se = float(torch.sqrt(((block_dots - scale * block_squares) ** 2).sum())) / reference_sq / math.sqrt(sampled) \
+        if sampled > 0 else 0.0
     return {"scale": scale, "residual": math.sqrt(residual_sq / reference_sq),
-            "rel_error": math.sqrt(distance[1.0] / reference_sq), "se": se}
+            "rel_error": math.sqrt(difference / reference_sq), "se": se}

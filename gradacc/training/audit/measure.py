@@ -85,8 +85,9 @@ def measure(setup: Setup, micro_batches: list[MicroBatch], log: WindowLog, backw
             reference = replayer.replay(micro_batches, [window_items] * j)
             seconds = time.perf_counter() - started  # the replay: one forward+backward of the window
             window_loss = distributed.sum_over_ranks([reference.summed_loss], device)[0]
-            counted = [window_items / counted_items] if counted_items else []
-            expected = [setup.k, setup.k * setup.num_processes, 1 / setup.k, j / setup.k, setup.num_processes, *counted]
+            # The scales a cause would give, measured in the projection's one pass: k (k·P), 1/k, j/k, N/N′.
+            expected = [setup.k, setup.k * setup.num_processes, 1 / setup.k, j / setup.k] + (
+                [window_items / counted_items] if counted_items else [])
             fit = _fit(applied, params, unclip, precision, expected)
             zero_grads = tuple(z for z in log.zero_grads if z < j)
             early_clip = any(c.after_micro_batch < j and c.factor < 1 for c in clips)
@@ -109,11 +110,10 @@ def measure(setup: Setup, micro_batches: list[MicroBatch], log: WindowLog, backw
 
 
 def _fit(applied: dict, params: dict, gradient_scale: float, precision: str, expected=()) -> Fit:
-    """The step's gradient × ``gradient_scale`` against the reference now in ``.grad`` (summed over processes);
-    ``expected``: the scales a cause would give (measured exactly in the same pass)."""
+    """The step's gradient × ``gradient_scale`` against the reference now in ``.grad`` (summed over processes)."""
     reference = {name: p.grad.detach().reshape(-1) for name, p in params.items() if p.grad is not None}
     reference = _sum_over_ranks(reference)
-    numbers = projection(applied, reference, gradient_scale=gradient_scale, candidates=expected)
+    numbers = projection(applied, reference, gradient_scale=gradient_scale, expected=expected)
     return Fit(numbers["scale"], numbers["residual"], numbers["se"], numbers["rel_error"], precision)
 
 

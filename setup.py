@@ -16,5 +16,7 @@ setup(
     package_data={"gradacc.app.streamlit_config": ["config.toml"],
                   "gradacc.training.sources": ["tiny_bert_tokenizer/*.json", "builtin_pairs.json"],
                   "gradacc.app": ["trainer_default_by_family.json"],
+                  # gradacc audit -- python train.py: the folder put first on the script's PYTHONPATH
+                  "gradacc.training.audit": ["site/sitecustomize.py"],
                   "gradacc.app.live_chart": ["live_chart.js"]},
 )

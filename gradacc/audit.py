@@ -1,24 +1,36 @@
-"""Audit your own accumulation: ``from gradacc.audit import AccumulationAudit, audit_accelerate, token_mean_loss``.
+"""Audit your own accumulation::
 
-- ``trainer.add_callback(AccumulationAudit())``: a ``TrainerCallback`` for your own ``Trainer``;
-- ``with audit_accelerate(accelerator, model, optimizer, batches, loss_fn, lr_scheduler) as audit:`` around the
-  first window of your own ``accelerator.accumulate`` loop;
-- ``token_mean_loss``: a ``compute_loss_func`` that divides by ``num_items_in_batch`` (transformers #47688).
+    from gradacc.audit import audit_trainer, audit_accelerate
 
-What they check and how: ``gradacc.training.audit``. This module imports torch and transformers only when one
-of these names is first used.
+    audit = audit_trainer(trainer)                          # before trainer.train() (TRL's trainers too)
+    audit = audit_accelerate(accelerator, model, optimizer)  # one line before your Accelerate loop
+    ...
+    print(audit.verdict.line)                               # after the first optimizer step
+
+``audit.verdict`` is a ``Verdict``: ``gradient`` (the cause: "exact", "k× too large", ...), ``meaning``, ``fix``,
+``fit`` (scale, residual, its standard error, relative error), ``checks`` (clipping, scheduler, logged loss), ``ok``,
+``line`` and ``as_dict()``. The fixes it names for Trainer: ``token_mean_loss`` (classifiers, token classifiers),
+``regression_mean_loss``, ``multi_label_mean_loss``, ``causal_lm_mean_loss``: ``compute_loss_func``s that divide
+the summed loss by ``num_items_in_batch`` (transformers #47688).
+
+docs/audit.md is the guide; ``gradacc.training.audit`` the how. Importing this module imports neither torch nor
+transformers: they load when a name is first used.
 """
 
 from __future__ import annotations
 
-__all__ = ["AccumulationAudit", "audit_accelerate", "token_mean_loss", "AccelerateAudit"]
+import importlib
+
+_HOMES = {"audit_trainer": "trainer_audit", "AccumulationAudit": "trainer_audit",
+          "audit_accelerate": "accelerate_audit", "AccelerateAudit": "accelerate_audit",
+          "token_mean_loss": "fixes", "regression_mean_loss": "fixes", "multi_label_mean_loss": "fixes",
+          "causal_lm_mean_loss": "fixes", "Verdict": "verdict"}
+__all__ = sorted(_HOMES)
 
 
 def __getattr__(name: str):
-    if name not in __all__:
+    if name not in _HOMES:
         raise AttributeError(f"module 'gradacc.audit' has no attribute {name!r}")
-    from gradacc.training import audit
-
-    value = audit.accumulation_audit_class() if name == "AccumulationAudit" else getattr(audit, name)
-    globals()[name] = value  # built once
+    value = getattr(importlib.import_module(f"gradacc.training.audit.{_HOMES[name]}"), name)
+    globals()[name] = value
     return value

@@ -34,3 +34,4 @@ with train_column:
     st.caption("Pick a model, m and k, press Start: loss, memory and F1 live, on this machine's CPU.")
     st.page_link("pages/train.py", label="Train", icon="🏋️")
     st.page_link("pages/planner.py", label="Memory planner: which m and k fit a budget", icon="🧠")
+    st.page_link("pages/audit.py", label="Audit: is Trainer's default right for your model?", icon="🩺")

@@ -14,6 +14,9 @@ from gradacc.analysis.equivalence import rows as report_rows  # light: torch is 
 EXACT_LOOKS_LIKE = EXACT_LIMIT  # float32 rounding of a sum of micro-batch gradients stays well below this
 # `python -m gradacc bench families`' rows (see gradacc.bench.families.PAGE_TABLE): measured, not computed here.
 FAMILY_TABLE = Path(__file__).with_name("trainer_default_by_family.json")
+# gradacc.audit with the family's dropout on, where accumulation is right: bench.families.AUDIT_WAYS' verdicts.
+AUDIT_COLUMN = "gradacc audit, dropout on (Trainer + fix / Accelerate)"
+AUDIT_WAYS = ("audit_trainer_fixed", "audit_accelerate_recipe")
 CASE_NAMES = {"equal_windows": "equal windows", "short_last_window": "short last window",
               "token_level": "token-level loss", "language_model": "language model (tiny-gpt)"}
 
@@ -113,15 +116,19 @@ def family_table() -> tuple[str, list[dict]]:
                f"of each family written with save_pretrained, checked on the Trainer backend with m = "
                f"{settings['micro_batch_size']}, k = {k}, equal windows (dropout set to 0 on every family). Trainer's "
                "library default skips its own ÷ k for a model whose forward takes **kwargs: a causal LM's loss "
-               "uses num_items_in_batch and comes out right, a classifier head ignores it and gets k× the gradient.")
+               "uses num_items_in_batch and comes out right, a classifier head ignores it and gets k× the gradient. "
+               "The last column: gradacc's audit on the same model with its dropout at 0.1, where accumulation is "
+               "right (a Trainer with the fix, the Accelerate recipe): anything but exact would be a false alarm.")
     rows = []
     for row in table["rows"]:
         if "exact" in row:
             rows.append({"family": row["family"], "kind": row["kind"], "exact": row["exact"], "naive": row["naive"],
                          "Trainer library default": row["library_default"],
-                         "Trainer's default": library_default_verdict(row["library_default"], k)})
+                         "Trainer's default": library_default_verdict(row["library_default"], k),
+                         AUDIT_COLUMN: " / ".join(row.get(way, "-") for way in AUDIT_WAYS)})
         else:
             rows.append({"family": row["family"], "kind": row["kind"], "exact": None, "naive": None,
                          "Trainer library default": None,
-                         "Trainer's default": f"not checked: {row.get('refused') or row.get('failed')}"})
+                         "Trainer's default": f"not checked: {row.get('refused') or row.get('failed')}",
+                         AUDIT_COLUMN: "-"})
     return caption, rows

@@ -1,4 +1,4 @@
-"""What one Streamlit server holds for all its visitors: the run manager, the equivalence-check queue, the
+"""What one Streamlit server holds for all its visitors: the run manager, the equivalence-check and audit queues, the
 deployment's limits, the figure cache; and each browser session's owner id.
 
 Importing this must stay cheap (no torch, no transformers): every page imports it before painting.
@@ -60,6 +60,15 @@ def check_runner():
     from gradacc.serving.checks import CheckRunner
 
     return CheckRunner()
+
+
+@st.cache_resource(show_spinner=False)
+def audit_runner():
+    """The server's queue of stock-Trainer audits (the Audit page), one worker thread like the checks'."""
+    from gradacc.serving.audits import audit_key, stock_audit
+    from gradacc.serving.checks import CheckRunner
+
+    return CheckRunner(stock_audit, audit_key)
 
 
 def limits() -> Limits:

@@ -24,6 +24,8 @@ def main() -> None:
         st.Page("pages/train.py", title="Train", icon="🏋️", url_path="train"),
         st.Page("pages/compare.py", title="Compare runs", icon="📊"),
         st.Page("pages/equivalence.py", title="Equivalence", icon="⚖️"),
+        # Is Trainer's default right for a model? The stock-Trainer audit, and how to audit one's own script.
+        st.Page("pages/audit.py", title="Audit", icon="🩺", url_path="audit"),
         st.Page("pages/planner.py", title="Memory planner", icon="🧠"),
         st.Page("pages/code.py", title="Code", icon="📜"),
     ])

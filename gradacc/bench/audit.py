@@ -12,9 +12,9 @@ window of the same run (windows 2..steps; the first pays the lazy initialisation
 - ``first step's extra ÷ window``: how much longer step 1 took than the median step in the audited run, minus
   the same in the run without it — everything the audit adds (its counters too), measured side by side.
 
-Both modes of the reference are measured: with dropout on (replayed per micro-batch from the window's random
-state) and off (one pass over the whole window). The audit runs once per run: each audited run's log history
-holds exactly one ``gradacc_audit`` entry.
+The reference replays each micro-batch from the random state the run used for it, with dropout on and off alike; both
+are measured (dropout on draws the masks again). The audit runs once per run: each audited run's log history holds
+exactly one ``gradacc_audit`` entry.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from gradacc.config import RunConfig
 FULL = dict(micro_batch_size=8, grad_accum_steps=4, max_seq_length=64,
             models={"tiny-bert": dict(steps=8, rounds=6), "all-MiniLM-L6-v2": dict(steps=5, rounds=4)})
 QUICK = dict(micro_batch_size=4, grad_accum_steps=2, max_seq_length=32, models={"tiny-bert": dict(steps=3, rounds=2)})
-MODES = {"dropout on (replay per micro-batch)": 0.1, "dropout off (one pass)": 0.0}
+MODES = {"dropout on": 0.1, "dropout off": 0.0}
 GOAL = 1.0
 
 
@@ -47,7 +47,7 @@ def _timer():
             self._began = time.perf_counter()
 
         def on_pre_optimizer_step(self, args, state, control, **kwargs):
-            # Added after the audit: on step 1 the audit's reference has run already; windows 2.. are clean.
+            # Before the audit's own callback: on step 1 the audit measures after this; windows 2.. are clean anyway.
             self.windows.append(time.perf_counter() - self._began)
 
         def on_step_end(self, args, state, control, **kwargs):
@@ -58,15 +58,16 @@ def _timer():
 
 
 def measure(config: RunConfig, steps: int, audited: bool) -> dict:
-    from gradacc.training.audit import audit_stock_trainer
+    from gradacc.analysis.stock_audit import audit_stock_trainer
 
     timer = _timer()
-    result = audit_stock_trainer(config, steps=steps, window_timer=timer, audited=audited)
+    verdict = audit_stock_trainer(config, steps=steps, callbacks=[timer], audited=audited)
     window = statistics.median(timer.windows[1:])
     step = statistics.median(timer.steps[1:])
-    return {"audit_seconds": result.get("audit_seconds"), "reference_seconds": result.get("reference_seconds"),
-            "window_s": window,
-            "first_step_extra_s": timer.steps[0] - step, "audits": timer.audits, "reference": result.get("reference")}
+    return {"audit_seconds": verdict.audit_seconds if verdict else None,
+            "reference_seconds": verdict.reference_seconds if verdict else None, "window_s": window,
+            "first_step_extra_s": timer.steps[0] - step, "audits": timer.audits,
+            "reference": verdict.replay if verdict else None, "gradient": verdict.gradient if verdict else None}
 
 
 def run(quick: bool = False, threads: int = 1) -> dict:
@@ -83,7 +84,7 @@ def run(quick: bool = False, threads: int = 1) -> dict:
         config = RunConfig(model=model, micro_batch_size=size["micro_batch_size"],
                            grad_accum_steps=size["grad_accum_steps"], max_seq_length=size["max_seq_length"],
                            dropout=dropout)
-        audit_ratios, reference_ratios, extra_ratios, windows, audits, reference = [], [], [], [], set(), None
+        audit_ratios, reference_ratios, extra_ratios, windows, audits = [], [], [], [], set()
         measure(config, 2, audited=False)  # warm-up: the first run of a mode pays for new shapes
         for round_index in range(rounds):
             report.progress(f"{model}, {mode}: round {round_index + 1} of {rounds}")
@@ -97,8 +98,8 @@ def run(quick: bool = False, threads: int = 1) -> dict:
                                 / without["window_s"])
             windows.append(without["window_s"])
             audits.add(with_audit["audits"])
-            reference = with_audit["reference"]
-        rows.append({"model": model, "mode": mode, "reference": reference,
+            reference, gradient = with_audit["reference"], with_audit["gradient"]
+        rows.append({"model": model, "mode": mode, "reference": reference, "gradient": gradient,
                      "window_s": round(statistics.median(windows), 4), "audit_vs_window": report.spread(audit_ratios),
                      "reference_vs_window": report.spread(reference_ratios),
                      "first_step_extra_vs_window": report.spread(extra_ratios), "audits_per_run": sorted(audits)})
@@ -134,9 +135,10 @@ def figure(result: dict):
 
 
 def table(result: dict) -> tuple[list[str], list[list]]:
-    headers = ["model", "reference", "window s", "its forward+backward ÷ window", "audit ÷ window (median)", "min–max",
-               "first step's extra ÷ window", "audits per run"]
-    rows = [[r["model"], r["mode"], r["window_s"], r["reference_vs_window"]["median"], r["audit_vs_window"]["median"],
+    headers = ["model", "dropout", "verdict", "window s", "its forward+backward ÷ window", "audit ÷ window (median)",
+               "min–max", "first step's extra ÷ window", "audits per run"]
+    rows = [[r["model"], r["mode"], r["gradient"], r["window_s"], r["reference_vs_window"]["median"],
+             r["audit_vs_window"]["median"],
              f"{r['audit_vs_window']['min']:.2f}–{r['audit_vs_window']['max']:.2f}",
              r["first_step_extra_vs_window"]["median"], ",".join(map(str, r["audits_per_run"]))]
             for r in result["rows"]]

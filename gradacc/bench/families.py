@@ -15,6 +15,9 @@ uses it gets the right one; a forward without ``**kwargs`` gets Trainer's ÷k. T
 Encoders and decoder-only classifiers learn builtin-sentiment through tiny-bert's WordPiece tokenizer; causal
 LMs learn builtin-text through tiny-gpt's byte-level BPE; each model's vocabulary is its tokenizer's.
 A family whose check is refused (the model is not deterministic at dropout 0) or fails says why in its row.
+
+The audit column (``families_audit``): gradacc.audit on the same saved model with its dropout on, in a Trainer with
+the fix gradacc names and in the Accelerate recipe, where accumulation is right: "exact" both ways, or a false alarm.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pathlib import Path
 
 from gradacc.analysis.equivalence import EXACT_LIMIT, library_default_verdict
 from gradacc.bench import report
+from gradacc.bench.families_audit import audit_family
 from gradacc.config import RunConfig
 
 ENCODER, DECODER_CLASSIFIER, CAUSAL_LM = "encoder", "decoder-only classifier", "causal LM"
@@ -112,6 +116,7 @@ def check_family(family: str, home: Path) -> dict:
         return {**row, "failed": one_line(error)}
     window = result["cases"]["equal_windows"]
     row.update({name: window[f"{name}_rel_error"] for name in ("exact", "naive", "library_default")})
+    row.update(audit_family(family, folder, SETTINGS))
     return row
 
 
@@ -141,8 +146,20 @@ def run(quick: bool = False, threads: int = 1) -> dict:
         "no_false_verdicts": report.goal(
             sum(1 for r in checked if r["exact"] > EXACT_LIMIT), "0 families where check calls exact wrong",
             all(r["exact"] <= EXACT_LIMIT for r in checked)),
+        "no_false_alarm_of_the_audit_with_dropout_on": report.goal(
+            sum(1 for r in checked for way in AUDIT_WAYS if r.get(way) != "exact"),
+            "0 verdicts other than exact (Trainer with the fix, the Accelerate recipe)",
+            all(r.get(way) == "exact" for r in checked for way in AUDIT_WAYS)),
     }
     return report.finish(result, started)
+
+
+AUDIT_WAYS = ("audit_trainer_fixed", "audit_accelerate_recipe")
+
+
+def audit_cell(row: dict) -> str:
+    """The audit column: its verdict in a Trainer with the fix / in the Accelerate recipe, dropout on."""
+    return " / ".join(str(row.get(way, "-")) for way in AUDIT_WAYS)
 
 
 def verdict(row: dict, k: int) -> str:
@@ -154,7 +171,7 @@ def verdict(row: dict, k: int) -> str:
 
 def page_table(result: dict) -> dict:
     """What the Equivalence page shows of a full run: settings, transformers version, one row per family."""
-    keep = ("family", "kind", "model_class", "exact", "naive", "library_default", "refused", "failed")
+    keep = ("family", "kind", "model_class", "exact", "naive", "library_default", "refused", "failed", *AUDIT_WAYS)
     return {"made_by": "python -m gradacc bench families", "settings": result["settings"],
             "rows": [{key: row[key] for key in keep if key in row} for row in result["rows"]]}
 
@@ -179,14 +196,15 @@ def figure(result: dict):
 
 def table(result: dict) -> tuple[list[str], list[list]]:
     k = result["settings"]["grad_accum_steps"]
-    headers = ["family", "kind", "exact", "naive", "library default", "Trainer's default"]
+    headers = ["family", "kind", "exact", "naive", "library default", "Trainer's default",
+               "audit, dropout on (Trainer + fix / Accelerate recipe)"]
     rows = []
     for r in result["rows"]:
         if "exact" in r:
             rows.append([r["family"], r["kind"], f"{r['exact']:.2e}", f"{r['naive']:.2e}",
-                         f"{r['library_default']:.2e}", verdict(r, k)])
+                         f"{r['library_default']:.2e}", verdict(r, k), audit_cell(r)])
         else:
-            rows.append([r["family"], r["kind"], "-", "-", "-", verdict(r, k)])
+            rows.append([r["family"], r["kind"], "-", "-", "-", verdict(r, k), "-"])
     return headers, rows
 
 

@@ -2,7 +2,7 @@
 
     train        one run; progress and a summary, or JSON events (one per line) with --json   (cli/train.py)
     check        the gradient-equivalence errors, naive vs exact                                (cli/check.py)
-    audit        what a stock 🤗 Trainer's accumulation gets wrong on a model                    (cli/audit.py)
+    audit        your script audited unchanged (-- python train.py), or a stock 🤗 Trainer on a model (cli/audit.py)
     plan         every memory lever measured on a model, and m and k for a budget              (cli/plan.py)
     compare      the headline of two runs from their --metrics-out files                        (cli/compare.py)
     export-html  a demo or runs as one self-contained web page that replays them               (cli/export.py)

@@ -1,19 +1,45 @@
-"""``gradacc audit``: what a stock 🤗 Trainer's accumulation gets wrong on a model (gradacc.audit's verdict)."""
+"""``gradacc audit``: gradacc.audit's verdict on accumulation, from the command line, two ways:
+
+    gradacc audit [--strict] -- python train.py ARGS…   your own script, unchanged: every Trainer it builds and every
+                                                       Accelerate loop it runs is audited; one line per verdict
+    gradacc audit --model DIR_OR_HUB_ID [-m 4 -k 4]     what a stock 🤗 Trainer gets wrong on a model (its defaults,
+                                                       the standard collator for its task, gradacc's data)
+
+Exit status: the script's own when it fails (or when it audited nothing); with ``--strict``, 3 when a verdict found
+something wrong (a CI step); 2 for bad input.
+"""
 
 from __future__ import annotations
 
+import argparse
+import glob
 import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 from gradacc import paths
 from gradacc.choices import TASKS
-from gradacc.cli.options import EXIT_OK, config_from_args, value
+from gradacc.cli.options import EXIT_BAD_INPUT, EXIT_OK, config_from_args, value
 from gradacc.config import RunConfig
 from gradacc.training import distributed
 
+EXIT_WRONG = 3
+# The folder Python imports sitecustomize.py from in an audited script (gradacc.training.audit.autoattach).
+SITE = Path(__file__).resolve().parents[1] / "training" / "audit" / "site"
+ENV = "GRADACC_AUDIT_DIR"  # gradacc.training.audit.autoattach.ENV (not imported here: it is torch-free, but light)
+
 
 def add_parser(commands) -> None:
-    audit = commands.add_parser("audit", help="audit a stock 🤗 Trainer's first accumulated step on a model")
-    audit.add_argument("--model", required=True, help="a folder written by save_pretrained, a hub id, or tiny-bert")
+    audit = commands.add_parser(
+        "audit", help="audit your own training script (-- python train.py ...) or a stock 🤗 Trainer on a model",
+        description="gradacc audit -- python train.py ARGS...: run your script unchanged and audit every Trainer "
+                    "and Accelerate loop it runs. gradacc audit --model M: what a stock Trainer gets wrong on M.")
+    audit.add_argument("--strict", action="store_true",
+                       help=f"exit {EXIT_WRONG} when any verdict finds something wrong (for CI)")
+    audit.add_argument("--model", default=None, help="a folder written by save_pretrained, a hub id, or tiny-bert")
     audit.add_argument("--dataset", default=None,
                        help="builtin-sentiment, builtin-text (causal-lm), a CSV/JSONL file, a save_to_disk folder or "
                             "a hub id (default: builtin-text for a causal-lm model, else builtin-sentiment)")
@@ -25,16 +51,62 @@ def add_parser(commands) -> None:
     audit.add_argument("--grad-accum-steps", "-k", type=value, default=RunConfig.grad_accum_steps)
     audit.add_argument("--max-seq-length", type=value, default=None, help="default: the model's recipe")
     audit.add_argument("--seed", type=value, default=RunConfig.seed)
-    audit.add_argument("--json", action="store_true", help="the report as one JSON object")
+    audit.add_argument("--json", action="store_true", help="each verdict as one JSON object per line")
+    audit.add_argument("script", nargs=argparse.REMAINDER,
+                       help="after --: the command that trains (python train.py ..., accelerate launch ...)")
     audit.set_defaults(run=run)
 
 
 def run(args) -> int:
-    # The audit trains (torch): imported here, so that `gradacc --help` answers before torch loads.
-    from gradacc.training.audit import audit_stock_trainer
+    script = args.script[1:] if args.script[:1] == ["--"] else args.script
+    if script and args.model:
+        print("error: give --model or a script after --, not both", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if script:
+        return run_script(script, strict=args.strict, as_json=args.json)
+    if args.model is None:
+        print("error: give the command that trains after --, e.g. gradacc audit -- python train.py, or --model",
+              file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return run_model(args)
 
-    report = audit_stock_trainer(config_from_args(args), confinement=paths.TRUST_USER)  # the user's own folders
+
+def run_model(args) -> int:
+    # The audit trains (torch): imported here, so that `gradacc --help` answers before torch loads.
+    from gradacc.analysis.stock_audit import audit_stock_trainer
+
+    verdict = audit_stock_trainer(config_from_args(args), confinement=paths.TRUST_USER)  # the user's own folders
     if not distributed.is_main_process():  # under accelerate launch / torchrun every rank audits; rank 0 says it
         return EXIT_OK
-    print(json.dumps(report, default=str) if args.json else report["line"])
-    return EXIT_OK
+    print(json.dumps(verdict.as_dict(), default=str) if args.json else verdict.line)
+    return EXIT_WRONG if args.strict and verdict.judged and not verdict.ok else EXIT_OK
+
+
+def run_script(command: list[str], strict: bool = False, as_json: bool = False) -> int:
+    """Run ``command`` with the audit attached; print each verdict; the exit status (see the module)."""
+    with tempfile.TemporaryDirectory(prefix="gradacc-audit-") as folder:
+        python_path = [str(SITE), str(SITE.parents[3])]  # sitecustomize, then gradacc itself (a checkout too)
+        if os.environ.get("PYTHONPATH"):
+            python_path.append(os.environ["PYTHONPATH"])
+        env = dict(os.environ, **{ENV: folder, "PYTHONPATH": os.pathsep.join(python_path)})
+        try:
+            status = subprocess.call(command, env=env)
+        except OSError as error:  # no such program, not executable
+            print(f"gradacc audit: could not start {command[0]!r}: {error.strerror or error}", file=sys.stderr)
+            return 127
+        verdicts = []
+        for path in sorted(glob.glob(os.path.join(folder, "verdict-*.json")), key=os.path.getmtime):
+            with open(path, encoding="utf-8") as file:
+                verdicts.append(json.load(file))
+    for verdict in verdicts:
+        print(json.dumps(verdict) if as_json else verdict["line"])
+    if status != 0:
+        print(f"gradacc audit: {' '.join(command)} exited with status {status}"
+              + ("" if verdicts else ", before any optimizer step was audited"), file=sys.stderr)
+        return status
+    if not verdicts:
+        print("gradacc audit: nothing audited: the script stepped no Trainer and no Accelerate loop (an optimizer "
+              "step of a model prepared by Accelerate, or Trainer.train)", file=sys.stderr)
+        return status
+    wrong = [v for v in verdicts if v["judged"] and not v["ok"]]
+    return EXIT_WRONG if strict and wrong else EXIT_OK

@@ -66,14 +66,17 @@ class Check:
 class CheckRunner:
     """One worker thread; checks run in the order submitted; results kept by their settings."""
 
-    def __init__(self, check_fn=None):
+    def __init__(self, check_fn=None, key=None):
+        """``check_fn(config)``: what a check runs (default: the equivalence check); ``key(config)``: the settings a
+        result is remembered by (default: the equivalence check's)."""
         self._check_fn = check_fn
+        self._key = key or _key
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gradacc-check")
         self._lock = threading.Lock()
         self._checks: collections.OrderedDict[tuple, Check] = collections.OrderedDict()
 
     def submit(self, config: RunConfig) -> Check:
-        key = _key(config)
+        key = self._key(config)
         with self._lock:
             known = self._checks.get(key)
             if known is not None and not known.error:  # same settings, same answer (it is deterministic)
@@ -86,7 +89,7 @@ class CheckRunner:
 
     def get(self, config: RunConfig) -> Check | None:
         with self._lock:
-            return self._checks.get(_key(config))
+            return self._checks.get(self._key(config))
 
     def waiting_before(self, check: Check) -> int:
         """Checks submitted earlier that have not finished (0: this one is next or running)."""

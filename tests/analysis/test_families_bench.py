@@ -1,6 +1,6 @@
 """`python -m gradacc bench families` on its quick subset: check on families it was never shown gives no false
-verdict, Trainer's library default is k× wrong on classifier heads and right on causal LMs, and a rerun reproduces
-the rows the Equivalence page shows."""
+verdict, Trainer's library default is k× wrong on classifier heads and right on causal LMs, gradacc.audit raises no
+false alarm with each family's dropout on, and a rerun reproduces the rows the Equivalence page shows."""
 
 import json
 
@@ -44,7 +44,17 @@ def test_no_false_verdicts_and_the_library_default_by_head(quick):
             assert row["library_default"] == pytest.approx(k - 1, rel=0.01)
     assert all(goal["met"] for goal in quick["goals"].values())
     headers, table = families.table(quick)
-    assert headers[-1] == "Trainer's default" and len(table) == len(rows)
+    assert headers[-2] == "Trainer's default" and len(table) == len(rows)
+
+
+def test_the_audit_raises_no_false_alarm_on_any_family_with_its_dropout_on(quick):
+    """gradacc.audit where accumulation is right (a Trainer with the fix, the Accelerate recipe), each family's
+    dropout at 0.1: every verdict is exact, and the table's last column says so."""
+    for row in quick["rows"]:
+        assert [row[way] for way in families.AUDIT_WAYS] == ["exact", "exact"], row
+    assert quick["goals"]["no_false_alarm_of_the_audit_with_dropout_on"]["met"]
+    headers, table = families.table(quick)
+    assert headers[-1].startswith("audit, dropout on") and {line[-1] for line in table} == {"exact / exact"}
 
 
 def test_a_rerun_reproduces_the_pages_table(quick):

@@ -17,7 +17,8 @@ def test_the_page_shows_trainers_default_by_family(app_home):
     assert len(at.dataframe) == 1  # no check has run: this table is the only one
     table = at.dataframe[0].value
     assert list(table.columns) == ["family", "kind", "exact", "naive", "Trainer library default",
-                                   "Trainer's default"]
+                                   "Trainer's default", equivalence_view.AUDIT_COLUMN]
+    assert set(table[equivalence_view.AUDIT_COLUMN]) == {"exact / exact"}  # no false alarm, dropout on
     assert list(table["family"]) == [row["family"] for row in stored["rows"]]
     assert len(table) >= 8 and len(set(table["kind"])) == 3
     assert (table["exact"] <= 1e-5).all()

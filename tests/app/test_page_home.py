@@ -17,6 +17,7 @@ def test_the_landing_page_says_what_gradacc_shows_and_offers_the_demos_and_train
         page, query = links[scenario.title]
         assert page.endswith("demos") and query == f"demo={scenario.name}"
     assert links["Train"][0].endswith("train")
+    assert links["Audit: is Trainer's default right for your model?"][0].endswith("audit")
     assert not at.exception and not at.button  # nothing to press here but links
 
 

@@ -8,8 +8,8 @@ import st_ui
 from chromium import PROJECTOR, WIDE_PROJECTOR
 from gradacc.analysis import demos
 
-PAGES = ["Start here", "Demos", "Train", "Compare runs", "Equivalence", "Memory planner", "Code"]  # the sidebar's
-LINKS = ["/", "/demos?demo=same-curve", "/train", "/compare", "/equivalence", "/planner", "/code"]
+PAGES = ["Start here", "Demos", "Train", "Compare runs", "Equivalence", "Audit", "Memory planner", "Code"]  # the sidebar's
+LINKS = ["/", "/demos?demo=same-curve", "/train", "/compare", "/equivalence", "/audit", "/planner", "/code"]
 
 
 def test_every_page_opens_from_the_sidebar_without_a_console_error(page, artifacts):

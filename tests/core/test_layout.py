@@ -205,3 +205,36 @@ def test_importing_the_shared_modules_serving_and_app_does_not_import_torch():
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads(result.stdout.strip().splitlines()[-1]) == []
+
+
+# The audit users import (gradacc.audit, gradacc/training/audit/) stands on its own: none of the app's engine (the
+# run, the job, the backends' loops), no private name of gradacc, and nothing that walks the call stack.
+USER_AUDIT = [PACKAGE / "audit.py", *sources(PACKAGE / "training" / "audit")]
+ENGINE = ("gradacc.training.run", "gradacc.training.backends", "gradacc.analysis", "gradacc.serving", "gradacc.app")
+
+
+def audit_offences(path: Path, source: str | None = None) -> list[str]:
+    text = path.read_text(encoding="utf-8") if source is None else source
+    engine = [name for name in imported_modules(path, source) if any(within(name, e) for e in ENGINE)]
+    private = [name for name in imported_modules(path, source)
+               if within(name, "gradacc") and any(part.startswith("_") and part != "__init__"
+                                                  for part in name.split("."))]
+    stack = [word for word in ("sys._getframe", "inspect.stack", "inspect.currentframe", "f_back") if word in text]
+    return sorted(set(engine + private + stack))
+
+
+def test_the_user_facing_audit_imports_nothing_of_the_engine_nor_private_names_and_walks_no_stack():
+    assert len(USER_AUDIT) > 8, "gradacc/training/audit/ was not found where the layout puts it"
+    offenders = {str(path.relative_to(ROOT)): audit_offences(path) for path in USER_AUDIT}
+    assert {path: found for path, found in offenders.items() if found} == {}
+
+
+@pytest.mark.parametrize("planted, caught", [
+    ("from gradacc.training.run.engine import quiet_libraries\n", ["gradacc.training.run.engine",
+                                                                   "gradacc.training.run.engine.quiet_libraries"]),
+    ("def later():\n    from gradacc.training.backends.trainer_loop import _Samples\n",
+     ["gradacc.training.backends.trainer_loop", "gradacc.training.backends.trainer_loop._Samples"]),
+    ("import sys\nframe = sys._getframe(1)\n", ["sys._getframe"]),
+])
+def test_an_engine_import_a_private_name_or_a_stack_walk_in_the_audit_is_caught(planted, caught):
+    assert audit_offences(PACKAGE / "training" / "audit" / "probe.py", planted) == caught

@@ -37,7 +37,7 @@ def main_check(*args: str) -> dict:
 
 
 def audited_accelerate_loop(sync_each_batch: bool) -> dict:
-    """A hand-written ``accelerator.accumulate`` loop (k=2, DDP on 2 ranks) with gradacc.audit around its window."""
+    """A hand-written ``accelerator.accumulate`` loop (k=2, DDP on 2 ranks) with gradacc.audit one line before it."""
     import torch
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState
@@ -58,13 +58,13 @@ def audited_accelerate_loop(sync_each_batch: bool) -> dict:
     generator = torch.Generator().manual_seed(1 + distributed.rank())  # each rank its own micro-batches
     window = [{"input_ids": torch.randint(1, 64, (4, 6 + 2 * i), generator=generator),
                "labels": torch.randint(0, 2, (4,), generator=generator)} for i in range(2)]
-    with audit_accelerate(accelerator, model, optimizer, window) as audit:
-        for batch in window:
-            with accelerator.accumulate(model):
-                accelerator.backward(model(**batch).loss)
-                optimizer.step()
-                optimizer.zero_grad()
-    return audit.report
+    audit = audit_accelerate(accelerator, model, optimizer)  # one line before the loop
+    for batch in window:
+        with accelerator.accumulate(model):
+            accelerator.backward(model(**batch).loss)
+            optimizer.step()
+            optimizer.zero_grad()
+    return audit.verdict.as_dict()
 
 
 def audited_trainer(fixed: bool) -> dict:
@@ -75,7 +75,7 @@ def audited_trainer(fixed: bool) -> dict:
     from transformers import (BertConfig, BertForSequenceClassification, PrinterCallback, Trainer,
                               TrainingArguments)
 
-    from gradacc.audit import AccumulationAudit, token_mean_loss
+    from gradacc.audit import audit_trainer, token_mean_loss
 
     torch.manual_seed(0)
     model = BertForSequenceClassification(BertConfig(
@@ -86,12 +86,12 @@ def audited_trainer(fixed: bool) -> dict:
                 for i in range(32)]
     args = TrainingArguments(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=4, gradient_accumulation_steps=2,
                              max_steps=1, report_to="none", use_cpu=True, disable_tqdm=True, save_strategy="no")
-    audit = AccumulationAudit()
-    trainer = Trainer(model=model, args=args, train_dataset=examples, callbacks=[audit],
+    trainer = Trainer(model=model, args=args, train_dataset=examples,
                       compute_loss_func=token_mean_loss if fixed else None)
     trainer.remove_callback(PrinterCallback)
+    audit = audit_trainer(trainer)
     trainer.train()
-    return audit.report
+    return audit.verdict.as_dict()
 
 
 def main_audit(*args: str) -> dict:

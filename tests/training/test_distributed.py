@@ -109,14 +109,17 @@ def test_no_sync_all_reduces_once_per_window_and_k_times_without(ranks):
 def test_audit_of_a_users_accelerate_loop_on_two_processes_counts_the_syncs_of_its_window(ranks):
     """gradacc.audit around a hand-written accelerator.accumulate loop (k=2, DDP): exact against the window's
     mean-loss gradient over both ranks; one all-reduce per window, and two when each micro-batch syncs."""
+    def sync(verdict):
+        return next(check for check in verdict["checks"] if check["name"] == "sync")
+
     for rank in (0, 1):
         audits = ranks[rank]["audits"]
         right, chatty = audits["accumulate"], audits["sync_each_batch"]
         assert right["num_processes"] == 2 and right["ok"], right["line"]
-        assert right["rel_error"] <= TOLERANCE and right["checks"]["sync"] == {"synced_micro_batches": 1, "ok": True}
-        assert chatty["gradient"] == "exact" and chatty["checks"]["sync"] == {"synced_micro_batches": 2, "ok": False}
-        assert chatty["problems"] == [p for p in chatty["problems"] if p.startswith("gradients all-reduced in 2 of 2")]
-        assert len(chatty["problems"]) == 1
+        assert right["fit"]["rel_error"] <= TOLERANCE and sync(right)["ok"]
+        assert sync(right)["detail"] == "gradients all-reduced in 1 of 2 micro-batches"
+        assert chatty["gradient"] == "exact" and sync(chatty)["ok"] is False
+        assert chatty["problems"] == ["gradients all-reduced in 2 of 2 micro-batches"]
 
 
 def test_audit_of_a_stock_trainer_on_two_processes_finds_k_times_p_and_the_fix_exact(ranks):
@@ -125,9 +128,10 @@ def test_audit_of_a_stock_trainer_on_two_processes_finds_k_times_p_and_the_fix_e
     for rank in (0, 1):
         default, fixed = ranks[rank]["audits"]["trainer_default"], ranks[rank]["audits"]["trainer_fixed"]
         assert default["gradient"] == "k× too large" and "k·P = 2·2" in default["meaning"], default["line"]
-        assert default["rel_error"] == pytest.approx(3, rel=1e-4)
-        assert default["checks"]["logged_loss"]["ratio"] == pytest.approx(4, rel=1e-4)
-        assert fixed["ok"] and fixed["rel_error"] <= TOLERANCE, fixed["line"]
+        assert default["fit"]["scale"] == pytest.approx(4, rel=1e-4)
+        logged = next(check for check in default["checks"] if check["name"] == "logged_loss")
+        assert logged["detail"].startswith("the logged loss is 4× the window's mean loss")
+        assert fixed["ok"] and fixed["fit"]["rel_error"] <= TOLERANCE, fixed["line"]
 
 
 def test_cli_audit_on_two_processes_prints_one_report_with_k_times_p(ranks):
@@ -136,7 +140,7 @@ def test_cli_audit_on_two_processes_prints_one_report_with_k_times_p(ranks):
     assert ranks[1]["cli_audit"]["stdout"] == ""
     report = json.loads(ranks[0]["cli_audit"]["stdout"])
     assert report["gradient"] == "k× too large" and "k·P = 2·2" in report["meaning"]
-    assert report["rel_error"] == pytest.approx(3, rel=1e-4) and report["micro_batches"] == 2
+    assert report["fit"]["scale"] == pytest.approx(4, rel=1e-4) and report["micro_batches"] == 2
 
 
 def test_two_processes_train_like_one_process_with_the_same_effective_batch(ranks):

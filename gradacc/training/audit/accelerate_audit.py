@@ -1,143 +1,166 @@
-"""The audit of a user's own ``accelerator.accumulate`` loop: a context manager around its first window."""
+"""The audit of a user's own Accelerate loop, one line before it:
+
+    audit = audit_accelerate(accelerator, model, optimizer)
+    for batch in train_dataloader:          # the loop, unchanged
+        with accelerator.accumulate(model):
+            ...
+
+It observes the first window as the loop runs it: no batch is fetched ahead (a prepared dataloader fetching ahead
+ends the epoch early and makes Accelerate sync every micro-batch), nothing is restructured. Each forward of the
+model with gradients on is a micro-batch; the window's gradient is judged inside the first ``optimizer.step()`` that
+runs with ``accelerator.sync_gradients``, before the step. Scheduler steps are counted until the next window's first
+forward (or until ``audit.verdict`` is read, or the process exits under ``gradacc audit --``). The run stays
+bit-identical to one without the audit.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import time
+from dataclasses import replace
 
-from gradacc.training.audit.reference import (RandomState, batch_items, dropout_active, live_gradients,
-                                              reference_gradient, shifts_labels, sum_over_ranks, window_items)
-from gradacc.training.audit.verdict import EXACT, EXACT_MIXED_PRECISION, judge, publish, verdict
-from gradacc.training.audit.watch import Tally, counting_clips, patch, unclipped
+from gradacc.training.audit import losses
+from gradacc.training.audit.capture import MicroBatch, Patches, Recorder, WindowLog
+from gradacc.training.audit.measure import Setup, measure
+from gradacc.training.audit.trainer_audit import model_name
+from gradacc.training.audit.verdict import Check, Verdict, publish
+from gradacc.training.distributed import SyncProbe
+
+WATCHING, JUDGED, DONE = "watching", "judged", "done"
 
 
 class AccelerateAudit:
-    """A context manager around the first window of a user's ``accelerator.accumulate`` loop.
+    """Watches the first window of the loop that trains ``model`` with ``optimizer`` (both as
+    ``accelerator.prepare`` returned them). ``verdict`` after the window's optimizer step.
 
-    ``batches``: that window's micro-batches on this rank, the ones the loop inside will run (build them
-    before entering: with dropout on, the audit replays them from the random state at entry).
-    ``loss_fn(model, batch)``: the mean loss over a batch's items (default: the model's own ``.loss``).
-    The loop inside runs as written; the block should end after the window's optimizer and scheduler steps.
-    ``report`` holds the verdict after the block (on every rank).
+    ``loss_fn(model, batch)``: the mean loss over a batch's items, for a model whose loss the audit cannot compute
+    from its logits and labels. ``json_path``: the verdict also goes there as JSON.
     """
 
-    def __init__(self, accelerator, model, optimizer, batches, loss_fn=None, lr_scheduler=None, json_path=None):
+    def __init__(self, accelerator, model, optimizer, loss_fn=None, json_path=None):
         self.accelerator = accelerator
-        self.model = model
-        self.optimizer = optimizer
-        self.batches = list(batches)
-        self.loss_fn = loss_fn or (lambda model, batch: model(**batch).loss)
-        self.lr_scheduler = lr_scheduler
+        self.module = accelerator.unwrap_model(model)
+        self.loss_fn = loss_fn
         self.json_path = json_path
-        self.tally = Tally()
-        self.report: dict | None = None
-        self._gradient = None
-        self._reference = None
-        self._seconds = 0.0
-        self._restore = []
-        self._stack = contextlib.ExitStack()
+        self.state = WATCHING
+        self.backwards = 0
+        self.synced_micro_batches: int | None = None
+        self._verdict: Verdict | None = None
+        self.recorder = Recorder(self.module, on_forward=self._on_forward)
+        self.recorder.recording = True
+        self.log = WindowLog(self._micro_batch_count, optimizer, self.module)
+        self.log.attach()
+        self.patches = Patches()
+        self.patches.method(accelerator, "backward", self._backward)
+        self.patches.method(optimizer, "step", self._step)
+        self._wrapped = model
+        self._probe = None
+        with contextlib.suppress(RuntimeError):  # a communication hook of the user's own: syncs not counted
+            self._probe = SyncProbe.attach(model)
+        if self._probe is not None:
+            self.synced_micro_batches = 0
 
-    def __enter__(self):
-        from gradacc.training.distributed import SyncProbe
+    def _micro_batch_count(self) -> int:
+        return sum(1 for f in self.recorder.forwards if f.grad)
 
-        accelerator, tally = self.accelerator, self.tally
-        self._rng = RandomState.take()
-        backward = accelerator.backward
-        step = self.optimizer.step
-        probe = None
-        with contextlib.suppress(RuntimeError):  # a comm hook of the user's own: syncs not counted
-            probe = SyncProbe.attach(self.model)
-        if probe is not None:
-            tally.synced_micro_batches = 0
+    def _on_forward(self, grad: bool) -> None:
+        if grad and self.state == JUDGED:  # the next window's first forward: the judged window is over
+            self.finish()
 
-        def audited_backward(loss, **kwargs):
-            result = backward(loss, **kwargs)
-            tally.backwards += 1
-            if probe is not None and probe.take():
-                tally.synced_micro_batches += 1
-            return result
+    def _backward(self, original, loss, **kwargs):
+        result = original(loss, **kwargs)
+        if self.state == WATCHING:
+            self.backwards += 1
+            if self._probe is not None and self._probe.take():
+                self.synced_micro_batches += 1
+        return result
 
-        def audited_step(*args, **kwargs):
-            if accelerator.sync_gradients and self._reference is None:
-                self._measure()  # right before the step: the gradient it is about to apply
-            return step(*args, **kwargs)
+    def _step(self, original, *args, **kwargs):
+        if self.state == WATCHING and self.accelerator.sync_gradients and self._micro_batch_count():
+            self._judge()
+        return original(*args, **kwargs)
 
-        self._restore = [patch(accelerator, "backward", audited_backward),
-                         patch(self.optimizer, "step", audited_step)]
-        if self.lr_scheduler is not None:
-            inner = getattr(self.lr_scheduler, "scheduler", self.lr_scheduler)  # the torch scheduler itself
-            inner_step = inner.step
-
-            def counted(*args, **kwargs):
-                tally.scheduler_steps += 1
-                return inner_step(*args, **kwargs)
-
-            self._restore.append(patch(inner, "step", counted))
-        self._stack.enter_context(counting_clips(tally))
-        return self
-
-    def _measure(self):
-        started = time.perf_counter()
-        model = self.accelerator.unwrap_model(self.model)  # no DDP collectives in the reference
-        device = next(model.parameters()).device
-        batches = [{key: value.to(device) if hasattr(value, "to") else value for key, value in b.items()}
-                   for b in self.batches]
-        shifts = shifts_labels(model)
-        items = [batch_items(b, shifts) for b in batches]
-        window = window_items(items, device)
-        replay = self._rng if dropout_active(model) else None
-        reference = reference_gradient(model, batches, self.loss_fn, items, window, replay=replay,
-                                       autocast=self.accelerator.autocast)
-        reference["seconds"] = time.perf_counter() - started
-        reference["gradient"], reference["loss"] = sum_over_ranks(reference["gradient"], reference["loss"])
-        self._reference = reference
+    def _judge(self) -> None:
+        self.recorder.recording = False
+        self.state = JUDGED
         accelerator = self.accelerator
-        if accelerator.scaler is not None:  # fp16: unscale now, as the step would (it then skips its own)
+        if accelerator.scaler is not None:  # fp16: unscaled now, as the step would (it then skips its own)
             with contextlib.suppress(RuntimeError):  # already unscaled by the loop's clipping
                 accelerator.unscale_gradients()
-        tolerance = EXACT if accelerator.mixed_precision == "no" else EXACT_MIXED_PRECISION
-        micro_batches = self.tally.backwards or len(self.batches)  # no accelerator.backward: the batches given
-        self._gradient = judge(live_gradients(self.model), reference["gradient"],
-                               k=accelerator.gradient_accumulation_steps, micro_batches=micro_batches,
-                               tolerance=tolerance, who="accelerate", applied_scale=unclipped(self.tally))
-        reference["gradient"] = None
-        self._seconds += time.perf_counter() - started
+        rule = losses.LossRule(losses.USER_LOSS if self.loss_fn else None, loss_fn=self.loss_fn)
+        precision = {"bf16": "bf16", "fp16": "fp16"}.get(str(accelerator.mixed_precision), "fp32")
+        no_sync = getattr(self._wrapped, "no_sync", None) if self._wrapped is not self.module else None
+        setup = Setup("accelerate", self.module, self.recorder, accelerator.gradient_accumulation_steps,
+                      accelerator.num_processes, precision, rule, "loss_fn" if self.loss_fn else None,
+                      no_sync=no_sync or contextlib.nullcontext, model_name=model_name(self.module))
+        self._verdict = measure(setup, micro_batches(self.recorder.forwards), self.log, backwards=self.backwards,
+                                counted_items=_counted(self.recorder.forwards))
 
-    def __exit__(self, *exc):
-        for restore in self._restore:
-            restore()
-        self._restore = []
-        self._stack.close()
-        if exc[0] is not None or self._gradient is None:
-            return False
-        accelerator = self.accelerator
-        k = accelerator.gradient_accumulation_steps
-        micro_batches = self.tally.backwards or len(self.batches)
-        gradient = self._gradient
-        expected = _expected_scheduler_steps(self.lr_scheduler, accelerator.num_processes)
-        self.report = verdict(gradient, self.tally, k=k, micro_batches=micro_batches,
-                              expected_scheduler_steps=expected, clipping=False, who="accelerate",
-                              mode=self._reference["mode"], reference_seconds=self._reference["seconds"],
-                              seconds=self._seconds)
-        self.report["num_processes"] = accelerator.num_processes
-        if accelerator.is_main_process:
-            publish(self.report, self.json_path)
-        return False
+    def finish(self) -> Verdict | None:
+        """Stop watching; the verdict with its scheduler and sync checks (None when no window was judged)."""
+        if self.state == DONE:
+            return self._verdict
+        state, self.state = self.state, DONE
+        self.log.detach()
+        self.patches.undo()
+        self.recorder.remove()
+        if state != JUDGED or self._verdict is None:
+            return None
+        checks = [self._scheduler_check()]
+        if self.synced_micro_batches is not None:
+            ok = self.synced_micro_batches <= 1
+            checks.append(Check("sync", ok, f"gradients all-reduced in {self.synced_micro_batches} of "
+                                f"{self._verdict.micro_batches} micro-batches", None if ok else
+                                "run the forward and backward inside accelerator.accumulate(model)"))
+        self._verdict = replace(self._verdict, checks=self._verdict.checks + tuple(checks))
+        if self.accelerator.is_main_process:
+            publish(self._verdict, self.json_path)
+        return self._verdict
+
+    def _scheduler_check(self) -> Check:
+        steps, expected = self.log.scheduler_steps, self._expected_scheduler_steps()
+        if not steps:
+            return Check("scheduler", None, "no learning-rate scheduler stepped in the window")
+        if steps == expected:
+            return Check("scheduler", True, f"the scheduler stepped {steps}× per optimizer step, as it should")
+        return Check("scheduler", False, f"the scheduler stepped {steps}× per optimizer step (expected {expected}): the "
+                     "schedule runs that much too fast", "step it after optimizer.step() only when "
+                     "accelerator.sync_gradients, or prepare it with accelerator.prepare (it then skips while "
+                     "accumulating)")
+
+    def _expected_scheduler_steps(self) -> int:
+        """A prepared scheduler steps the torch one once per process per optimizer step unless batches are split
+        (Accelerate's design: schedules sized in per-process steps); an unprepared one, once."""
+        for prepared in getattr(self.accelerator, "_schedulers", []):
+            if getattr(prepared, "scheduler", None) in self.log.stepped_schedulers:
+                if prepared.step_with_optimizer and not prepared.split_batches:
+                    return self.accelerator.num_processes
+        return 1
+
+    @property
+    def verdict(self) -> Verdict | None:
+        """The verdict (None until the first window's optimizer step); reading it ends the watch."""
+        return self.finish() if self.state == JUDGED else self._verdict
 
 
-def _expected_scheduler_steps(lr_scheduler, num_processes: int) -> int:
-    """A prepared scheduler steps the torch one once per process per optimizer step unless batches are split
-    (Accelerate's design: schedules sized in per-process steps); an unprepared one, once."""
-    from accelerate.scheduler import AcceleratedScheduler
+def micro_batches(forwards: list) -> list[MicroBatch]:
+    """The recorded forwards split into micro-batches: each forward with gradients on opens one."""
+    out = []
+    for forward in forwards:
+        if forward.grad:
+            out.append(MicroBatch(forwards=[forward]))
+        elif out:
+            out[-1].forwards.append(forward)
+    return out
 
-    if isinstance(lr_scheduler, AcceleratedScheduler) and lr_scheduler.step_with_optimizer \
-            and not lr_scheduler.split_batches:
-        return num_processes
-    return 1
+
+def _counted(forwards: list) -> float | None:
+    """A ``num_items_in_batch`` the loop passed to the model itself (the window's count, by its own reckoning)."""
+    counted = next((f.kwargs.get("num_items_in_batch") for f in forwards if f.grad
+                    and f.kwargs.get("num_items_in_batch") is not None), None)
+    return None if counted is None else float(counted)
 
 
-def audit_accelerate(accelerator, model, optimizer, batches, loss_fn=None, lr_scheduler=None,
-                     json_path=None) -> AccelerateAudit:
-    """``with audit_accelerate(accelerator, model, optimizer, batches, loss_fn, lr_scheduler) as audit:`` around
-    the first window of your ``accelerator.accumulate`` loop; ``audit.report`` after it."""
-    return AccelerateAudit(accelerator, model, optimizer, batches, loss_fn, lr_scheduler, json_path)
+def audit_accelerate(accelerator, model, optimizer, *, loss_fn=None, json_path=None) -> AccelerateAudit:
+    """``audit = audit_accelerate(accelerator, model, optimizer)`` one line before your loop; ``audit.verdict``
+    after its first optimizer step."""
+    return AccelerateAudit(accelerator, model, optimizer, loss_fn, json_path)

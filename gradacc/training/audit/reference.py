@@ -1,85 +1,49 @@
-"""The reference: the gradient the audited step should apply, recomputed on the window's own micro-batches.
-
-One pass over the whole window when no dropout is active (falling back to one pass per micro-batch when that runs
-out of memory), else one pass per micro-batch replayed from the window's random state, so the dropout masks are the
-run's own and the comparison stays exact. Gradients, buffers and every random state are put back afterwards: the
-user's run goes on bit-identical to a run without the audit.
+"""The reference: the gradient the audited step should apply, recomputed on the window's own micro-batches at the
+same weights, each micro-batch replayed from the random state the run used for it (CPU and CUDA generators), so
+dropout masks match whatever draws them (``nn.Dropout``, functional dropout in attention, SDPA's ``dropout_p``).
+Each replay's output must equal the recorded one bit for bit (its fingerprint), or the audit says so instead of
+judging. The gradient lands in the parameters' ``.grad`` (no copy); ``set_aside`` puts the run's gradients,
+buffers and random states back afterwards, so the run goes on bit-identical to a run without the audit.
 """
 
 from __future__ import annotations
 
 import contextlib
-import random
-from dataclasses import dataclass, field
+import copy
+from dataclasses import dataclass
 
-from gradacc.training.windows import loss_weight
+import torch
 
+from gradacc.training.audit import losses
+from gradacc.training.audit.capture import MicroBatch, RandomState, Recorder, detached
 
-def batch_items(batch: dict, shifts_labels: bool = False) -> int:
-    """Items a micro-batch adds to the loss: its labels other than -100 (a causal LM's from the second token)."""
-    labels = batch["labels"]
-    if labels.dim() > 1 and shifts_labels:
-        labels = labels[..., 1:]
-    return int((labels != -100).sum())
+# Relative tolerance of the model's own loss against the hand-made one, by precision.
+AGREE = {"fp32": 1e-4, "bf16": 2e-2, "fp16": 2e-2}
 
 
-def shifts_labels(model) -> bool:
-    """Whether the model's own loss predicts label t+1 at position t (a causal LM): its items are its labels from
-    the second token. Read from the loss function the model uses, not from its class name (GPT2LMHeadModel's
-    name says nothing of it)."""
-    from transformers.loss.loss_utils import ForCausalLMLoss
-
-    config = getattr(model, "config", None)
-    if getattr(config, "is_encoder_decoder", False):
-        return False
-    try:
-        return model.loss_function is ForCausalLMLoss
-    except AttributeError:  # not a transformers model
-        return model.__class__.__name__.endswith("ForCausalLM")
+class NotReplayable(Exception):
+    """The window cannot be replayed or its loss not recomputed: the reason, in the user's words."""
 
 
-def dropout_active(model) -> bool:
-    import torch
+@dataclass(frozen=True)
+class Reference:
+    """What one replay of the window gave (its gradient is in ``.grad`` meanwhile)."""
 
-    return any(isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.p > 0 and module.training
-               for module in model.modules())
-
-
-@dataclass
-class RandomState:
-    """Every random state a training loop draws from, taken and put back whole."""
-
-    states: dict = field(default_factory=dict)
-
-    @classmethod
-    def take(cls) -> "RandomState":
-        import numpy as np
-        import torch
-
-        states = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            states["cuda"] = torch.cuda.get_rng_state_all()
-        return cls(states)
-
-    def put_back(self) -> None:
-        import numpy as np
-        import torch
-
-        random.setstate(self.states["python"])
-        np.random.set_state(self.states["numpy"])
-        torch.set_rng_state(self.states["torch"])
-        if "cuda" in self.states:
-            torch.cuda.set_rng_state_all(self.states["cuda"])
+    kind: str
+    items: tuple            # per micro-batch (this process)
+    summed_loss: float      # the window's loss summed over its items (this process)
 
 
 @contextlib.contextmanager
-def set_aside(model):
-    """Gradients and buffers (BatchNorm statistics) put aside and back, and random states restored: what
-    runs inside leaves the user's run as it found it."""
-    params = [p for p in model.parameters() if p.requires_grad]
+def set_aside(module, extra_state=None):
+    """The run's gradients and buffers (BatchNorm statistics) put aside and back, its random states restored, and
+    ``extra_state`` (an object whose ``__dict__`` entries a replay may change, e.g. TRL's metrics) copied back."""
+    params = [p for p in module.parameters() if p.requires_grad]
     grads = [p.grad for p in params]
-    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    buffers = [(b, b.detach().clone()) for b in module.buffers()]
     rng = RandomState.take()
+    kept = {name: copy.deepcopy(value) for name, value in vars(extra_state).items()
+            if name in ("_metrics", "_total_train_tokens")} if extra_state is not None else {}
     for p in params:
         p.grad = None
     try:
@@ -90,104 +54,145 @@ def set_aside(model):
         for b, saved in buffers:
             b.data.copy_(saved)
         rng.put_back()
+        for name, value in kept.items():
+            setattr(extra_state, name, value)
 
 
-def concatenate(batches: list[dict]) -> dict:
-    """One batch of all the micro-batches, right-padded to the longest (labels with -100, the rest with 0; the
-    attention mask keeps the padding out). ValueError, with the reason, for micro-batches it cannot join."""
-    import torch
-    import torch.nn.functional as F
-
-    joined = {}
-    for key in batches[0]:
-        values = [b[key] for b in batches]
-        if not all(torch.is_tensor(v) for v in values):
-            raise ValueError(f"{key!r} is not a tensor")
-        width = max(v.shape[-1] for v in values) if values[0].dim() > 1 else None
-        if width is not None and any(v.shape[-1] != width for v in values):
-            if "attention_mask" not in batches[0]:
-                raise ValueError("micro-batches of different lengths without an attention mask")
-            values = [F.pad(v, (0, width - v.shape[-1]), value=-100 if key == "labels" else 0) for v in values]
-        joined[key] = torch.cat(values)
-    return joined
+@contextlib.contextmanager
+def as_recorded(forward_autocast):
+    """Autocast exactly as the recorded forward ran under it (on, with its dtype, or off)."""
+    with contextlib.ExitStack() as stack:
+        for device, enabled, dtype in forward_autocast:
+            stack.enter_context(torch.autocast(device, dtype=dtype, enabled=enabled))
+        yield
 
 
-def reference_gradient(model, batches: list[dict], loss_fn, items: list[int], window_items: int,
-                       replay: RandomState | None = None, autocast=contextlib.nullcontext) -> dict:
-    """The gradient of the mean loss over the window's items (``window_items``, on all ranks) from this
-    rank's ``batches``, at the model's current weights, with the run's own gradients set aside.
+class Replayer:
+    """Replays micro-batches through ``module`` under ``rule`` (losses.LossRule): ``count`` their items first (from
+    their labels, without running the model), then ``replay`` them into ``.grad``."""
 
-    ``loss_fn(model, batch)`` is the mean loss over a batch's items. ``replay``: the random state the window
-    started from; the micro-batches are then replayed one by one from it (the run's dropout masks). Else one
-    pass over the concatenated window, or one per micro-batch when that runs out of memory. Returns
-    ``gradient`` (name → flat tensor, not yet summed over ranks), ``loss`` (this rank's share of the window's
-    mean loss) and ``mode``.
-    """
-    import torch
+    def __init__(self, module, recorder: Recorder, rule: losses.LossRule, precision: str, trainer=None):
+        self.module, self.recorder, self.rule, self.trainer = module, recorder, rule, trainer
+        self.tolerance = AGREE[precision]
+        self.kind = rule.kind
 
-    def per_micro_batch():
-        total = 0.0
-        for batch, n in zip(batches, items):
-            with autocast():
-                # gradacc's exact weight: the micro-batch's share of the window's items (summed over ranks after).
-                loss = loss_fn(model, batch) * loss_weight("exact", n, window_items, len(batches))
-            loss.backward()
-            total += float(loss.detach())
-        return total
+    def count(self, micro_batches: list[MicroBatch]) -> list[int]:
+        """Each micro-batch's items: as its loss counts them (the kind's rule), or its rows for a trainer's own loss."""
+        if self.kind in (losses.TRAINER_LOSS, losses.USER_LOSS):
+            return [self._user_count(m) for m in micro_batches]
+        labels, shift = _labels(micro_batches[0])
+        if labels is None:
+            raise NotReplayable("the batch holds no labels, so the loss cannot be recomputed from the model's output: "
+                                "pass loss_fn=lambda model, batch: <its mean loss> to the audit")
+        counting = losses.model_kind(self.module, labels)
+        if counting is None:  # a model of the user's own: its kind from its own loss, on the first micro-batch
+            with torch.no_grad():
+                output = self._forward(1, micro_batches[0])
+            counting = self._find_kind(micro_batches[0], output)
+        return [losses.items(counting, *_labels(m)) for m in micro_batches]
 
-    with set_aside(model):
-        if replay is not None:
-            replay.put_back()
-            loss, mode = per_micro_batch(), "replayed per micro-batch (dropout on: the run's own masks)"
-        else:
-            try:
-                joined = concatenate(batches) if len(batches) > 1 else batches[0]
-            except ValueError as reason:
-                joined, why = None, str(reason)
-            if joined is not None:
-                try:
-                    with autocast():
-                        loss = loss_fn(model, joined) * (sum(items) / window_items)
-                    loss.backward()
-                    loss, mode = float(loss.detach()), "one pass over the window"
-                except torch.OutOfMemoryError:
-                    model.zero_grad(set_to_none=True)
-                    joined, why = None, "the whole window did not fit in memory"
-            if joined is None:
-                loss, mode = per_micro_batch(), f"per micro-batch ({why})"
-        # No copy: these gradients are the reference's own, and set_aside puts the run's back in their place.
-        gradient = live_gradients(model)
-    return {"gradient": gradient, "loss": loss, "mode": mode}
+    def replay(self, micro_batches: list[MicroBatch], divisors: list[float]) -> Reference:
+        """Back-propagate each micro-batch's loss summed over its items ÷ its divisor (the window's items: the
+        reference; its items × the micro-batches: their means counted equally) into ``.grad``."""
+        items, total = [], 0.0
+        for index, (micro_batch, divisor) in enumerate(zip(micro_batches, divisors), start=1):
+            summed, count = self._one(index, micro_batch)
+            (summed / divisor).backward()
+            items.append(count)
+            total += float(summed.detach())
+        return Reference(self.kind, tuple(items), total)
+
+    def _one(self, index: int, micro_batch: MicroBatch) -> tuple[torch.Tensor, int]:
+        if self.kind == losses.TRAINER_LOSS:
+            return self._trainer_loss(index, micro_batch)
+        forward = micro_batch.trained
+        labels, shift = _labels(micro_batch)
+        if self.kind == losses.USER_LOSS:
+            batch = micro_batch.inputs or forward.kwargs
+            mean = self._run(index, micro_batch, forward.rng, forward.autocast,
+                             lambda: self.rule.loss_fn(self.module, detached(batch)), first_only=True)
+            count = self._user_count(micro_batch)
+            return mean * count, count
+        output = self._forward(index, micro_batch)
+        if self.kind is None:
+            self.kind = self._find_kind(micro_batch, output)
+        if self.rule.compute_loss_func is not None or self.rule.label_smoother is not None:
+            count = losses.items(self.kind, labels, shift)
+            if self.rule.compute_loss_func is not None:
+                mean = self.rule.compute_loss_func(output, labels, num_items_in_batch=count)
+            else:
+                mean = self.rule.label_smoother(output, labels, shift_labels=self.kind == losses.CAUSAL)
+            return mean * count, count
+        return losses.summed(self.kind, output, labels, shift)
+
+    def _forward(self, index: int, micro_batch: MicroBatch):
+        forward = micro_batch.trained
+        return self._run(index, micro_batch, forward.rng, forward.autocast,
+                         lambda: self.module(*forward.args, **forward.kwargs), first_only=True)
+
+    def _find_kind(self, micro_batch: MicroBatch, output) -> str:
+        labels, shift = _labels(micro_batch)
+        kind = losses.find_kind(self.module, output, labels, shift,
+                                micro_batch.trained.kwargs.get("num_items_in_batch"), self.tolerance)
+        if kind is None:
+            raise NotReplayable(f"the loss of {type(losses.base_model(self.module)).__name__} is none the audit "
+                                "computes by hand: pass loss_fn=lambda model, batch: <its mean loss> to the audit")
+        return kind
+
+    def _user_count(self, micro_batch: MicroBatch) -> int:
+        labels, shift = _labels(micro_batch) if micro_batch.trained is not None else (
+            (micro_batch.inputs or {}).get("labels"), None)
+        kind = losses.model_kind(self.module, labels) if labels is not None else None
+        if kind is not None and self.kind == losses.USER_LOSS:
+            return losses.items(kind, labels, shift)
+        return _rows(micro_batch.inputs or micro_batch.trained.kwargs)
+
+    def _trainer_loss(self, index: int, micro_batch: MicroBatch):
+        """A trainer whose loss is its own (no labels in the batch: TRL's DPO): its compute_loss, replayed whole from
+        the random state it started from, is the micro-batch's mean; its items are the batch's rows."""
+        trainer, inputs = self.trainer, micro_batch.inputs
+        mean = self._run(index, micro_batch, micro_batch.rng, (),
+                         lambda: _call_compute_loss(trainer, self.module, detached(inputs)))
+        count = _rows(inputs)
+        return mean * count, count
+
+    def _run(self, index, micro_batch, rng, autocast, call, first_only=False):
+        """``call()`` from ``rng`` under ``autocast``, its forwards' outputs checked against the recorded ones."""
+        recorded = [f.output for f in micro_batch.forwards if f.output is not None]
+        if first_only:
+            recorded = [micro_batch.trained.output]
+        rng.put_back_torch()
+        self.recorder.replayed = []
+        try:
+            with as_recorded(autocast), torch.enable_grad():
+                result = call()
+        finally:
+            replayed, self.recorder.replayed = self.recorder.replayed, None
+        replayed = replayed[:len(recorded)] if first_only else replayed
+        if len(replayed) != len(recorded) or not all(
+                r is None or r.matches(p) for r, p in zip(recorded, replayed)):
+            raise NotReplayable(f"the model's randomness could not be replayed: micro-batch {index} gave other outputs "
+                                "from the same random state (a generator of its own, or a non-deterministic kernel), "
+                                "so there is no reference to compare with")
+        return result
 
 
-def sum_over_ranks(gradient: dict, loss: float) -> tuple[dict, float]:
-    """The ranks' shares of the reference added up (one all-reduce), on one process as they are."""
-    from gradacc.training import distributed
-
-    if not distributed.is_distributed():
-        return gradient, loss
-    import torch
-    import torch.distributed as dist
-
-    names = sorted(gradient)
-    flat = torch.cat([gradient[n] for n in names] + [torch.tensor([loss], device=gradient[names[0]].device)])
-    dist.all_reduce(flat)
-    out, start = {}, 0
-    for n in names:
-        out[n] = flat[start:start + gradient[n].numel()]
-        start += gradient[n].numel()
-    return out, float(flat[-1])
+def _labels(micro_batch: MicroBatch):
+    """(labels, shift_labels) of a micro-batch: what its forward was given, else what Trainer's compute_loss was
+    (it pops the labels for a compute_loss_func)."""
+    forward, inputs = micro_batch.trained, micro_batch.inputs or {}
+    kwargs = forward.kwargs if forward is not None else {}
+    return kwargs.get("labels", inputs.get("labels")), kwargs.get("shift_labels", inputs.get("shift_labels"))
 
 
-def live_gradients(model) -> dict:
-    """The gradients as they are now, flat, without a copy (a copy of a 20M-parameter gradient costs a good
-    part of a window): read at once, before the optimizer steps."""
-    return {name.removeprefix("module."): p.grad.detach().float().flatten()
-            for name, p in model.named_parameters() if p.grad is not None}
+def _call_compute_loss(trainer, module, inputs):
+    with trainer.compute_loss_context_manager():
+        return trainer.compute_loss(module, inputs)
 
 
-def window_items(items: list[int], device) -> float:
-    """The window's items on all ranks (one all-reduce; this rank's own on one process)."""
-    from gradacc.training import distributed
+def _rows(batch: dict) -> int:
+    first = next((v for v in batch.values() if torch.is_tensor(v) and v.dim() > 0), None)
+    if first is None:
+        raise NotReplayable("the batch holds no tensor to count its rows by: pass loss_fn to the audit")
+    return int(first.shape[0])
 
-    return distributed.sum_over_ranks([float(sum(items))], device)[0]

@@ -1,155 +1,162 @@
-"""The verdict: the applied gradient against the reference and what the difference means (k× too large, a short
-window ÷ the configured k, items miscounted, ...), with the scheduler, clipping, sync and logged-loss checks, and the
-fix in the user's terms."""
+"""The verdict, a typed immutable value: the step's gradient projected on the reference (its scale, what no scale
+explains, the scale's measured noise), the one cause that explains it in its own words, the fix for this model and
+this way of training, and the other checks of the window (clipping, scheduler, zero_grad, logged loss, syncs).
+
+The scale is judged on its own: exact when |s − 1| is within Z standard errors of s (measured from the residual:
+bf16's and fp16's rounding noise is measured on the run, not assumed) or within the precision's floor; a plain
+scale is then named by what it equals (k, 1/k, j/k, the items counted ÷ the items there are). What no scale
+explains is judged by the precision's noise ceiling; above it, the micro-batches' weights are fitted.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
-
-from gradacc.training.audit.watch import Tally
-from gradacc.training.gradients import gradient_sums
+from dataclasses import asdict, dataclass
 
 logger = logging.getLogger("gradacc.audit")
 
-# Relative error counted as exact: float32 recomputation in another batch shape differs by ~1e-7.
-EXACT = 1e-4
-EXACT_MIXED_PRECISION = 2e-2
-# How far a measured scale may be from k (or j/k) and still be named as that cause.
-SCALE_TOLERANCE = 0.02
+Z = 4.0
+# |s − 1| always taken as exact: fp32 recomputation order (~1e-7), bf16/fp16 replays of a correct run measured within
+# 6e-5 of 1 and the bias of bf16 against fp32 within 1.2e-3 (docs/audit.md); a 1 % error stays well outside.
+FLOOR = {"fp32": 1e-4, "bf16": 2e-3, "fp16": 2e-3}
+# Residual ‖g − s·r‖ / ‖r‖ taken as rounding noise: fp32 replays agree to ~1e-7; bf16 replays of correct runs
+# measured at most 0.0047 (4× that is the ceiling). Above it the step is no scale of the reference.
+NOISE = {"fp32": 1e-3, "bf16": 2e-2, "fp16": 2e-2}
+
+EXACT = "exact"
+K_TIMES = "k× too large"
+DIVIDED_TWICE = "k× too small"
+SHORT_WINDOW = "short window ÷ configured k"
+MISCOUNTED = "items miscounted"
+WEIGHTED = "weighted by micro-batch, not by item"
+CLIPPED = "changed by clipping"
+ZEROED = "zeroed inside the window"
+SCALED = "scaled"
+OTHER_LOSS = "not the window's mean loss"
+NOT_JUDGED = "not judged"
 
 
-def judge(applied: dict, reference: dict, *, k: int, micro_batches: int, tolerance: float, who: str,
-          num_processes: int = 1, applied_scale: float = 1.0, items: tuple | None = None) -> dict:
-    """The relative error of ``applied`` against ``reference`` and what it means, with the fix in ``who``'s
-    terms (``trainer`` or ``accelerate``).
+@dataclass(frozen=True)
+class Fit:
+    """The step's gradient g against a reference r: g ≈ scale·r, the residual ‖g − s·r‖ / ‖r‖, the standard error
+    of the scale, and the relative error ‖g − r‖ / ‖r‖."""
 
-    On P processes Trainer also multiplies each loss by P (to undo DDP's average, ``average_tokens_across_devices``),
-    so a head that ignores ``num_items_in_batch`` comes out k·P× too large there. ``applied_scale``: what
-    ``applied`` is multiplied by first (undoing the window's clipping). ``items``: (the window's items as the
-    model's loss counts them, what Trainer counted as ``num_items_in_batch``)."""
-    import math
+    scale: float
+    residual: float
+    se: float
+    rel_error: float
+    precision: str
 
-    sums = gradient_sums(applied, reference, gradient_scale=applied_scale)
-    error = math.sqrt(sums["difference"] / sums["reference"])  # equivalence.relative_error, from the same sums
-    # The best scale s of the reference, and what no scale explains: ‖a − s·r‖ / ‖r‖, with
-    # ‖a − s·r‖² = a·a − 2s·a·r + s²·r·r (resolves residuals well below the 2 % that names a cause).
-    scale = sums["dot"] / sums["reference"]
-    residual = math.sqrt(max(0.0, sums["own"] - 2 * scale * sums["dot"] + scale * scale * sums["reference"])
-                         / sums["reference"])
-    result = {"rel_error": error, "scale": scale, "residual": residual}
+    @property
+    def tolerance(self) -> float:
+        return max(Z * self.se, FLOOR[self.precision])
 
-    def near(value: float) -> bool:
-        return residual <= SCALE_TOLERANCE and abs(scale - value) <= SCALE_TOLERANCE * value
+    @property
+    def plain_scale(self) -> bool:
+        return self.residual <= NOISE[self.precision]
 
-    if error <= tolerance:
-        return {**result, "gradient": "exact", "meaning": "the gradient of the window's mean loss", "fix": None}
-    too_large = k * num_processes if who == "trainer" and num_processes > 1 and near(k * num_processes) else k
-    if k > 1 and near(too_large):
-        times = f"k·P = {k}·{num_processes}" if too_large != k else "k"
-        meaning = (f"{scale:.3g}× the gradient of the window's mean loss (relative error ≈ {times} − 1 = "
-                   f"{too_large - 1})")
-        if who == "trainer":
-            meaning += ("; the model's forward takes **kwargs, so Trainer skips its own ÷k, but its loss head "
-                        "ignores num_items_in_batch (transformers #47688)")
-            fix = ("pass compute_loss_func=gradacc.audit.token_mean_loss to Trainer (it divides the summed loss by "
-                   "num_items_in_batch, the window's items)")
-        else:
-            meaning += "; the loss was back-propagated without Accelerate's ÷k"
-            fix = "call accelerator.backward(loss) (it divides by k), not loss.backward()"
-        return {**result, "gradient": "k× too large", "meaning": meaning, "fix": fix}
-    if who == "trainer" and items and items[1] and items[1] != items[0] and near(items[0] / items[1]):
-        return {**result, "gradient": "items miscounted",
-                "meaning": (f"{scale:.3g}× the gradient of the window's mean loss: Trainer divided by "
-                            f"num_items_in_batch = {items[1]:g}, but the model's loss averages over {items[0]:g} "
-                            "items (a causal LM predicts from the second token; Trainer counts every label when "
-                            "the model's loss_type does not name ForCausalLM, as GPT2LMHeadModel's does not)"),
-                "fix": ("set model.loss_type = \"ForCausalLM\" before building the Trainer, so it counts "
-                        "labels[..., 1:]")}
-    if k > 1 and micro_batches < k and near(micro_batches / k):
-        return {**result, "gradient": "short window ÷ configured k",
-                "meaning": (f"{scale:.3g}× the gradient of the window's mean loss: a short window of {micro_batches} "
-                            f"micro-batches divided by the configured k={k}"),
-                "fix": ("weight each micro-batch's mean loss by its items ÷ the window's items × k before "
-                        "accelerator.backward (gradacc's exact weights), or drop the last partial window")}
-    if k > 1 and near(1 / k):
-        return {**result, "gradient": "k× too small",
-                "meaning": f"{scale:.3g}× the gradient of the window's mean loss: divided by k twice",
-                "fix": ("pass the micro-batch's plain mean loss to accelerator.backward (it divides by k itself)"
-                        if who == "accelerate" else "do not divide the loss by k yourself: Trainer does")}
-    if residual > SCALE_TOLERANCE:
-        fix = ("pass compute_loss_func=gradacc.audit.token_mean_loss to Trainer" if who == "trainer" else
-               "multiply each micro-batch's mean loss by its items ÷ the window's items × k before accelerator.backward")
-        return {**result, "gradient": "weighted by micro-batch, not by item",
-                "meaning": (f"not a plain scale of the window's mean-loss gradient (residual {residual:.2g}): "
-                            "micro-batches holding different numbers of items (tokens) were weighted equally, "
-                            "as a mean per micro-batch ÷ k does"),
-                "fix": fix}
-    return {**result, "gradient": "scaled", "meaning": f"{scale:.3g}× the gradient of the window's mean loss",
-            "fix": "divide the window's summed loss by its number of items, once"}
+    def near(self, value: float) -> bool:
+        return abs(self.scale - value) <= self.tolerance * max(1.0, value)
 
 
-def verdict(gradient: dict, tally: Tally, *, k: int, micro_batches: int, expected_scheduler_steps: int,
-            clipping: bool, who: str, reference_loss: float | None = None, mode: str = "", reference_seconds: float = 0.0,
-            seconds: float = 0.0) -> dict:
-    """One report: the gradient's finding plus the scheduler, clipping, sync and logged-loss checks."""
-    problems, checks = [], {}
-    if gradient["gradient"] != "exact":
-        problems.append(f"gradient {gradient['gradient']}")
-    steps = tally.scheduler_steps
-    # No step seen: no scheduler given to the audit (or none in the loop): nothing to judge.
-    checks["scheduler"] = {"steps": steps, "expected": expected_scheduler_steps,
-                           "ok": None if steps == 0 else steps == expected_scheduler_steps}
-    if checks["scheduler"]["ok"] is False:
-        problems.append(f"scheduler stepped {steps}× per optimizer step (expected {expected_scheduler_steps}): "
-                        "the schedule runs that much too fast; "
-                        + ("let Trainer step it (once per optimizer step), not training_step" if who == "trainer" else
-                           "step it after optimizer.step() only when accelerator.sync_gradients (or prepare it "
-                           "with accelerator.prepare)"))
-    clips = len(tally.clipped_after)
-    checks["clipping"] = {"micro_batches_clipped_after": sorted(tally.clipped_after), "ok": None}
-    if clipping or clips:
-        ok = set(tally.clipped_after) == {tally.backwards}
-        checks["clipping"]["ok"] = ok
-        if not ok:
-            problems.append(f"clipping ran {clips}× in a window of {micro_batches} micro-batches (expected once, "
-                            "after the last): "
-                            + ("let Trainer clip (max_grad_norm), not training_step" if who == "trainer" else
-                               "clip only when accelerator.sync_gradients, right before optimizer.step()"))
-    if tally.synced_micro_batches is not None:
-        ok = tally.synced_micro_batches <= 1
-        checks["sync"] = {"synced_micro_batches": tally.synced_micro_batches, "ok": ok}
-        if not ok:
-            problems.append(f"gradients all-reduced in {tally.synced_micro_batches} of {micro_batches} micro-batches "
-                            "(expected once per window): run the forward and backward inside "
-                            "accelerator.accumulate(model)")
-    if who == "trainer" and reference_loss:
-        ratio = tally.logged_loss / reference_loss
-        ok = abs(ratio - 1) <= 1e-3 * max(1, k)
-        checks["logged_loss"] = {"logged": tally.logged_loss, "window_mean": reference_loss, "ratio": ratio, "ok": ok}
-        if not ok:
-            problems.append(f"logged loss {ratio:.3g}× the window's mean loss")
-    report = {"who": who, "k": k, "micro_batches": micro_batches, **gradient,
-              "checks": checks, "problems": problems, "ok": not problems, "reference": mode,
-              "reference_seconds": reference_seconds, "audit_seconds": seconds}
-    report["line"] = summary_line(report)
-    return report
+@dataclass(frozen=True)
+class Check:
+    """One more thing the window did: ``ok`` None when there was nothing to judge."""
+
+    name: str
+    ok: bool | None
+    detail: str
+    fix: str | None = None
 
 
-def summary_line(report: dict) -> str:
-    if report["ok"]:
-        checked = [name.replace("_", " ") for name, check in report["checks"].items() if check["ok"] is not None]
-        return (f"gradacc audit: exact — the step applies the gradient of the window's mean loss (relative error "
-                f"{report['rel_error']:.1e}, k={report['k']})"
-                + (f"; {', '.join(checked)}: as they should" if checked else ""))
-    line = f"gradacc audit: {'; '.join(report['problems'])}"
-    if report["gradient"] != "exact":
-        line += f" — relative error {report['rel_error']:.3g}: {report['meaning']}. Fix: {report['fix']}"
-    return line
+@dataclass(frozen=True)
+class Verdict:
+    who: str                       # "trainer" or "accelerate"
+    kind: str | None               # the model's loss kind (losses.KINDS)
+    k: int                         # the configured accumulation steps
+    micro_batches: int             # in the audited window (this process)
+    num_processes: int
+    precision: str
+    gradient: str                  # the cause, one of the names above
+    meaning: str
+    fix: str | None = None
+    fit: Fit | None = None
+    weighted_fit: Fit | None = None  # against "each micro-batch's mean counted equally", when it was fitted
+    items: tuple = ()              # per micro-batch, this process
+    window_items: float | None = None
+    counted_items: float | None = None
+    window_loss: float | None = None  # the window's mean loss over its items (all processes)
+    clips: tuple = ()
+    checks: tuple = ()
+    replay: str = ""
+    reference_seconds: float = 0.0
+    audit_seconds: float = 0.0
+    model: str = ""
+
+    @property
+    def judged(self) -> bool:
+        return self.gradient != NOT_JUDGED
+
+    @property
+    def problems(self) -> tuple:
+        gradient = () if self.gradient in (EXACT, NOT_JUDGED) else (f"gradient {self.gradient}",)
+        return gradient + tuple(check.detail for check in self.checks if check.ok is False)
+
+    @property
+    def ok(self) -> bool:
+        """Judged, and nothing found wrong."""
+        return self.judged and not self.problems
+
+    @property
+    def line(self) -> str:
+        return summary_line(self)
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        out.update(ok=self.ok, judged=self.judged, problems=list(self.problems), line=self.line)
+        return out
+
+    def check(self, name: str) -> Check | None:
+        return next((c for c in self.checks if c.name == name), None)
 
 
-def publish(report: dict, json_path) -> None:
-    logger.warning(report["line"])
+def summary_line(verdict: Verdict) -> str:
+    where = f"gradacc audit ({verdict.who}{', ' + verdict.model if verdict.model else ''})"
+    if not verdict.judged:
+        return f"{where}: not judged — {verdict.meaning}"
+    if verdict.ok:
+        fit = verdict.fit
+        return (f"{where}: exact — {verdict.meaning} (scale {fit.scale:.5g} ± {fit.se:.1g}, relative error "
+                f"{fit.rel_error:.1e}, k={verdict.k}, {verdict.precision})")
+    parts = []
+    if verdict.gradient != EXACT:
+        parts.append(f"gradient {verdict.gradient}: {verdict.meaning}" + (f". Fix: {verdict.fix}" if verdict.fix
+                                                                          else ""))
+    for check in verdict.checks:
+        if check.ok is False:
+            parts.append(check.detail + (f". Fix: {check.fix}" if check.fix else ""))
+    return f"{where}: " + "; ".join(parts)
+
+
+def publish(verdict: Verdict, json_path=None) -> None:
+    """The verdict's line to the log, and the whole verdict to ``json_path`` (one JSON object)."""
+    logger.warning(verdict.line)
     if json_path:
         with open(json_path, "w", encoding="utf-8") as file:
-            json.dump(report, file, default=str)
+            json.dump(verdict.as_dict(), file, default=str)
+
+
+def clip_check(clips: tuple, micro_batches: int, who: str) -> Check:
+    """Clipping, as what it did: the norm before and after each call, and after which micro-batch it ran."""
+    if not clips:
+        return Check("clipping", None, "no clipping in the window")
+    said = ", ".join(f"after micro-batch {c.after_micro_batch}: {c.norm_before:.3g} → {c.norm_after:.3g}"
+                     for c in clips)
+    early = [c for c in clips if c.after_micro_batch < micro_batches]
+    if not early:
+        return Check("clipping", True, f"clipped once, after the window ({said})")
+    fix = ("let Trainer clip once per window (TrainingArguments(max_grad_norm=...)), not training_step"
+           if who == "trainer" else "clip only when accelerator.sync_gradients, right before optimizer.step()")
+    return Check("clipping", False, f"clipping ran inside the window ({said})", fix)
+

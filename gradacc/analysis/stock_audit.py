@@ -1,0 +1,93 @@
+"""What a stock 🤗 Trainer gets wrong on a model: ``gradacc audit --model`` and the app's Audit page.
+
+The model (a built-in one, a folder written by save_pretrained, a hub id) trains one optimizer step with
+``gradacc.audit.audit_trainer`` attached, the way a user's stock Trainer would train it: no ``compute_loss_func``,
+Trainer's defaults, and the standard 🤗 collator for the model's task (``DataCollatorWithPadding`` for a classifier,
+``DataCollatorForLanguageModeling(mlm=False)`` for a causal LM: labels are the input ids, padding -100, position 0
+kept, so Trainer's own count of ``num_items_in_batch`` is what a user's run sees). The data is gradacc's (the built-in
+sets, a CSV/JSONL file, a hub id), each text tokenised plainly (truncated to the recipe's sequence length).
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+
+from gradacc import paths
+from gradacc.choices import CAUSAL_LM, CONTRASTIVE
+from gradacc.config import RunConfig
+from gradacc.errors import GradaccError
+from gradacc.labels import field_label
+
+
+def stock_examples(tokenizer, texts: list[str], labels: list[int] | None, max_length: int) -> list[dict]:
+    """Each text tokenised as a user's ``dataset.map(tokenizer)`` would (truncated), with its label if it has one."""
+    encoded = tokenizer(texts, truncation=True, max_length=max_length)
+    examples = [{key: encoded[key][i] for key in ("input_ids", "attention_mask") if key in encoded}
+                for i in range(len(texts))]
+    if labels is not None:
+        for example, label in zip(examples, labels):
+            example["labels"] = label
+    return examples
+
+
+def stock_collator(tokenizer, task: str):
+    """The collator a stock Trainer uses for the task (transformers' own)."""
+    from transformers import DataCollatorForLanguageModeling, DataCollatorWithPadding
+
+    if task == CAUSAL_LM:
+        if tokenizer.pad_token is None:  # GPT-2's tokenizer has none: the docs' way
+            tokenizer.pad_token = tokenizer.eos_token
+        return DataCollatorForLanguageModeling(tokenizer=tokenizer, mlm=False)
+    return DataCollatorWithPadding(tokenizer=tokenizer)
+
+
+def audit_stock_trainer(config: RunConfig, steps: int = 1, callbacks=(), confinement: paths.Confinement | None = None,
+                        audited: bool = True):
+    """The verdict (``gradacc.audit.Verdict``) on a stock Trainer's first optimizer step on ``config``'s model and
+    data: ``steps`` steps of micro-batch m and k, the first audited (k = 1 too). ``callbacks``: TrainerCallbacks added
+    beside the audit (the benchmark's clock). ``confinement``: where local paths may lie (None: the app's visitors'
+    folders). ``audited=False``: the same run without the audit (the benchmark's baseline): returns None."""
+    import torch
+    from transformers import PrinterCallback, Trainer, TrainingArguments
+
+    from gradacc.audit import audit_trainer
+    from gradacc.training.run.engine import quiet_libraries
+    from gradacc.training.sources import data, models
+
+    config = config.check()
+    config = config.replace(task=models.infer_task(config))
+    if config.task == CONTRASTIVE:
+        raise GradaccError("The audit is of a Trainer's accumulated loss on a classifier or a causal LM; the "
+                           "contrastive task trains with sentence-transformers.", "task")
+    m, k = config.micro_batch_size, config.grad_accum_steps
+    # Full windows on every rank (under accelerate launch / torchrun each takes its share of the examples).
+    config = config.replace(train_samples=m * k * steps * config.num_processes, eval_samples=8)
+    quiet_libraries()
+    text = data.load_text_data(config, confinement)
+    if len(text.train_texts) < m:
+        raise GradaccError(f"{field_label('micro_batch_size')} is {m}, but the data has only "
+                           f"{len(text.train_texts)} training rows.", "micro_batch_size")
+    loaded = models.load(config, text.num_labels, text.label_names, confinement=confinement)
+    causal = config.task == CAUSAL_LM
+    examples = stock_examples(loaded.tokenizer, text.train_texts, None if causal else text.train_labels,
+                              config.max_seq_length)
+    with tempfile.TemporaryDirectory(prefix="gradacc-audit-") as output_dir:
+        args = TrainingArguments(output_dir=output_dir, per_device_train_batch_size=m, gradient_accumulation_steps=k,
+                                 max_steps=steps, learning_rate=config.learning_rate, seed=config.seed,
+                                 report_to="none", save_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
+                                 use_cpu=not torch.cuda.is_available())
+        trainer = Trainer(model=loaded.model, args=args, train_dataset=examples,
+                          data_collator=stock_collator(loaded.tokenizer, config.task), callbacks=list(callbacks))
+        trainer.remove_callback(PrinterCallback)
+        audit = audit_trainer(trainer) if audited else None
+        quiet = logging.getLogger("gradacc.audit")
+        quiet.disabled = True  # the caller says the verdict itself
+        try:
+            trainer.train()
+        finally:
+            quiet.disabled = False
+    if audit is not None and audit.verdict is None:
+        raise GradaccError("The audit saw no optimizer step: the data has fewer examples than one micro-batch.",
+                           "micro_batch_size")
+    return audit.verdict if audit else None

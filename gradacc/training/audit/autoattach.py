@@ -1,0 +1,110 @@
+"""``gradacc audit -- python train.py ARGS``: the user's script runs unchanged, and the audit attaches itself to every
+``Trainer`` it builds (TRL's trainers too: they call ``Trainer.__init__``) and to every Accelerate loop it prepares.
+
+The command puts ``site/`` first on the script's PYTHONPATH and names a folder in ``GRADACC_AUDIT_DIR``; Python
+then imports ``site/sitecustomize.py`` at start-up, which calls ``install()``: a finder on ``sys.meta_path`` that,
+when (and only if) the script imports ``transformers.trainer`` or ``accelerate.accelerator``, patches
+``Trainer.__init__`` (``audit_trainer(self)``) and ``Accelerator.prepare`` (``audit_accelerate`` once a model and its
+optimizer are prepared, except for a Trainer's own accelerator). Each verdict is written to that folder as one JSON
+file, which the command reads back and prints. Child processes (``torchrun``, ``accelerate launch``) inherit it all.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.abc
+import importlib.util
+import itertools
+import logging
+import os
+import sys
+
+ENV = "GRADACC_AUDIT_DIR"
+_count = itertools.count()
+
+
+def verdict_path(kind: str) -> str:
+    return os.path.join(os.environ[ENV], f"verdict-{os.getpid()}-{next(_count)}-{kind}.json")
+
+
+def patch_trainer(module) -> None:
+    trainer_class = module.Trainer
+    original = trainer_class.__init__
+
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        if getattr(self, "_gradacc_audit", None) is not None:  # a subclass's __init__ around super().__init__
+            return
+        accelerator = getattr(self, "accelerator", None)
+        if accelerator is not None:  # it prepares the model in train(): not a loop of the user's own
+            accelerator._gradacc_trainer_owned = True
+        from gradacc.audit import audit_trainer
+
+        self._gradacc_audit = audit_trainer(self, json_path=verdict_path(f"trainer-{type(self).__name__}"))
+
+    trainer_class.__init__ = __init__
+
+
+def patch_accelerator(module) -> None:
+    accelerator_class = module.Accelerator
+    prepare = accelerator_class.prepare
+
+    def prepared(self, *args, **kwargs):
+        result = prepare(self, *args, **kwargs)
+        if getattr(self, "_gradacc_trainer_owned", False) or getattr(self, "_gradacc_audit", None) is not None:
+            return result
+        import torch
+        from accelerate.optimizer import AcceleratedOptimizer
+
+        items = result if isinstance(result, tuple) else (result,)
+        model = next((x for x in items if isinstance(x, torch.nn.Module)), None)
+        optimizer = next((x for x in items if isinstance(x, AcceleratedOptimizer)), None)
+        if model is not None and optimizer is not None:
+            from gradacc.audit import audit_accelerate
+
+            self._gradacc_audit = audit_accelerate(self, model, optimizer, json_path=verdict_path("accelerate"))
+            atexit.register(self._gradacc_audit.finish)  # a loop of one window: its scheduler steps counted to the end
+        return result
+
+    accelerator_class.prepare = prepared
+
+
+PATCHES = {"transformers.trainer": patch_trainer, "accelerate.accelerator": patch_accelerator}
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Finds the modules to patch as Python would, and patches each right after it executes."""
+
+    def find_spec(self, name, path, target=None):
+        if name not in PATCHES:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _PatchingLoader(spec.loader, PATCHES[name])
+        return spec
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    def __init__(self, loader, patch):
+        self.loader, self.patch = loader, patch
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        self.loader.exec_module(module)
+        self.patch(module)
+
+
+def install() -> None:
+    """Patch what the script will import (nothing heavy is imported here), and keep the verdict lines to the
+    command, which prints them once."""
+    if not os.environ.get(ENV) or any(isinstance(f, _Finder) for f in sys.meta_path):
+        return
+    logging.getLogger("gradacc.audit").disabled = True
+    sys.meta_path.insert(0, _Finder())

@@ -1,0 +1,183 @@
+"""One cause for what the step's gradient is, in its own words, and the fix for this model's kind and this way of
+training: the catalogue (docs/audit.md lists it). A fix that does not apply to the model is never offered: a
+regression head gets a squared-error fix, a causal LM its loss type, a loss of the user's own words about it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gradacc.training.audit import losses
+from gradacc.training.audit.verdict import (CLIPPED, DIVIDED_TWICE, EXACT, K_TIMES, MISCOUNTED, OTHER_LOSS, SCALED,
+                                            SHORT_WINDOW, WEIGHTED, ZEROED, Fit)
+
+# The compute_loss_func gradacc ships for each kind of head (gradacc.audit.<name>).
+LOSS_FUNCS = {losses.CLASSIFICATION: "token_mean_loss", losses.TOKEN: "token_mean_loss",
+              losses.REGRESSION: "regression_mean_loss", losses.MULTI_LABEL: "multi_label_mean_loss",
+              losses.CAUSAL: "causal_lm_mean_loss"}
+# How a loop counts a micro-batch's items, by kind, in words.
+ITEMS = {losses.CLASSIFICATION: "its labels other than -100", losses.TOKEN: "its labels other than -100",
+         losses.REGRESSION: "its label values", losses.MULTI_LABEL: "its label values",
+         losses.CAUSAL: "the tokens it predicts, (labels[:, 1:] != -100).sum()",
+         losses.FUSED_CAUSAL: "the tokens it predicts, (labels[:, 1:] != -100).sum()"}
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What the audit knows when it names the cause."""
+
+    who: str                      # "trainer" or "accelerate"
+    kind: str | None
+    k: int
+    micro_batches: int
+    num_processes: int
+    fit: Fit
+    weighted_fit: Fit | None      # against each micro-batch's mean counted equally (÷ the micro-batches)
+    window_items: float
+    counted_items: float | None   # what the loop divided the window's loss by (Trainer's num_items_in_batch)
+    clips: tuple
+    zero_grads: tuple             # micro-batch counts after which an effective zero_grad ran
+    backwards: int | None         # Accelerate: accelerator.backward calls in the window
+    custom_loss: str | None = None  # "compute_loss_func", "label_smoother", "compute_loss" (Trainer), "loss_fn"
+
+
+def name(e: Evidence) -> tuple[str, str, str | None]:
+    """(the cause, what it means, the fix) for the step's gradient before its final clipping."""
+    fit, k, j = e.fit, e.k, e.micro_batches
+    if e.zero_grads:
+        return (ZEROED, f"zero_grad ran after micro-batch {', '.join(map(str, e.zero_grads))} of {j}: the step "
+                        f"applies only the micro-batches after it", _fix_zero_grad(e))
+    early = [c for c in e.clips if c.after_micro_batch < j and c.factor < 1]
+    if early:
+        return (CLIPPED, "clipping scaled the partial sum down inside the window ("
+                + ", ".join(f"after micro-batch {c.after_micro_batch}: norm {c.norm_before:.3g} → {c.norm_after:.3g}"
+                            for c in early) + f"), so the micro-batches count unequally ({fit.scale:.3g}× the "
+                f"reference, residual {fit.residual:.2g})", _fix_clipping(e))
+    if fit.plain_scale:
+        return _plain_scale(e)
+    weighted = e.weighted_fit
+    if weighted is not None and weighted.plain_scale:
+        times = (f", and {weighted.scale:.3g}× that: not divided by k" if k > 1 and weighted.near(k) else
+                 "" if weighted.near(1) else f", {weighted.scale:.3g}× that")
+        return (WEIGHTED, f"each micro-batch's mean loss counted equally ÷ {j}{times}, though they hold "
+                          "different numbers of items; the window's mean loss weights each by its items "
+                          f"(residual {fit.residual:.2g} against the reference, {weighted.residual:.2g} against "
+                          "equal weights)", _fix_weighting(e))
+    return (OTHER_LOSS, f"no scale of the window's mean {e.kind or ''} loss (residual {fit.residual:.2g}, "
+                        f"scale {fit.scale:.3g}) nor of equally weighted micro-batches", _fix_other(e))
+
+
+def _plain_scale(e: Evidence) -> tuple[str, str, str | None]:
+    fit, k, j, p = e.fit, e.k, e.micro_batches, e.num_processes
+    s = f"{fit.scale:.4g}×"
+    if fit.near(1):
+        return EXACT, "the step applies the gradient of the window's mean loss", None
+    large = k * p if e.who == "trainer" and p > 1 and fit.near(k * p) else k
+    if k > 1 and fit.near(large) or k == 1 and e.who == "trainer" and p > 1 and fit.near(p):
+        times = f"k·P = {k}·{p}" if large != k else f"k = {k}"
+        return K_TIMES, f"{s} the window's mean-loss gradient ({times}): {_why_k_times(e)}", _fix_k_times(e)
+    if e.counted_items and abs(e.counted_items - e.window_items) > 0.5 and fit.near(e.window_items / e.counted_items):
+        return (MISCOUNTED, f"{s} the window's mean-loss gradient = {e.window_items:g} items ÷ "
+                            f"{e.counted_items:g} counted: the loss was divided by num_items_in_batch = "
+                            f"{e.counted_items:g}, but it sums over {e.window_items:g} items"
+                + (" (a causal LM predicts from the second token; Trainer counts every label when the model's "
+                   "loss_type does not name ForCausalLM)" if e.kind in (losses.CAUSAL, losses.FUSED_CAUSAL) else ""),
+                _fix_miscount(e))
+    if k > 1 and j < k and fit.near(j / k):
+        return (SHORT_WINDOW, f"{s} the window's mean-loss gradient: a short window of {j} micro-batches divided "
+                              f"by the configured k = {k}", _fix_short_window(e))
+    if k > 1 and fit.near(1 / k):
+        return DIVIDED_TWICE, f"{s} the window's mean-loss gradient: divided by k = {k} twice", _fix_twice(e)
+    return (SCALED, f"{s} the window's mean-loss gradient (within ±{fit.tolerance:.1g}): as if the loss were "
+                    f"divided by {1 / fit.scale:.4g}× the window's {e.window_items:g} items", _fix_scaled(e))
+
+
+def _why_k_times(e: Evidence) -> str:
+    if e.who == "accelerate":
+        return ("the loss was back-propagated without Accelerate's ÷k (loss.backward())" if not e.backwards else
+                "the loss handed to accelerator.backward was k× each micro-batch's mean")
+    if e.custom_loss == "compute_loss_func":
+        return "your compute_loss_func returns a mean per micro-batch, and Trainer leaves the ÷k to it"
+    if e.custom_loss == "compute_loss":
+        return "the trainer's compute_loss returns a mean per micro-batch, and Trainer did not divide it by k"
+    return ("the model's forward takes **kwargs, so Trainer skips its own ÷k, but its loss ignores "
+            "num_items_in_batch (transformers #47688)")
+
+
+def _loss_func_fix(e: Evidence) -> str | None:
+    """Trainer: the compute_loss_func for this kind, or words about the user's own loss."""
+    if e.custom_loss == "compute_loss_func":
+        return ("make your compute_loss_func return the loss summed over the micro-batch's items ÷ "
+                "num_items_in_batch (Trainer counts it over the whole window)")
+    if e.custom_loss == "compute_loss":
+        return ("set loss_is_scaled_for_ga = False on your Trainer (it then divides each micro-batch's mean by the "
+                "window's micro-batches), or return the summed loss ÷ num_items_in_batch from compute_loss")
+    func = LOSS_FUNCS.get(e.kind)
+    if func is None:
+        return None
+    fix = f"pass compute_loss_func=gradacc.audit.{func} to Trainer"
+    if e.kind == losses.CAUSAL:
+        fix += ' and set model.loss_type = "ForCausalLM" before building it (so it counts labels[..., 1:])'
+    return fix
+
+
+def _fix_k_times(e: Evidence) -> str | None:
+    if e.who == "accelerate":
+        return ("call accelerator.backward(loss), which divides by k, not loss.backward()" if not e.backwards else
+                "pass each micro-batch's mean loss to accelerator.backward, as it is")
+    return _loss_func_fix(e)
+
+
+def _fix_weighting(e: Evidence) -> str | None:
+    if e.who == "trainer":
+        return _loss_func_fix(e)
+    items = ITEMS.get(e.kind, "its items")
+    return ("weight by items: back-propagate each micro-batch's loss summed over its items (reduction='sum'), count "
+            f"the window's items ({items} per micro-batch; accelerator.reduce the count over processes), and when "
+            "accelerator.sync_gradients multiply the gradients by k × processes ÷ the window's items before "
+            "optimizer.step()")
+
+
+def _fix_miscount(e: Evidence) -> str | None:
+    if e.kind in (losses.CAUSAL, losses.FUSED_CAUSAL):
+        return ('set model.loss_type = "ForCausalLM" on the transformers model before building the trainer '
+                "(before get_peft_model with PEFT), so Trainer counts labels[..., 1:]")
+    return f"divide the window's summed loss by its {e.window_items:g} items ({ITEMS.get(e.kind, 'its items')})"
+
+
+def _fix_short_window(e: Evidence) -> str:
+    if e.who == "trainer":
+        return "divide by the window's items (num_items_in_batch), not by k"
+    return ("when a window ends early (the epoch's last), multiply its gradients by k ÷ its micro-batches before "
+            "optimizer.step(), or weight by items (each micro-batch's summed loss ÷ the window's items × k)")
+
+
+def _fix_twice(e: Evidence) -> str:
+    return ("drop your own ÷k: accelerator.backward(loss) divides by k" if e.who == "accelerate" else
+            "do not divide the loss by k yourself: Trainer does (or num_items_in_batch does)")
+
+
+def _fix_scaled(e: Evidence) -> str:
+    return (f"divide the window's summed loss by its {e.window_items:g} items "
+            f"({ITEMS.get(e.kind, 'its items')}), once per window")
+
+
+def _fix_clipping(e: Evidence) -> str:
+    return ("let Trainer clip once per window (TrainingArguments(max_grad_norm=...)) and remove the clipping from "
+            "training_step" if e.who == "trainer" else
+            "clip only when accelerator.sync_gradients, right before optimizer.step()")
+
+
+def _fix_zero_grad(e: Evidence) -> str:
+    return ("remove zero_grad from training_step: Trainer zeroes the gradients after each optimizer step"
+            if e.who == "trainer" else
+            "zero the gradients after optimizer.step() only (the prepared optimizer's zero_grad skips while "
+            "accumulating; model.zero_grad() does not)")
+
+
+def _fix_other(e: Evidence) -> str:
+    if e.custom_loss == "loss_fn":
+        return "check that loss_fn returns the mean loss over the batch's items the training loss uses"
+    return ("if your objective is another loss on purpose, give the audit its per-batch mean (loss_fn=...); else "
+            "compute the window's loss as the mean over its items: "
+            + (_loss_func_fix(e) or "each item counted once") if e.who == "trainer" else
+            "if your objective is another loss on purpose, give the audit its per-batch mean (loss_fn=...)")

@@ -1,0 +1,127 @@
+"""What a micro-batch's loss is, item by item: the model's kind (classifier, regression head, multi-label head, token
+classifier, causal LM, TRL's fused LM head), its items, and its loss summed over them, computed here from the
+model's output, not by the model's own loss code (which is what the audit checks).
+
+The kind is read from the model as transformers decides it at the forward (the head's class, ``problem_type``,
+``num_labels``, the labels' dtype); where the model's own ``.loss`` is there, the hand-made loss must agree with it
+(÷ the micro-batch's items, or ÷ the ``num_items_in_batch`` it was given), or the kind is not one the audit knows.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+CLASSIFICATION, MULTI_LABEL, REGRESSION, TOKEN, CAUSAL = (
+    "classifier", "multi-label classifier", "regression head", "token classifier", "causal LM")
+FUSED_CAUSAL = "causal LM (TRL's fused head)"
+TRAINER_LOSS = "the trainer's own loss"   # no labels in the batch (DPO): the trainer's compute_loss is the loss
+USER_LOSS = "your loss_fn"
+KINDS = (CLASSIFICATION, MULTI_LABEL, REGRESSION, TOKEN, CAUSAL, FUSED_CAUSAL, TRAINER_LOSS, USER_LOSS)
+
+
+def base_model(model):
+    """The transformers model inside a PEFT wrapper (or the model itself)."""
+    get = getattr(model, "get_base_model", None)
+    return get() if callable(get) else model
+
+
+def model_kind(model, labels) -> str | None:
+    """The loss a transformers head computes from ``labels``, as its forward decides; None: not one the audit knows."""
+    model = base_model(model)
+    name = type(model).__name__
+    config = getattr(model, "config", None)
+    if getattr(config, "is_encoder_decoder", False):
+        return None  # its labels line up with the decoder's outputs: not a kind judged here
+    if name.endswith(("ForCausalLM", "LMHeadModel")) or getattr(model, "loss_type", None) == "ForCausalLM":
+        return CAUSAL
+    if name.endswith("ForTokenClassification"):
+        return TOKEN
+    if name.endswith(("ForSequenceClassification", "ForMultipleChoice")):
+        problem = getattr(config, "problem_type", None)
+        num_labels = getattr(config, "num_labels", 2)
+        if problem == "regression" or (problem is None and num_labels == 1):
+            return REGRESSION
+        if problem == "multi_label_classification" or (problem is None and labels is not None
+                                                        and labels.is_floating_point()):
+            return MULTI_LABEL
+        return CLASSIFICATION
+    return None
+
+
+CANDIDATES = (CLASSIFICATION, REGRESSION, MULTI_LABEL, TOKEN, CAUSAL)
+
+
+def find_kind(model, output, labels, shift_labels, given_count, tolerance: float) -> str | None:
+    """The kind whose hand-made loss is the model's own: the head's kind when transformers names it, else (a model
+    of the user's own) the first standard loss that agrees with its ``.loss``. None: none does."""
+    if hasattr(output, "log_probs") and hasattr(output, "label_mask"):
+        return FUSED_CAUSAL
+    named = model_kind(model, labels)
+    own = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
+    for kind in ((named,) if named else CANDIDATES if own is not None else ()):
+        try:
+            total, count = summed(kind, output, labels, shift_labels)
+        except (RuntimeError, ValueError, IndexError, AttributeError, KeyError):
+            continue  # shapes that do not fit this kind
+        if agrees(own, total, count, given_count, tolerance):
+            return kind
+    return None
+
+
+def summed(kind: str, output, labels, shift_labels=None) -> tuple[torch.Tensor, int]:
+    """(the micro-batch's loss summed over its items, its items), from the model's output."""
+    if kind == FUSED_CAUSAL:  # TRL's fused head: log-probs of the next tokens, 0 where ignored
+        return -output.log_probs.float().sum(), int(output.label_mask.sum())
+    logits = output["logits"] if isinstance(output, dict) else output.logits
+    logits = logits.float()
+    if kind == CAUSAL:
+        if shift_labels is None:  # the labels shifted, not the logits: no copy of a (tokens × vocabulary) tensor
+            shift_labels = F.pad(labels, (0, 1), value=-100)[..., 1:]
+        target = shift_labels.reshape(-1)
+        total = F.cross_entropy(logits.reshape(target.numel(), -1), target, ignore_index=-100, reduction="sum")
+        return total, int((target != -100).sum())
+    if kind in (CLASSIFICATION, TOKEN):
+        flat = labels.reshape(-1)
+        total = F.cross_entropy(logits.reshape(flat.numel(), -1), flat, ignore_index=-100, reduction="sum")
+        return total, int((flat != -100).sum())
+    if kind == REGRESSION:
+        values = logits.squeeze() if logits.numel() == labels.numel() else logits
+        return F.mse_loss(values.reshape(labels.shape), labels.float(), reduction="sum"), labels.numel()
+    if kind == MULTI_LABEL:
+        return F.binary_cross_entropy_with_logits(logits, labels.float(), reduction="sum"), labels.numel()
+    raise ValueError(f"no hand-made loss for {kind!r}")
+
+
+def items(kind: str, labels, shift_labels=None) -> int:
+    """The items a micro-batch's loss averages over (without running the model)."""
+    if kind in (CAUSAL, FUSED_CAUSAL):
+        return int(((shift_labels if shift_labels is not None else labels[..., 1:]) != -100).sum())
+    if kind in (CLASSIFICATION, TOKEN):
+        return int((labels != -100).sum())
+    return labels.numel()
+
+
+def agrees(own_loss, total: torch.Tensor, count: int, given_count, tolerance: float) -> bool:
+    """Whether the model's own loss is the hand-made sum ÷ the micro-batch's items or ÷ the count it was given."""
+    if own_loss is None or not torch.is_tensor(own_loss) or own_loss.numel() != 1:
+        return True  # nothing to check against (the trainer popped the labels, or TRL computes it outside)
+    own, total = float(own_loss.detach()), float(total.detach())
+    divisors = [count] + ([float(given_count)] if given_count is not None else [])
+    return any(math.isclose(own, total / d, rel_tol=tolerance, abs_tol=1e-7) for d in divisors if d)
+
+
+@dataclass(frozen=True)
+class LossRule:
+    """How the audit gets a micro-batch's summed loss and its items (``measure`` holds the replay):
+
+    ``kind``: one of KINDS. ``compute_loss_func``: a Trainer's own one, called with the micro-batch's items (its
+    mean), then × the items; ``label_smoother`` likewise; ``loss_fn(model, batch)``: the user's mean loss."""
+
+    kind: str
+    compute_loss_func: object = None
+    label_smoother: object = None
+    loss_fn: object = None

@@ -1,0 +1,129 @@
+"""The one measurement both integrations (Trainer's callback, Accelerate's watch) make, right before the window's
+optimizer step: read the gradient about to be applied (in place; before its final clipping), replay the window into
+the reference, project one on the other, and name the cause.
+
+    g = the step's gradient ÷ the final clipping's factor     r = Σ_i ∇(micro-batch i's loss summed over its items) ÷ N
+
+N counts the window's items on every process. When g is no scale of r (its residual is above the precision's
+noise), the window is replayed once more with each micro-batch's mean loss counted equally: if g is a scale of
+that, the cause is weighting by micro-batch, not by item. That second replay happens only on such a run; a right
+run, or one off by a plain scale, costs one replay of the window.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+from gradacc.training import distributed
+from gradacc.training.audit import causes, losses
+from gradacc.training.audit.capture import MicroBatch, Recorder, WindowLog
+from gradacc.training.audit.reference import NotReplayable, Replayer, set_aside
+from gradacc.training.audit.verdict import NOT_JUDGED, Fit, Verdict, clip_check
+from gradacc.training.gradients import projection
+
+
+@dataclass(frozen=True)
+class Setup:
+    """How to measure one loop's window."""
+
+    who: str                         # "trainer" or "accelerate"
+    module: object                   # the model whose forwards were recorded (replays call it)
+    recorder: Recorder
+    k: int                           # the configured accumulation steps
+    num_processes: int
+    precision: str                   # the loop's own setting: fp32, bf16 or fp16 (the forwards may say more)
+    rule: losses.LossRule
+    custom_loss: str | None = None
+    trainer: object = None
+    no_sync: object = contextlib.nullcontext  # () -> DDP's no_sync: no all-reduce inside the replays
+    model_name: str = ""
+
+
+def precision_of(setup: Setup, micro_batches: list[MicroBatch]) -> str:
+    for micro_batch in micro_batches:
+        for forward in micro_batch.forwards:
+            for _, enabled, dtype in forward.autocast:
+                if enabled:
+                    return "bf16" if dtype == torch.bfloat16 else "fp16"
+    if any(p.dtype == torch.bfloat16 for p in setup.module.parameters() if p.requires_grad):
+        return "bf16"
+    return setup.precision
+
+
+def measure(setup: Setup, micro_batches: list[MicroBatch], log: WindowLog, backwards: int | None = None,
+            counted_items: float | None = None) -> Verdict:
+    """The verdict on the gradient about to be applied (read now, in ``.grad``)."""
+    started = time.perf_counter()
+    micro_batches = [m for m in micro_batches if m.trained is not None or (m.inputs is not None and m.rng)]
+    precision = precision_of(setup, micro_batches)
+    j = len(micro_batches)
+    clips = tuple(log.clips)
+    base = dict(who=setup.who, k=setup.k, micro_batches=j, num_processes=setup.num_processes, precision=precision,
+                clips=clips, model=setup.model_name, checks=(clip_check(clips, j, setup.who),))
+    params = {name: p for name, p in setup.module.named_parameters() if p.requires_grad}
+    applied = {name: p.grad.detach().reshape(-1) for name, p in params.items() if p.grad is not None}
+    if not j or not applied:
+        return Verdict(gradient=NOT_JUDGED, kind=setup.rule.kind, meaning=(
+            "the window ran no forward of the model with gradients on" if not j else
+            "the model has no gradient at the optimizer step"), **base)
+    # The gradient before the window's final clipping: what the micro-batches added up to.
+    final = [c.factor for c in clips if c.after_micro_batch >= j]
+    unclip = 1.0 / math.prod(final) if final and math.prod(final) > 0 else 1.0
+    replayer = Replayer(setup.module, setup.recorder, setup.rule, precision, setup.trainer)
+    weighted = None
+    try:
+        with set_aside(setup.module, setup.trainer), setup.no_sync():
+            device = next(iter(applied.values())).device
+            items = replayer.count(micro_batches)
+            window_items = distributed.sum_over_ranks([float(sum(items))], device)[0]
+            # ÷ the window's items, as a right run divides: a right run's gradient comes back bit for bit in bf16 too.
+            reference = replayer.replay(micro_batches, [window_items] * j)
+            seconds = time.perf_counter() - started  # the replay: one forward+backward of the window
+            window_loss = distributed.sum_over_ranks([reference.summed_loss], device)[0]
+            # The scales a cause would give, measured in the projection's one pass: k (k·P), 1/k, j/k, N/N′.
+            expected = [setup.k, setup.k * setup.num_processes, 1 / setup.k, j / setup.k] + (
+                [window_items / counted_items] if counted_items else [])
+            fit = _fit(applied, params, unclip, precision, expected)
+            zero_grads = tuple(z for z in log.zero_grads if z < j)
+            early_clip = any(c.after_micro_batch < j and c.factor < 1 for c in clips)
+            if not fit.plain_scale and j > 1 and not zero_grads and not early_clip:
+                for p in params.values():
+                    p.grad = None
+                replayer.replay(micro_batches, [max(n, 1) * j for n in items])  # each micro-batch's mean ÷ j
+                weighted = _fit(applied, params, unclip * setup.num_processes, precision, expected)
+    except NotReplayable as reason:
+        return Verdict(gradient=NOT_JUDGED, kind=replayer.kind, meaning=str(reason), **base)
+    evidence = causes.Evidence(setup.who, reference.kind, setup.k, j, setup.num_processes, fit, weighted,
+                               window_items, counted_items, clips, zero_grads, backwards, setup.custom_loss)
+    gradient, meaning, fix = causes.name(evidence)
+    return Verdict(gradient=gradient, kind=reference.kind, meaning=meaning, fix=fix, fit=fit, weighted_fit=weighted,
+                   items=reference.items, window_items=window_items, counted_items=counted_items,
+                   window_loss=window_loss / window_items if window_items else None,
+                   replay=("each micro-batch replayed from its own random state; outputs bit-identical"
+                           + ("; replayed twice (equal weights fitted)" if weighted else "")),
+                   reference_seconds=seconds, audit_seconds=time.perf_counter() - started, **base)
+
+
+def _fit(applied: dict, params: dict, gradient_scale: float, precision: str, expected=()) -> Fit:
+    """The step's gradient × ``gradient_scale`` against the reference now in ``.grad`` (summed over processes)."""
+    reference = {name: p.grad.detach().reshape(-1) for name, p in params.items() if p.grad is not None}
+    reference = _sum_over_ranks(reference)
+    numbers = projection(applied, reference, gradient_scale=gradient_scale, expected=expected)
+    return Fit(numbers["scale"], numbers["residual"], numbers["se"], numbers["rel_error"], precision)
+
+
+def _sum_over_ranks(gradient: dict) -> dict:
+    """Each process's share of the reference added up (one all-reduce); as it is on one process."""
+    if not distributed.is_distributed():
+        return gradient
+    import torch.distributed as dist
+
+    names = sorted(gradient)
+    flat = torch.cat([gradient[n].float() for n in names])
+    dist.all_reduce(flat)
+    return dict(zip(names, flat.split([gradient[n].numel() for n in names])))

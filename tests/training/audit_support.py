@@ -1,0 +1,182 @@
+"""Tiny models of four families, a word-level tokenizer, texts of uneven lengths, and scripts written as a user would
+write them from the 🤗 docs (Trainer, an Accelerate loop, TRL's SFTTrainer and DPOTrainer, PEFT), each run with
+gradacc's audit and the independent truth (audit_truth.py) side by side. Everything is built locally, in seconds."""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+
+import torch
+
+VOCAB = 64
+WORDS = [f"w{i}" for i in range(VOCAB - 4)]
+K = 4
+
+
+def tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[PAD]": 0, "[UNK]": 1, "[BOS]": 2, "[EOS]": 3, **{w: i + 4 for i, w in enumerate(WORDS)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", bos_token="[BOS]",
+                                   eos_token="[EOS]")
+
+
+def texts(count=48, seed=0, low=3, high=14):
+    """``count`` texts of ``low`` to ``high`` - 1 words: uneven lengths, so micro-batches hold unequal tokens."""
+    generator = torch.Generator().manual_seed(seed)
+    return [" ".join(WORDS[j] for j in torch.randint(0, len(WORDS), (low + (i * 7) % (high - low),),
+                                                      generator=generator).tolist()) for i in range(count)]
+
+
+SMALL = dict(vocab_size=VOCAB, pad_token_id=0, bos_token_id=2, eos_token_id=3)
+
+
+def llama(dropout=0.1, **extra):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                       num_key_value_heads=1, max_position_embeddings=128, attention_dropout=dropout, **SMALL, **extra)
+
+
+def qwen2(dropout=0.1, **extra):
+    from transformers import Qwen2Config
+
+    return Qwen2Config(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                       num_key_value_heads=1, max_position_embeddings=128, attention_dropout=dropout, **SMALL, **extra)
+
+
+def gpt2(dropout=0.1, **extra):
+    from transformers import GPT2Config
+
+    return GPT2Config(n_positions=128, n_embd=16, n_layer=1, n_head=2, resid_pdrop=dropout, embd_pdrop=dropout,
+                      attn_pdrop=dropout, **SMALL, **extra)
+
+
+def bert(dropout=0.1, **extra):
+    from transformers import BertConfig
+
+    return BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                      max_position_embeddings=128, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
+                      vocab_size=VOCAB, pad_token_id=0, **extra)
+
+
+def lm_data(count=48, seed=0, low=3, high=14):
+    tok = tokenizer()
+    return [{"input_ids": tok(t)["input_ids"]} for t in texts(count, seed, low, high)]
+
+
+def cls_data(count=48, regression=False):
+    tok = tokenizer()
+    return [{**tok(t), "labels": float(i % 5) / 4 if regression else i % 2} for i, t in enumerate(texts(count, 1))]
+
+
+def lm_collator():
+    from transformers import DataCollatorForLanguageModeling
+
+    return DataCollatorForLanguageModeling(tokenizer=tokenizer(), mlm=False)
+
+
+def padding_collator():
+    from transformers import DataCollatorWithPadding
+
+    return DataCollatorWithPadding(tokenizer=tokenizer())
+
+
+def trainer_args(k=K, steps=1, **extra) -> dict:
+    """TrainingArguments' (and TRL configs') keywords for a short CPU run: m = 4, k micro-batches per step."""
+    return dict(output_dir=tempfile.mkdtemp(prefix="gradacc-audit-test-"), per_device_train_batch_size=4,
+                gradient_accumulation_steps=k, max_steps=steps, report_to="none", use_cpu=True, logging_steps=1,
+                save_strategy="no", disable_tqdm=True, **extra)
+
+
+def train(trainer, kind: str | None, ref_model=None, beta=0.1):
+    """``trainer.train()`` with the truth (when ``kind`` is given) and gradacc's audit; (verdict, truth result)."""
+    from transformers import PrinterCallback
+
+    from gradacc.audit import audit_trainer
+    from audit_truth import Truth
+
+    trainer.remove_callback(PrinterCallback)
+    truth = None
+    if kind:
+        truth = Truth(trainer.model, kind, ref_model=ref_model, beta=beta)
+        truth.close_on(trainer)  # before the audit's callback: the window ends before the audit replays it
+    audit = audit_trainer(trainer)
+    try:
+        trainer.train()
+    finally:
+        if truth is not None:
+            truth.close()
+    return audit.verdict, truth.result if truth else None
+
+
+def reset_accelerate():
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+def accelerate_loop(model_fn, data, collate, *, kind=None, k=K, epochs=1, audited=True, backward="accelerator",
+                    mixed_precision="no", clip_every=False, scheduler_every=False, body=None, autocast=None,
+                    before_step=None, loss_fn=None, zero_grad="optimizer"):
+    """accelerate's examples/by_feature/gradient_accumulation.py loop on a tiny model, with the audit one line before
+    it; returns (verdict, truth result, weights after the run, sync pattern, per-micro-batch losses).
+
+    ``body(model, batch, output, accelerator)``: the loss to back-propagate (default: the model's own);
+    ``before_step(model, accelerator)``: the loop's own lines before its clipping and ``optimizer.step()``;
+    ``loss_fn``: given to the audit; ``zero_grad``: "optimizer" (the prepared one) or "model" (``model.zero_grad()``)."""
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+    from transformers import get_linear_schedule_with_warmup
+
+    from gradacc.audit import audit_accelerate
+    from audit_truth import Truth
+
+    reset_accelerate()
+    torch.manual_seed(0)
+    accelerator = Accelerator(cpu=True, mixed_precision=mixed_precision, gradient_accumulation_steps=k)
+    model = model_fn()
+    loader = DataLoader(data, shuffle=True, collate_fn=collate, batch_size=4)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3)
+    scheduler = get_linear_schedule_with_warmup(optimizer, num_warmup_steps=2, num_training_steps=100)
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    audit = audit_accelerate(accelerator, model, optimizer, loss_fn=loss_fn) if audited else None  # the one added line
+    truth = None
+    if kind:
+        truth = Truth(accelerator.unwrap_model(model), kind)
+        truth.close_on(optimizer, when=lambda: accelerator.sync_gradients)
+    syncs, losses = [], []
+    for _ in range(epochs):
+        model.train()
+        for batch in loader:
+            with accelerator.accumulate(model):
+                with autocast() if autocast else contextlib.nullcontext():
+                    output = model(**batch)
+                loss = body(model, batch, output, accelerator) if body else output.loss
+                if backward == "plain":
+                    loss.backward()
+                else:
+                    accelerator.backward(loss / k if backward == "divided" else loss)
+                syncs.append(accelerator.sync_gradients)
+                losses.append(float(loss.detach()))
+                if before_step:
+                    before_step(accelerator.unwrap_model(model), accelerator)
+                if clip_every:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+                elif accelerator.sync_gradients:
+                    accelerator.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                if scheduler_every:
+                    scheduler.scheduler.step()  # the torch scheduler itself, every micro-batch
+                else:
+                    scheduler.step()
+                (model if zero_grad == "model" else optimizer).zero_grad()
+    if truth is not None:
+        truth.close()
+    weights = [p.detach().clone() for p in accelerator.unwrap_model(model).parameters()]
+    return (audit.verdict if audit else None), (truth.result if truth else None), weights, syncs, losses

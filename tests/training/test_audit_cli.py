@@ -1,0 +1,82 @@
+"""``gradacc audit``: a user's script run unchanged under ``gradacc audit [--strict] -- python train.py`` (every
+Trainer, TRL trainer and Accelerate loop it runs audited, a CI step's exit status), bad input in one line, and
+``gradacc audit --model`` on saved models with the standard 🤗 collator (the causal-LM miscount shows)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from audit_support import bert, gpt2, tokenizer
+from gradacc.cli import main
+from support import ROOT
+
+SCRIPTS = ROOT / "tests" / "training" / "audit_scripts"
+
+
+def gradacc_audit(*args, timeout=240):
+    return subprocess.run([sys.executable, "-m", "gradacc", "audit", *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=timeout)
+
+
+def test_a_users_script_is_audited_unchanged_and_strict_fails_the_ci_step_on_a_wrong_verdict():
+    """GPT-2's stock Trainer (0.87×: items miscounted), a BERT Accelerate loop and TRL's SFTTrainer: three verdicts,
+    one line each; --strict exits 3. With the fix named, every verdict is exact and --strict exits 0."""
+    wrong = gradacc_audit("--strict", "--", sys.executable, str(SCRIPTS / "train_all.py"), "--with-sft")
+    lines = [line for line in wrong.stdout.splitlines() if line.startswith("gradacc audit")]
+    assert wrong.returncode == 3, wrong.stdout + wrong.stderr[-3000:]
+    assert len(lines) == 3, wrong.stdout
+    assert lines[0].startswith("gradacc audit (trainer, GPT2LMHeadModel): gradient items miscounted")
+    assert lines[1].startswith("gradacc audit (accelerate, BertForSequenceClassification): exact")
+    assert lines[2].startswith("gradacc audit (trainer, Qwen2ForCausalLM): exact")
+    assert wrong.stderr.count("gradacc audit (") == 0  # each verdict said once, by the command
+    fixed = gradacc_audit("--strict", "--json", "--", sys.executable, str(SCRIPTS / "train_all.py"), "--fixed")
+    verdicts = [json.loads(line) for line in fixed.stdout.splitlines() if line.startswith('{"')]
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr[-3000:]
+    assert [v["gradient"] for v in verdicts] == ["exact", "exact"] and all(v["ok"] for v in verdicts)
+
+
+@pytest.mark.parametrize("script, status, said", [
+    ("crash.py", 1, "exited with status 1, before any optimizer step was audited"),
+    ("idle.py", 0, "nothing audited: the script stepped no Trainer and no Accelerate loop")])
+def test_a_script_that_crashes_or_never_steps_gets_one_line_and_its_own_status(script, status, said):
+    result = gradacc_audit("--strict", "--", sys.executable, str(SCRIPTS / script), timeout=120)
+    assert result.returncode == status
+    ours = [line for line in result.stderr.splitlines() if line.startswith("gradacc audit")]
+    assert len(ours) == 1 and said in ours[0], result.stderr
+
+
+def test_no_script_or_a_missing_program_is_one_line(capsys):
+    assert main(["audit", "--"]) == 2
+    assert capsys.readouterr().err.strip().startswith("error: give the command that trains after --")
+    assert main(["audit", "--", "no-such-program-gradacc"]) == 127
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("gradacc audit: could not start 'no-such-program-gradacc'") and len(err.splitlines()) == 1
+    assert main(["audit", "--model", "tiny-bert", "--", "python", "train.py"]) == 2
+    assert "not both" in capsys.readouterr().err
+
+
+def save(model, folder):
+    model.save_pretrained(folder)
+    tokenizer().save_pretrained(folder)
+    return str(folder)
+
+
+def test_model_audits_a_stock_trainer_with_the_standard_collator_so_the_causal_lm_miscount_shows(capsys, tmp_path):
+    from transformers import BertForSequenceClassification, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    folder = save(GPT2LMHeadModel(gpt2()), tmp_path / "gpt2")
+    assert main(["audit", "--model", folder, "-m", "4", "-k", "4", "--max-seq-length", "32", "--json"]) == 0
+    verdict = json.loads(capsys.readouterr().out)
+    assert verdict["gradient"] == "items miscounted" and verdict["fit"]["scale"] < 0.99, verdict["line"]
+    assert verdict["counted_items"] - verdict["window_items"] == 16  # each text's first token, 4 × 4 texts
+    folder = save(BertForSequenceClassification(bert(num_labels=2)), tmp_path / "bert")
+    assert main(["audit", "--model", folder, "-k", "2", "--max-seq-length", "32", "--strict"]) == 3
+    assert capsys.readouterr().out.startswith("gradacc audit (trainer, BertForSequenceClassification): gradient k× "
+                                              "too large")
+    assert main(["audit", "--model", str(tmp_path / "missing"), "-k", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --model") and len(err.splitlines()) == 1

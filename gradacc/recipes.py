@@ -27,6 +27,9 @@ class Recipe:
     max_seq_length: int
     dropout: float
     optimizer_rates: dict[str, float] = field(default_factory=dict, hash=False)
+    # The fewest optimizer steps from which the model learnt on every seed tried, at this recipe's AdamW rate and a
+    # large effective batch (`python -m gradacc bench learning-steps`); None where none was measured.
+    min_optimizer_steps: int | None = None
 
     def learning_rate_for(self, optimizer: str) -> float | None:
         """The recipe's learning rate for ``optimizer``; None when the recipe has none for it."""
@@ -63,7 +66,8 @@ RECIPES = {
 # Any other model (a local folder or a hub id) is a pretrained checkpoint: fine-tune it gently.
 PRETRAINED_RECIPE = Recipe(learning_rate=5e-5, warmup_ratio=0.1, epochs=2, max_seq_length=128, dropout=0.1)
 # The run fields a recipe fills (its optimizer_rates fill learning_rate, for the run's optimizer).
-RECIPE_FIELDS = tuple(f.name for f in dataclasses.fields(Recipe) if f.name != "optimizer_rates")
+RECIPE_FIELDS = tuple(f.name for f in dataclasses.fields(Recipe) if f.name not in ("optimizer_rates",
+                                                                                     "min_optimizer_steps"))
 
 
 def recipe_for(model: str | None) -> Recipe:

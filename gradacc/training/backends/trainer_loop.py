@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
 
 from gradacc.errors import RunStopped
+from gradacc.events import BASELINE_METRICS
 from gradacc.training.backends.evaluation import EVAL_BATCH_SIZE, evaluate, next_token_predictions
 from gradacc.training.backends.optimizer import make_optimizer, warmup_steps
 from gradacc.training.backends.reporting import StepReporter, WindowTally, activation_meter, check_finite
@@ -203,7 +204,8 @@ def train(job) -> None:
         def compute_metrics(eval_prediction):
             scores = classification_metrics(eval_prediction.predictions.argmax(-1), eval_prediction.label_ids,
                                             job.num_labels)
-            return {"accuracy": scores["accuracy"], "f1": scores["f1"], "majority_f1": scores["majority_f1"]}
+            return {"accuracy": scores["accuracy"], "f1": scores["f1"],
+                    **{name: scores[name] for name in BASELINE_METRICS}}
 
         def compute_lm_metrics(eval_prediction):
             # Batches are concatenated padded with -100 on the right, which keeps position t beside token t+1.

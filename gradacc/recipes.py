@@ -47,7 +47,7 @@ class Recipe:
 # its scores are in BENCHMARKS.md); an optimizer is absent where its best rate trained far worse than AdamW at
 # the recipe's (SGD stuck on one class), so a run of it must set a rate.
 RECIPES = {
-    "tiny-bert": Recipe(learning_rate=5e-3, warmup_ratio=0.1, epochs=2, max_seq_length=64, dropout=0.1,
+    "tiny-bert": Recipe(learning_rate=5e-3, warmup_ratio=0.1, epochs=2, max_seq_length=64, dropout=0.1, min_optimizer_steps=32,
                         optimizer_rates={"adafactor": 3e-3}),
     "all-MiniLM-L6-v2": Recipe(learning_rate=2e-4, warmup_ratio=0.1, epochs=1, max_seq_length=64, dropout=0.1,
                                optimizer_rates={"adafactor": 3e-4}),
@@ -88,6 +88,11 @@ def learning_rate(model: str | None, optimizer: str, asked: float | None = None)
 def shares_learning_rate(optimizer: str, other: str) -> bool:
     """Whether a learning rate tuned for ``optimizer`` suits ``other`` (same update rule, another kernel)."""
     return optimizer == other or (optimizer in ADAMW_LIKE and other in ADAMW_LIKE)
+
+
+def recipe_named(model: str) -> str:
+    """"tiny-bert's recipe", or "the recipe for a pretrained model" for a folder or hub id."""
+    return f"{model.strip()}'s recipe" if model.strip() in RECIPES else "the recipe for a pretrained model"
 
 
 def no_recipe_rate(model: str, optimizer: str) -> str:

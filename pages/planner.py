@@ -132,9 +132,11 @@ def steps_advice(row: dict) -> dict | None:
                                  run_epochs, max_epochs=limits.max_epochs)
 
 
-def steps_text(advice_: dict | None) -> str:
-    return advice_["text"] if advice_ else ("The optimizer steps are counted once the run loads its data (the Train "
-                                            f"form's {run_config.dataset} has no size known before).")
+def steps_text(found: dict | None) -> str:
+    return found["text"] if found else ("The optimizer steps are counted once the run loads its data (the Train "
+                                        f"form's {run_config.dataset} has no size known before).")
+
+
 if plan["rows"] and not fitting and not plan["reason"]:
     unrated = planner.unrated_optimizers(plan, optimizer, plan_model)
     if change_optimizer and unrated:

@@ -67,7 +67,7 @@ def _steps_text(model: str, found: dict, recipe_epochs: bool, max_epochs: int | 
     learns = f"{model} learns from {minimum:,} steps at its recipe's learning rate (measured)"
     if found["asked_steps"] >= minimum:
         return f"{counts}; {learns}: enough."
-    smaller = f"an effective batch of {found['smaller_target']:,} in {_epochs(asked)}" if found["smaller_target"] else None
+    smaller = found["smaller_target"] and f"an effective batch of {found['smaller_target']:,} in {_epochs(asked)}"
     if found["enough"]:
         return (f"{counts}, too few: {learns}. Train {_epochs(epochs)} ({found['steps']:,} steps)"
                 + (f", or {smaller}." if smaller else "."))

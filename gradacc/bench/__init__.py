@@ -25,8 +25,8 @@ import json
 import sys
 from pathlib import Path
 
-SUITES = ("overhead", "memory", "sweep", "latency", "ga-bug", "levers", "pitfalls", "families", "coupled", "learning-rates", "learning-steps",
-          "audit")
+SUITES = ("overhead", "memory", "sweep", "latency", "ga-bug", "levers", "pitfalls", "families", "coupled",
+          "learning-rates", "learning-steps", "audit")
 DEFAULT_OUT = "bench-out"
 # One intra-op thread by default: on a small shared machine two OpenMP threads wait on each other
 # whenever another process takes a core (we measured 3-30x slower steps under load), which drowns

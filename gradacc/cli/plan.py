@@ -46,8 +46,8 @@ def run(args) -> int:
     result = planner.plan_levers(planner.measure_levers(args.model, args.max_seq_length), float(args.memory_budget_mb),
                                  args.target_effective_batch)
     top = planner.pick(result, args.optimizer, args.change_optimizer, model=args.model)
-    steps = None if top is None else learning_steps.advise(args.model, args.train_samples, top["row"]["micro_batch_size"],
-                                                           top["row"]["grad_accum_steps"], args.epochs)
+    steps = None if top is None else learning_steps.advise(
+        args.model, args.train_samples, top["row"]["micro_batch_size"], top["row"]["grad_accum_steps"], args.epochs)
     if args.json:
         print(json.dumps(result | {"pick": top, "steps": steps}, default=str))
         return EXIT_OK

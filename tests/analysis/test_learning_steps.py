@@ -21,7 +21,8 @@ def test_the_planner_defaults_give_too_few_steps_and_the_advice_gives_enough():
     assert 8 * (found["epochs"] - 1) < minimum  # no more epochs than needed
     # Or keep 2 epochs with a smaller power-of-two target: the largest that gives the minimum.
     smaller = found["smaller_target"]
-    assert smaller & (smaller - 1) == 0 and math.ceil(2000 / smaller) * 2 >= minimum > math.ceil(2000 / (2 * smaller)) * 2
+    assert smaller & (smaller - 1) == 0
+    assert math.ceil(2000 / smaller) * 2 >= minimum > math.ceil(2000 / (2 * smaller)) * 2
     assert found["text"] == (
         f"2,000 training examples at 256 a step: 8 optimizer steps an epoch, 16 in the 2 epochs of tiny-bert's recipe, "
         f"too few: tiny-bert learns from {minimum} steps at its recipe's learning rate (measured). Train "

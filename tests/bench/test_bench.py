@@ -262,9 +262,10 @@ def test_learning_steps_judges_each_run_against_the_most_frequent_label(tmp_path
     result = bench("learning-steps", tmp_path, capsys, as_json=False)
     size = learning_steps.QUICK
     assert [(r["model"], r["effective_batch"], r["epochs"]) for r in result["rows"]] == [
-        (model, batch, epochs) for model, batch, tried in size["cases"] for epochs in tried]
+        (model, batch, epochs) for model, batch, tried, _ in size["cases"] for epochs in tried]
     for row in result["rows"]:
-        assert len(row["runs"]) == len(size["seeds"]) and row["seeds_learnt"] == sum(r["learnt"] for r in row["runs"])
+        assert [r["seed"] for r in row["runs"]] == list(size["cases"][0][3])
+        assert row["seeds_learnt"] == sum(r["learnt"] for r in row["runs"])
         for run in row["runs"]:  # learnt: both scores clear the most frequent label's, by hand
             assert run["learnt"] == (run["labels_predicted"] > 1 and run["eval_f1"] > run["majority_f1"] + 0.01
                                      and run["eval_accuracy"] > run["majority_accuracy"] + 0.01)
@@ -275,7 +276,8 @@ def test_the_minimum_is_the_fewest_steps_from_which_every_seed_learnt_at_every_l
     from gradacc.bench.learning_steps import minimum_steps
 
     def rows(*learnt_by_steps):
-        return [{"optimizer_steps": steps, "runs": [{"learnt": ok} for ok in seeds]} for steps, seeds in learnt_by_steps]
+        return [{"optimizer_steps": steps, "runs": [{"learnt": ok} for ok in seeds]}
+                for steps, seeds in learnt_by_steps]
 
     assert minimum_steps(rows((8, [False, True]), (16, [True, True]), (32, [True, True]))) == 16
     # A seed that fails again at a larger count: the minimum lies above it.

@@ -62,8 +62,9 @@ def test_measure_rank_the_levers_and_use_one_on_the_train_page(page, artifacts):
 
 
 def test_the_default_pick_learns_on_the_train_page_at_1280x720(page, artifacts):
-    """The issue's path on a projector: planner defaults → pick → Use on Train → Start. The pick states the optimizer
-    steps and the epochs that give enough of them; the run ends above always predicting the most frequent label."""
+    """The issue's path on a projector: planner defaults → pick → Use on Train → Start. The pick states the
+    optimizer steps and the epochs that give enough of them; the run ends above always predicting the most frequent
+    label."""
     page.set_viewport_size(PROJECTOR)
     st_ui.open_app(page)
     st_ui.go_to(page, "Memory planner")

@@ -15,7 +15,7 @@ from gradacc.steps import effective_batch, optimizer_steps_per_epoch
 
 
 def advise(model: str, train_examples: int, micro_batch_size: int, grad_accum_steps: int,
-                   epochs: int | None = None, *, num_processes: int = 1, max_epochs: int | None = None) -> dict:
+           epochs: int | None = None, *, num_processes: int = 1, max_epochs: int | None = None) -> dict:
     """How many optimizer steps a setting gives on ``train_examples``, and the epochs it needs to learn.
 
     A large effective batch leaves few optimizer steps in an epoch, and a model trained for too few ends on one label

@@ -134,7 +134,9 @@ class EvalEvent(TypedDict):
     eval_loss: float
     eval_accuracy: float | None
     eval_f1: float | None
-    majority_f1: float | None
+    majority_f1: float | None  # classification: the scores of always predicting the most frequent label...
+    majority_accuracy: NotRequired[float | None]
+    labels_predicted: NotRequired[int | None]  # ...and how many different labels the model predicted (1: collapsed)
     eval_perplexity: float | None
     eval_next_token_accuracy: float | None
     eval_mrr_at_10: float | None  # contrastive: each held-out query among all held-out positives
@@ -252,17 +254,26 @@ def step(*, step: int, epoch: int, samples_seen: int, tokens_seen: int, micro_ba
 # recall@1 of each held-out query among all held-out positives), the others are None.
 EVAL_METRICS = ("eval_loss", "eval_accuracy", "eval_f1", "majority_f1", "eval_perplexity", "eval_next_token_accuracy",
                 "eval_mrr_at_10", "eval_recall_at_1")
+# A classifier's eval event also carries these beside its scores (not scores themselves): the accuracy of always
+# predicting the most frequent label and how many different labels the model predicted. Events recorded before
+# they existed lack them.
+BASELINE_METRICS = ("majority_f1", "majority_accuracy", "labels_predicted")
 
 
 def eval_(*, epoch: int, step: int, eval_loss: float, eval_accuracy: float | None = None,
           eval_f1: float | None = None, majority_f1: float | None = None, eval_perplexity: float | None = None,
           eval_next_token_accuracy: float | None = None, eval_mrr_at_10: float | None = None,
-          eval_recall_at_1: float | None = None) -> EvalEvent:
-    """``majority_f1``: F1 of always predicting the eval set's most frequent label (the floor to beat)."""
-    return _event(EVAL, epoch=epoch, step=step, eval_loss=eval_loss, eval_accuracy=eval_accuracy, eval_f1=eval_f1,
-                  majority_f1=majority_f1, eval_perplexity=eval_perplexity,
-                  eval_next_token_accuracy=eval_next_token_accuracy, eval_mrr_at_10=eval_mrr_at_10,
-                  eval_recall_at_1=eval_recall_at_1)
+          eval_recall_at_1: float | None = None, majority_accuracy: float | None = None,
+          labels_predicted: int | None = None) -> EvalEvent:
+    """``majority_f1``, ``majority_accuracy``: F1 and accuracy of always predicting the eval set's most frequent
+    label (the floor to beat); ``labels_predicted``: how many different labels the model predicted."""
+    event = _event(EVAL, epoch=epoch, step=step, eval_loss=eval_loss, eval_accuracy=eval_accuracy, eval_f1=eval_f1,
+                   majority_f1=majority_f1, eval_perplexity=eval_perplexity,
+                   eval_next_token_accuracy=eval_next_token_accuracy, eval_mrr_at_10=eval_mrr_at_10,
+                   eval_recall_at_1=eval_recall_at_1)
+    if labels_predicted is not None:  # a classifier's: the other tasks' events stay as they were
+        event.update(majority_accuracy=majority_accuracy, labels_predicted=labels_predicted)
+    return event
 
 
 def run_ended(*, status: str, reason: str | None, steps: int, wall_s: float, field: str | None = None,

@@ -27,6 +27,9 @@ class Recipe:
     max_seq_length: int
     dropout: float
     optimizer_rates: dict[str, float] = field(default_factory=dict, hash=False)
+    # The fewest optimizer steps from which the model learnt on every seed tried, at this recipe's AdamW rate and a
+    # large effective batch (`python -m gradacc bench learning-steps`); None where none was measured.
+    min_optimizer_steps: int | None = None
 
     def learning_rate_for(self, optimizer: str) -> float | None:
         """The recipe's learning rate for ``optimizer``; None when the recipe has none for it."""
@@ -43,11 +46,13 @@ class Recipe:
 # optimizer_rates: SGD's and Adafactor's own rates, from `python -m gradacc bench learning-rates` (the sweep and
 # its scores are in BENCHMARKS.md); an optimizer is absent where its best rate trained far worse than AdamW at
 # the recipe's (SGD stuck on one class), so a run of it must set a rate.
+# min_optimizer_steps: from `python -m gradacc bench learning-steps` (BENCHMARKS.md), 2,000 examples at 256 a step:
+# the fewest steps from which every seed tried learnt (6 seeds; 3 for MiniLM, whose fewest tried, 8, already did).
 RECIPES = {
     "tiny-bert": Recipe(learning_rate=5e-3, warmup_ratio=0.1, epochs=2, max_seq_length=64, dropout=0.1,
-                        optimizer_rates={"adafactor": 3e-3}),
+                        optimizer_rates={"adafactor": 3e-3}, min_optimizer_steps=24),
     "all-MiniLM-L6-v2": Recipe(learning_rate=2e-4, warmup_ratio=0.1, epochs=1, max_seq_length=64, dropout=0.1,
-                               optimizer_rates={"adafactor": 3e-4}),
+                               optimizer_rates={"adafactor": 3e-4}, min_optimizer_steps=8),
     # A causal LM from scratch on builtin-text (measured in the issue-12 report: eval loss falls clearly in
     # about 20 s at m=8, k=4); dropout 0, since the LM scenarios compare curves.
     "tiny-gpt": Recipe(learning_rate=5e-3, warmup_ratio=0.1, epochs=1, max_seq_length=64, dropout=0.0,
@@ -56,14 +61,15 @@ RECIPES = {
     # built-in data, m=8, k=4, seed 42: eval F1 after 3 epochs at 2e-2 BatchNorm 0.874, LayerNorm 0.907 (about 1 s);
     # at 5e-3 and 2 epochs 0.733 and 0.704.
     "bow-batchnorm": Recipe(learning_rate=2e-2, warmup_ratio=0.1, epochs=3, max_seq_length=64, dropout=0.0,
-                            optimizer_rates={"sgd": 0.3, "adafactor": 1e-1}),
+                            optimizer_rates={"sgd": 0.3, "adafactor": 1e-1}, min_optimizer_steps=16),
     "bow-layernorm": Recipe(learning_rate=2e-2, warmup_ratio=0.1, epochs=3, max_seq_length=64, dropout=0.0,
-                            optimizer_rates={"adafactor": 3e-2}),
+                            optimizer_rates={"adafactor": 3e-2}, min_optimizer_steps=24),
 }
 # Any other model (a local folder or a hub id) is a pretrained checkpoint: fine-tune it gently.
 PRETRAINED_RECIPE = Recipe(learning_rate=5e-5, warmup_ratio=0.1, epochs=2, max_seq_length=128, dropout=0.1)
 # The run fields a recipe fills (its optimizer_rates fill learning_rate, for the run's optimizer).
-RECIPE_FIELDS = tuple(f.name for f in dataclasses.fields(Recipe) if f.name != "optimizer_rates")
+RECIPE_FIELDS = tuple(f.name for f in dataclasses.fields(Recipe) if f.name not in ("optimizer_rates",
+                                                                                     "min_optimizer_steps"))
 
 
 def recipe_for(model: str | None) -> Recipe:
@@ -84,6 +90,11 @@ def learning_rate(model: str | None, optimizer: str, asked: float | None = None)
 def shares_learning_rate(optimizer: str, other: str) -> bool:
     """Whether a learning rate tuned for ``optimizer`` suits ``other`` (same update rule, another kernel)."""
     return optimizer == other or (optimizer in ADAMW_LIKE and other in ADAMW_LIKE)
+
+
+def recipe_named(model: str) -> str:
+    """"tiny-bert's recipe", or "the recipe for a pretrained model" for a folder or hub id."""
+    return f"{model.strip()}'s recipe" if model.strip() in RECIPES else "the recipe for a pretrained model"
 
 
 def no_recipe_rate(model: str, optimizer: str) -> str:

@@ -3,7 +3,7 @@
 import pandas as pd
 import streamlit as st
 
-from gradacc.analysis import planner, sharding
+from gradacc.analysis import learning_steps, planner, sharding
 from gradacc.app import charts, inputs, server, train_form
 from gradacc import units
 from gradacc.config import RunConfig
@@ -121,6 +121,25 @@ allowed = planner.allowed_rows(plan, optimizer, change_optimizer, model=plan_mod
 fitting = [row for row in allowed if row["fits"]]
 top = planner.pick(plan, optimizer, change_optimizer, model=plan_model)
 chosen = None
+# The data the run will train on (the Train form's), and its epochs: the form's for this model, else the recipe's.
+run_config = train_form.train_config()
+train_examples, _ = inputs.train_examples(run_config)  # a data error is the Train page's to show
+run_epochs = run_config.epochs if run_config.model == plan_model else None
+
+
+def steps_advice(row: dict) -> dict | None:
+    """The optimizer steps ``row`` gives on the run's data and the epochs it needs (None: size unknown yet)."""
+    if train_examples is None:
+        return None
+    return learning_steps.advise(plan_model, train_examples, row["micro_batch_size"], row["grad_accum_steps"],
+                                 run_epochs, max_epochs=limits.max_epochs)
+
+
+def steps_text(found: dict | None) -> str:
+    return found["text"] if found else ("The optimizer steps are counted once the run loads its data (the Train "
+                                        f"form's {run_config.dataset} has no size known before).")
+
+
 if plan["rows"] and not fitting and not plan["reason"]:
     unrated = planner.unrated_optimizers(plan, optimizer, plan_model)
     if change_optimizer and unrated:
@@ -133,7 +152,7 @@ if plan["rows"] and not fitting and not plan["reason"]:
                               f"{instead}."}, general)
 if top:
     pick_column, lightest_column = st.columns(2)
-    pick_column.success(f"Pick: {advice(top['row'])}. {top['why']}")
+    pick_column.success(f"Pick: {advice(top['row'])}. {top['why']} {steps_text(steps_advice(top['row']))}")
     lightest = min(fitting, key=lambda row: row["least_bytes"])
     lightest_column.info("Least memory that fits: " + advice(lightest)
                          + f"; needs only {units.format_bytes(lightest['least_bytes'])} at m = 1")
@@ -147,6 +166,16 @@ if top:
     k_metric.metric("Accumulation steps (k)", chosen["grad_accum_steps"])
     effective_metric.metric("Effective batch", chosen["micro_batch_size"] * chosen["grad_accum_steps"])
     peak_metric.metric("Predicted peak", units.format_bytes(chosen["predicted_peak_bytes"]))
+    chosen_steps = steps_advice(chosen)
+    epochs_metric, steps_metric = st.columns(2)
+    epochs_metric.metric("Epochs", chosen_steps["epochs"] if chosen_steps else "—",
+                         help="The run's epochs, raised where they give fewer optimizer steps than the model needs "
+                              "to learn; the Train page gets them.")
+    steps_metric.metric("Optimizer steps", chosen_steps["steps"] if chosen_steps else "—",
+                        help="ceil(ceil(N / m) / k) per epoch, times the epochs (N: the Train form's training "
+                             "examples).")
+    if chosen is not top["row"]:
+        st.caption(steps_text(chosen_steps))
     if st.button("Use these settings on the Train page", key="use_plan"):
         levers = planner.levers_of(chosen)
         if shares_learning_rate(optimizer, levers["optimizer"]):
@@ -156,7 +185,8 @@ if top:
                                         max_seq_length=measurement["max_seq_length"],
                                         micro_batch_size=chosen["micro_batch_size"],
                                         grad_accum_steps=chosen["grad_accum_steps"],
-                                        memory_budget_mb=float(budget_mb), **levers)
+                                        memory_budget_mb=float(budget_mb), **levers,
+                                        **({"epochs": chosen_steps["epochs"]} if chosen_steps else {}))
         st.switch_page("pages/train.py")
 
 st.caption(f"Every setting, for a budget of {budget_mb:,.0f} MB and an effective batch of {target} (fastest first; "

@@ -23,7 +23,7 @@ RATIO = 2.0
 # says less than the noise of runs made one after the other on a shared machine.
 TIME_NOISE = 0.15
 # Eval keys that are bookkeeping, not a metric.
-NOT_METRICS = {"event", "time", "epoch", "step", "majority_f1"}
+NOT_METRICS = {"event", "time", "epoch", "step", *ev.BASELINE_METRICS}
 
 
 def run_figures(run_events: list[dict]) -> dict:

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 
 from gradacc import recipes
-from gradacc.recipes import recipe_for, shares_learning_rate
+from gradacc.recipes import shares_learning_rate
 from gradacc.labels import field_label
 from gradacc.errors import GradaccError
 from gradacc.units import MB
@@ -261,12 +261,8 @@ def _why(chosen: dict, fitting: list[dict], rows: list[dict], optimizer: str, mo
                f"{setting_label(fewer)} (more than the timing's noise), at {mk}")
     if rate is not None:
         why += (f". {chosen['optimizer']} trains at its own learning rate, {rate:g}, measured for "
-                f"{_recipe_named(model)} (python -m gradacc bench learning-rates), not {optimizer}'s")
+                f"{recipes.recipe_named(model)} (python -m gradacc bench learning-rates), not {optimizer}'s")
     return why + "."
-
-
-def _recipe_named(model: str) -> str:
-    return f"{model}'s recipe" if recipe_for(model) is not recipe_for(None) else "the recipe for a pretrained model"
 
 
 def _levers_named(row: dict, optimizer: str) -> str:

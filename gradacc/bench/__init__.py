@@ -11,6 +11,7 @@
     coupled   in-batch negatives (batch, accumulation, GradCache) and BatchNorm vs LayerNorm: where accumulation is
               not the big batch
     learning-rates  SGD's and Adafactor's learning rates for each built-in model's recipe (a short sweep)
+    learning-steps  the fewest optimizer steps from which each built-in classifier learns at its recipe's rate
     audit     what gradacc.audit costs a Trainer run: its seconds against one window's forward+backward, once
     fsdp      sharded (FSDP) on 2 processes: gradient bytes per rank and bytes sent per window, per-window vs
               per-micro-batch sync, and the formula that takes them to 1B-70B models
@@ -26,8 +27,8 @@ import json
 import sys
 from pathlib import Path
 
-SUITES = ("overhead", "memory", "sweep", "latency", "ga-bug", "levers", "pitfalls", "families", "coupled", "learning-rates", "audit",
-          "fsdp")
+SUITES = ("overhead", "memory", "sweep", "latency", "ga-bug", "levers", "pitfalls", "families", "coupled",
+          "learning-rates", "learning-steps", "audit", "fsdp")
 DEFAULT_OUT = "bench-out"
 # One intra-op thread by default: on a small shared machine two OpenMP threads wait on each other
 # whenever another process takes a core (we measured 3-30x slower steps under load), which drowns

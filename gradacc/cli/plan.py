@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 
 from gradacc.choices import OPTIMIZERS
 from gradacc.cli.options import EXIT_FAILED, EXIT_OK, value
@@ -26,15 +27,22 @@ def add_parser(commands) -> None:
     plan.add_argument("--processes", type=value, default=1,
                       help="also plan the pick on this many processes, per rank: replicated (DDP) and sharded (FSDP) "
                            "with each way to sync")
+    plan.add_argument("--train-samples", type=value, default=RunConfig.train_samples,
+                      help="training examples the run will use (default: the built-in data's "
+                           f"{RunConfig.train_samples}): the pick says how many optimizer steps they give")
+    plan.add_argument("--epochs", type=value, default=None,
+                      help="the run's epochs (default: the model's recipe); the pick raises them where they give "
+                           "fewer optimizer steps than the model needs to learn")
     plan.add_argument("--json", action="store_true")
     plan.set_defaults(run=run)
 
 
 def run(args) -> int:
     # The planner measures (torch): imported here, so that `gradacc --help` answers before torch loads.
-    from gradacc.analysis import planner, sharding
+    from gradacc.analysis import learning_steps, planner, sharding
 
-    RunConfig(model=args.model, max_seq_length=args.max_seq_length).check()
+    RunConfig(model=args.model, max_seq_length=args.max_seq_length, train_samples=args.train_samples,
+              epochs=args.epochs).check()
     if isinstance(args.memory_budget_mb, str):
         raise GradaccError(f"--memory-budget-mb must be a number; got {args.memory_budget_mb!r}.")
     planner.check_plan_inputs(float(args.memory_budget_mb), args.target_effective_batch)  # before measuring
@@ -43,13 +51,15 @@ def run(args) -> int:
     measured = planner.measure_levers(args.model, args.max_seq_length)
     result = planner.plan_levers(measured, float(args.memory_budget_mb), args.target_effective_batch)
     top = planner.pick(result, args.optimizer, args.change_optimizer, model=args.model)
+    steps = None if top is None else learning_steps.advise(
+        args.model, args.train_samples, top["row"]["micro_batch_size"], top["row"]["grad_accum_steps"], args.epochs)
     spread = None
     if args.processes > 1:
         shown = top["row"] if top else min(result["rows"], key=lambda row: row["static_bytes"])
         spread = sharding.plan_processes(planner.measurement_of(measured, shown), float(args.memory_budget_mb),
                                          args.target_effective_batch, args.processes)
     if args.json:
-        print(json.dumps(result | {"pick": top, "processes": spread}, default=str))
+        print(json.dumps(result | {"pick": top, "steps": steps, "processes": spread}, default=str))
         return EXIT_OK
     print(f"{args.model} at {args.max_seq_length} tokens, budget {result['budget_mb']:g} MB, effective batch "
           f"{result['target_effective_batch']}; fastest first (seconds per example from a short timed run)")
@@ -69,8 +79,15 @@ def run(args) -> int:
         row = top["row"]
         print(f"pick: {planner.setting_label(row)}, m={row['micro_batch_size']}, k={row['grad_accum_steps']}. "
               f"{top['why']}")
-        if top["learning_rate"] is not None:  # another optimizer: the run takes its flags and its own rate
-            print(f"train it with: --optimizer {row['optimizer']} --lr {top['learning_rate']:g}")
+        print(f"steps: {steps['text']}")
+        flags = ["--model", args.model, "--max-seq-length", args.max_seq_length, "--micro-batch-size",
+                 row["micro_batch_size"], "--grad-accum-steps", row["grad_accum_steps"], "--epochs", steps["epochs"],
+                 "--train-samples", args.train_samples]
+        flags += ["--gradient-checkpointing"] if row["gradient_checkpointing"] else []
+        flags += ["--precision", row["precision"]] if row["precision"] != "fp32" else []
+        flags += ["--optimizer", row["optimizer"]] if row["optimizer"] != args.optimizer else []
+        flags += ["--lr", f"{top['learning_rate']:g}"] if top["learning_rate"] is not None else []  # its own rate
+        print(f"train it with: python -m gradacc train {shlex.join(map(str, flags))}")
     elif result["fastest"] is not None:
         unrated = planner.unrated_optimizers(result, args.optimizer, args.model)
         if args.change_optimizer and unrated:

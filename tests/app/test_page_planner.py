@@ -1,5 +1,7 @@
 """The Memory planner page: measure every lever setting once, rank those that fit, hand one to the Train page."""
 
+import math
+
 import pytest
 from app_support import chart, error_after, metric, open_app, set_numbers
 
@@ -177,3 +179,35 @@ def test_several_processes_show_each_ranks_memory_replicated_and_sharded_both_wa
     assert verdict.startswith(("Both ways", "Per-window sync does not fit", "No accumulation", "Neither"))
     set_numbers(at, "planner", {"target_effective_batch": 60})  # not a multiple of 8: said, next to the field
     assert "multiple of the 8 processes" in error_after(at, "form.planner.target_effective_batch")
+
+
+def test_the_pick_counts_the_runs_optimizer_steps_and_hands_the_epochs_that_learn_to_the_train_page(app_home):
+    # The planner's defaults (target 256, budget 100 MB) on the Train form's data: 2,000 built-in examples.
+    at = measured_page({}, change_optimizer=False)
+    m, k = int(metric(at, "Micro-batch size (m)")), int(metric(at, "Accumulation steps (k)"))
+    per_epoch = math.ceil(math.ceil(2000 / m) / k)  # counted by hand
+    minimum = recipes.recipe_for("tiny-bert").min_optimizer_steps
+    epochs = max(recipes.recipe_for("tiny-bert").epochs, math.ceil(minimum / per_epoch))
+    assert per_epoch * recipes.recipe_for("tiny-bert").epochs < minimum <= per_epoch * epochs  # the issue's case
+    pick = at.success[0].value
+    assert f"2,000 training examples at 256 a step: {per_epoch} optimizer steps an epoch" in pick
+    assert f"Train {epochs} epochs ({per_epoch * epochs} steps)" in pick
+    assert (metric(at, "Epochs"), metric(at, "Optimizer steps")) == (str(epochs), str(per_epoch * epochs))
+    at.button(key="use_plan").click().run()
+    assert at.title[0].value == "Gradient accumulation, live"
+    assert at.session_state["train_config"].epochs == epochs == at.number_input(key="form.train.epochs").value
+    assert metric(at, "Optimizer steps") == str(per_epoch * epochs)  # the Train page counts the same
+    assert not at.exception
+
+
+def test_the_pick_counts_the_train_forms_data_and_keeps_its_epochs_where_they_give_enough(app_home):
+    at = open_app("train")
+    set_numbers(at, "train", {"train_samples": 1000, "epochs": 40})
+    at.switch_page("pages/planner.py").run()
+    set_numbers(at, "planner", {"max_seq_length": LENGTH})
+    at.button(key="measure").click().run()
+    m, k = int(metric(at, "Micro-batch size (m)")), int(metric(at, "Accumulation steps (k)"))
+    per_epoch = math.ceil(math.ceil(1000 / m) / k)
+    assert f"1,000 training examples at 256 a step: {per_epoch} optimizer steps an epoch, {per_epoch * 40} in the " \
+           f"40 epochs of the run; tiny-bert learns from" in at.success[0].value
+    assert metric(at, "Epochs") == "40"

@@ -267,3 +267,32 @@ def test_fsdp(tmp_path, capsys):
     assert result["formula"]["points"] == 16 and result["formula"]["worst_rel_error"] < 0.01
     assert {row["model"] for row in result["real_sizes"]} == {"1B", "8B", "70B"}
     assert all(goal["met"] for goal in result["goals"].values())
+
+
+def test_learning_steps_judges_each_run_against_the_most_frequent_label(tmp_path, capsys):
+    from gradacc.bench import learning_steps
+
+    result = bench("learning-steps", tmp_path, capsys, as_json=False)
+    size = learning_steps.QUICK
+    assert [(r["model"], r["effective_batch"], r["epochs"]) for r in result["rows"]] == [
+        (model, batch, epochs) for model, batch, tried, _ in size["cases"] for epochs in tried]
+    for row in result["rows"]:
+        assert [r["seed"] for r in row["runs"]] == list(size["cases"][0][3])
+        assert row["seeds_learnt"] == sum(r["learnt"] for r in row["runs"])
+        for run in row["runs"]:  # learnt: both scores clear the most frequent label's, by hand
+            assert run["learnt"] == (run["labels_predicted"] > 1 and run["eval_f1"] > run["majority_f1"] + 0.01
+                                     and run["eval_accuracy"] > run["majority_accuracy"] + 0.01)
+    assert "learnt" in result["printed"]
+
+
+def test_the_minimum_is_the_fewest_steps_from_which_every_seed_learnt_at_every_larger_count():
+    from gradacc.bench.learning_steps import minimum_steps
+
+    def rows(*learnt_by_steps):
+        return [{"optimizer_steps": steps, "runs": [{"learnt": ok} for ok in seeds]}
+                for steps, seeds in learnt_by_steps]
+
+    assert minimum_steps(rows((8, [False, True]), (16, [True, True]), (32, [True, True]))) == 16
+    # A seed that fails again at a larger count: the minimum lies above it.
+    assert minimum_steps(rows((8, [True, True]), (16, [True, False]), (32, [True, True]))) == 32
+    assert minimum_steps(rows((8, [True]), (16, [False]))) is None

@@ -1,13 +1,20 @@
 """Memory planner: measure every lever setting, read the ranking, carry one setting to the Train page."""
 
 import re
+from collections import Counter
 
+from chromium import PROJECTOR
 from playwright.sync_api import expect
+from sklearn.metrics import f1_score
 
 import st_ui
+import train_page
+from gradacc.training.sources import builtin_data
 
 # Four model loads of tiny-bert (12 settings): seconds; the first click also waits for the training libraries.
 MEASURE_TIMEOUT_MS = 90_000
+# tiny-bert at its recipe on 2,000 examples for the epochs the pick proposes: well within this on a loaded machine.
+RUN_TIMEOUT_MS = 360_000
 CHOSEN = "checkpointing on · bf16 · adafactor"  # tiny-bert's recipe has a rate for it (none for SGD)
 
 
@@ -52,3 +59,44 @@ def test_measure_rank_the_levers_and_use_one_on_the_train_page(page, artifacts):
     expect(page.get_by_label("Gradient checkpointing", exact=True)).to_be_checked()
     expect(page.get_by_label("bf16", exact=True)).to_be_checked()
     expect(page.get_by_role("combobox", name="Optimizer")).to_have_value("adafactor")
+
+
+def test_the_default_pick_learns_on_the_train_page_at_1280x720(page, artifacts):
+    """The issue's path on a projector: planner defaults → pick → Use on Train → Start. The pick states the
+    optimizer steps and the epochs that give enough of them; the run ends above always predicting the most frequent
+    label."""
+    page.set_viewport_size(PROJECTOR)
+    st_ui.open_app(page)
+    st_ui.go_to(page, "Memory planner")
+    st_ui.click(page, "Measure")
+    expect(st_ui.metric_value(page, "Activations per example")).to_have_text(re.compile(r"\d"),
+                                                                             timeout=MEASURE_TIMEOUT_MS)
+    pick = st_ui.alert(page, re.compile(r"^Pick: "))
+    expect(pick).to_contain_text(re.compile(r"2,000 training examples at 256 a step: \d+ optimizer steps an epoch, "
+                                            r"\d+ in the 2 epochs of tiny-bert's recipe, too few: .* Train \d+ epochs"))
+    epochs, steps = map(int, re.search(r"Train (\d+) epochs \((\d+) steps\)", pick.inner_text()).groups())
+    expect(st_ui.metric_value(page, "Epochs")).to_have_text(str(epochs))
+    st_ui.screenshot(page, artifacts / "planner-pick-steps-1280x720.png")
+
+    st_ui.click(page, "Use these settings on the Train page")
+    st_ui.wait_for_app(page)
+    expect(page.get_by_role("heading", name="Gradient accumulation, live")).to_be_visible()
+    expect(st_ui.number_input(page, "Epochs")).to_have_value(str(epochs))
+    expect(st_ui.metric_value(page, "Optimizer steps")).to_have_text(str(steps))
+    train_page.wait_for_libraries(page)
+    train_page.start(page)
+    train_page.wait_until_ended(page, "Completed", timeout_ms=RUN_TIMEOUT_MS)
+    f1 = float(st_ui.metric_value(page, "Eval F1").inner_text())
+    accuracy = float(st_ui.metric_value(page, "Eval accuracy").inner_text())
+    # The floor, from the eval set itself (the built-in data's last 400 of 2,400 texts at seed 42).
+    _, labels = builtin_data.make_sentiment(2400, 42)
+    held_out = labels[2000:]
+    majority = Counter(held_out).most_common(1)[0][0]
+    majority_accuracy = held_out.count(majority) / len(held_out)
+    majority_f1 = f1_score(held_out, [majority] * len(held_out), zero_division=0)
+    assert f1 > majority_f1 + 0.01 and accuracy > majority_accuracy + 0.01, (f1, accuracy, majority_accuracy)
+    expect(st_ui.alert(train_page.status_panel(page), re.compile(r"^Completed: \d+ optimizer steps in [\d.]+ s\.$"))) \
+        .to_be_visible()  # green: no warning that it learnt nothing
+    expect(page.get_by_text(f"optimizer step {steps} of {steps}")).to_be_visible()
+    st_ui.expect_no_exception(page)
+    st_ui.screenshot(page, artifacts / "planner-pick-trained-1280x720.png")

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -104,7 +105,8 @@ def test_plan_picks_with_the_runs_optimizer_and_says_why(capsys):
     chosen = pick.split(".")[0].split(" · ")[-1].split(",")[0]
     own = recipe_for("tiny-bert").learning_rate_for(chosen)
     assert own is not None and f"trains at its own learning rate, {own:g}, measured for tiny-bert's recipe" in pick
-    assert f"train it with: --optimizer {chosen} --lr {own:g}" in out
+    train_line = next(line for line in out.splitlines() if line.startswith("train it with: python -m gradacc train "))
+    assert f"--optimizer {chosen} --lr {own:g}" in train_line
 
 
 def test_plan_on_several_processes_shows_each_ranks_memory_replicated_and_sharded(capsys):
@@ -125,3 +127,23 @@ def test_plan_refuses_a_bad_budget_with_its_flag(capsys):
                           "--memory-budget-mb must be more than 0")
     assert_one_error_line(*cli(capsys, "plan", "--memory-budget-mb", "10", "--target-effective-batch", "0"), 2,
                           "--target-effective-batch must be a whole number of at least 1")
+
+
+def test_plan_counts_the_runs_optimizer_steps_and_proposes_the_epochs_that_learn(capsys):
+    from gradacc.analysis.learning_steps import advise
+
+    code, out, _ = cli(capsys, "plan", "--max-seq-length", "16", "--memory-budget-mb", "100",
+                       "--target-effective-batch", "256")
+    assert code == 0
+    lines = out.splitlines()
+    m, k = map(int, re.search(r"m=(\d+), k=(\d+)", next(line for line in lines if line.startswith("pick: "))).groups())
+    found = advise("tiny-bert", 2000, m, k)  # what the page says for the same pick
+    assert found["epochs"] > 2 and f"steps: {found['text']}" in lines  # the recipe's 2 epochs are too few
+    train_line = next(line for line in lines if line.startswith("train it with: python -m gradacc train "))
+    assert f"--micro-batch-size {m} --grad-accum-steps {k} --epochs {found['epochs']} --train-samples 2000" \
+        in train_line
+    # Data the run trains longer on: its own epochs kept where they give enough.
+    code, out, _ = cli(capsys, "plan", "--max-seq-length", "16", "--memory-budget-mb", "100",
+                       "--target-effective-batch", "256", "--epochs", "20", "--train-samples", "1000")
+    assert "1,000 training examples at 256 a step" in out and "in the 20 epochs of the run" in out
+    assert "--epochs 20" in out

@@ -2,6 +2,7 @@
 each way a run ends badly, is exactly what its kind declares: no unknown key, every required key, right types."""
 
 import threading
+from collections import Counter
 
 import pytest
 
@@ -9,6 +10,7 @@ from attack_support import TINY, nan_loss, sabotage
 from gradacc import events as ev
 from gradacc.choices import BACKENDS
 from gradacc.config import RunConfig
+from gradacc.training.sources.data import load_text_data
 
 
 def conforms(recorded: list[dict]) -> list[str]:
@@ -29,10 +31,16 @@ def kinds(recorder: ev.Recorder) -> list[str]:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_every_event_of_a_run_conforms_on_every_backend(backend, one_torch_thread):
-    recorder = run(RunConfig(backend=backend, **TINY))
+    config = RunConfig(backend=backend, **TINY)
+    recorder = run(config)
     assert kinds(recorder) == ["run_started", "step", "step", "step", "eval", "run_ended"]
     assert recorder.ended["status"] == ev.COMPLETED
     assert conforms(recorder.events) == []
+    # A classifier's eval names its floor: the most frequent eval label's share, counted here from the data.
+    labels = load_text_data(config).eval_labels
+    evaluation = recorder.of("eval")[-1]
+    assert evaluation["majority_accuracy"] == pytest.approx(Counter(labels).most_common(1)[0][1] / len(labels))
+    assert evaluation["labels_predicted"] in (1, 2)
 
 
 def test_the_optional_fields_conform_where_a_run_carries_them(one_torch_thread):

@@ -83,3 +83,35 @@ def test_the_learning_rate_warning_before_start_names_what_the_run_end_warnings_
     # A rate far above the optimizer's own measured one is high for it too.
     assert health.learning_rate_warning(RunConfig(optimizer="adafactor", learning_rate=own * 10).check()) \
         .startswith(f"The learning rate {own * 10:g} is high for tiny-bert with adafactor; its recipe uses {own:g}")
+
+
+def one_label_events(labels_predicted=1, f1=0.642, accuracy=0.472, majority_f1=0.0, majority_accuracy=0.528):
+    """The issue's run: 16 optimizer steps, every eval example called positive (the minority label)."""
+    evaluation = ev.eval_(epoch=2, step=16, eval_loss=0.694, eval_accuracy=accuracy, eval_f1=f1,
+                          majority_f1=majority_f1, majority_accuracy=majority_accuracy,
+                          labels_predicted=labels_predicted)
+    return events_of([0.695, 0.694, 0.696, 0.694])[:-1] + [evaluation]
+
+
+def test_one_label_for_every_example_is_warned_whatever_its_f1():
+    # F1 0.642 is far above the majority label's 0.000 (it is the negative one): only the labels say it collapsed.
+    warnings = health.run_warnings(one_label_events(), RunConfig())
+    assert warnings == ["the model predicted one label for every eval example (F1 0.642, accuracy 0.472): it learnt "
+                        "nothing it can use; a run of too few optimizer steps often ends so (the Memory planner says "
+                        "how many a model needs)."]
+    assert not health.beats_majority(one_label_events()[-1])
+
+
+def test_accuracy_no_better_than_the_most_frequent_label_is_warned_though_f1_clears_it():
+    events = one_label_events(labels_predicted=2, f1=0.60, accuracy=0.52)
+    assert health.run_warnings(events, RunConfig()) == [
+        "eval accuracy 0.520 is no better than always predicting the most frequent label (0.528): the model learnt "
+        "nothing it can use."]
+    assert not health.beats_majority(events[-1])
+    learnt = one_label_events(labels_predicted=2, f1=0.80, accuracy=0.81)
+    assert health.run_warnings(learnt, RunConfig()) == [] and health.beats_majority(learnt[-1])
+
+
+def test_an_event_recorded_before_the_labels_were_counted_is_judged_on_f1_alone():
+    old = {"event": ev.EVAL, "eval_f1": 0.8, "eval_accuracy": 0.8, "majority_f1": 0.6}
+    assert health.beats_majority(old) and not health.beats_majority(old | {"eval_f1": 0.6})

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from gradacc.events import BASELINE_METRICS
 from gradacc.training import distributed
 from gradacc.training.fsdp import is_sharded
 from gradacc.training.backends.device import to_device
@@ -54,7 +55,7 @@ def _evaluate(model: torch.nn.Module, job) -> dict:
     model.train(was_training)
     scores = classification_metrics(predictions, labels, job.num_labels)
     return {"eval_loss": total_loss / len(job.eval_examples), "eval_accuracy": scores["accuracy"],
-            "eval_f1": scores["f1"], "eval_majority_f1": scores["majority_f1"]}
+            "eval_f1": scores["f1"], **{f"eval_{name}": scores[name] for name in BASELINE_METRICS}}
 
 
 def _evaluate_causal_lm(model: torch.nn.Module, job, was_training: bool) -> dict:

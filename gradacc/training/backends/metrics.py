@@ -12,15 +12,18 @@ from sklearn.metrics import accuracy_score, f1_score
 def classification_metrics(predictions, labels, num_labels: int) -> dict:
     """Scores over labelled items; -100 marks items without a label (padding, special tokens).
 
-    ``majority_f1``: the F1 of always predicting the most frequent label, the floor a model that learnt
-    something must beat (a collapsed run sits on it).
+    ``majority_f1`` and ``majority_accuracy``: the scores of always predicting the most frequent label, the floor a
+    model that learnt something must beat (a collapsed run sits on it); ``labels_predicted``: how many different
+    labels the model predicted (1: one label for every example, whatever its F1).
     """
     predictions, labels = np.asarray(predictions), np.asarray(labels)
     labelled = labels != -100
     predictions, labels = predictions[labelled], labels[labelled]
     majority = np.full_like(labels, np.bincount(labels).argmax() if labels.size else 0)
     return {"accuracy": float(accuracy_score(labels, predictions)), "f1": _f1(labels, predictions, num_labels),
-            "majority_f1": _f1(labels, majority, num_labels)}
+            "majority_f1": _f1(labels, majority, num_labels),
+            "majority_accuracy": float(accuracy_score(labels, majority)) if labels.size else 0.0,
+            "labels_predicted": int(np.unique(predictions).size)}
 
 
 def _f1(labels, predictions, num_labels: int) -> float:

@@ -11,6 +11,7 @@ import torch
 
 from gradacc import events
 from gradacc.errors import RunFailed
+from gradacc.events import BASELINE_METRICS
 from gradacc.training import distributed
 from gradacc.training.memory import measure
 
@@ -135,5 +136,7 @@ class StepReporter:
     def evaluation(self, *, epoch: int, step: int, metrics: dict) -> None:
         if self.sharding_probe is not None:
             self.sharding_probe.discard()  # the evaluation's all-gathers are no window's
-        named = {**metrics, "majority_f1": metrics.get("eval_majority_f1", metrics.get("majority_f1"))}
-        self.job.emit(events.eval_(epoch=epoch, step=step, **{name: named.get(name) for name in events.EVAL_METRICS}))
+        # Trainer prefixes every metric with eval_ (eval_majority_f1); the event names the floor without it.
+        named = {**metrics, **{name: metrics.get(f"eval_{name}", metrics.get(name)) for name in BASELINE_METRICS}}
+        self.job.emit(events.eval_(epoch=epoch, step=step, **{name: named.get(name)
+                                                              for name in events.EVAL_METRICS + BASELINE_METRICS}))

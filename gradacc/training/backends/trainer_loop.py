@@ -28,6 +28,7 @@ from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArgu
 
 from gradacc.choices import PER_MICRO_BATCH
 from gradacc.errors import RunStopped
+from gradacc.events import BASELINE_METRICS
 from gradacc.training import fsdp
 from gradacc.training.backends.accelerate_fsdp import forget_fsdp_on_cpu, keep_fsdp_on_cpu, prepared_sharded
 from gradacc.training.backends.evaluation import EVAL_BATCH_SIZE, evaluate, next_token_predictions
@@ -238,7 +239,8 @@ def train(job) -> None:
         def compute_metrics(eval_prediction):
             scores = classification_metrics(eval_prediction.predictions.argmax(-1), eval_prediction.label_ids,
                                             job.num_labels)
-            return {"accuracy": scores["accuracy"], "f1": scores["f1"], "majority_f1": scores["majority_f1"]}
+            return {"accuracy": scores["accuracy"], "f1": scores["f1"],
+                    **{name: scores[name] for name in BASELINE_METRICS}}
 
         def compute_lm_metrics(eval_prediction):
             # Batches are concatenated padded with -100 on the right, which keeps position t beside token t+1.

@@ -27,7 +27,7 @@ SPIKE_MIN_HISTORY = 5
 SPIKE_MIN_SHARE_OF_START = 0.5
 # Steps averaged at each end of the run to tell whether the loss went down.
 ENDS = 5
-# F1 within this of always predicting the majority class counts as "no better".
+# F1 (or accuracy) within this of always predicting the majority class counts as "no better".
 F1_MARGIN = 0.01
 # A learning rate this many times the model's recipe is named as the likely cause.
 HIGH_LR_FACTOR = 3.0
@@ -38,7 +38,8 @@ def run_warnings(run_events: list[dict], config: RunConfig | dict) -> list[str]:
     config = RunConfig.from_dict(config) if isinstance(config, dict) else config
     losses = [e["loss"] for e in run_events if e.get("event") == ev.STEP and e.get("loss") is not None]
     evals = [e for e in run_events if e.get("event") == ev.EVAL]
-    found = [w for w in (_no_better_than_majority(evals), _loss_went_up(losses), _spike(losses)) if w]
+    found = [w for w in (_one_label(evals) or _no_better_than_majority(evals), _loss_went_up(losses), _spike(losses))
+             if w]
     cause = likely_cause(config) if found else None
     return pitfall_warnings(run_events, config) + found + ([cause] if cause else [])
 
@@ -137,12 +138,39 @@ _PITFALL_EFFECTS = {"scheduler-per-micro-batch": _scheduler_effect, "clip-per-mi
                     "drop-last-window": _drop_last_effect}
 
 
-def _no_better_than_majority(evals: list[dict]) -> str | None:
+def beats_majority(evaluation: dict) -> bool:
+    """Whether a classifier's eval event shows it learnt something it can use: more than one label predicted, and
+    F1 and accuracy each more than F1_MARGIN above always predicting the most frequent label (a score the event
+    lacks, as events recorded before it existed do, is not held against it). The run's warnings and the measured
+    minimum of optimizer steps (gradacc.bench.learning_steps) judge by this one rule."""
+    return not _one_label([evaluation]) and _below_floor(evaluation) is None
+
+
+def _below_floor(evaluation: dict) -> tuple[str, float, float] | None:
+    """The first score (name, value, floor) within F1_MARGIN of the most frequent label's; None when both clear it."""
+    for name, score, floor in (("F1", "eval_f1", "majority_f1"), ("accuracy", "eval_accuracy", "majority_accuracy")):
+        value, baseline = evaluation.get(score), evaluation.get(floor)
+        if value is not None and baseline is not None and value <= baseline + F1_MARGIN:
+            return name, value, baseline
+    return None
+
+
+def _one_label(evals: list[dict]) -> str | None:
     last = evals[-1] if evals else {}
-    f1, floor = last.get("eval_f1"), last.get("majority_f1")
-    if f1 is None or floor is None or f1 > floor + F1_MARGIN:
+    if last.get("labels_predicted") != 1:
         return None
-    return (f"eval F1 {f1:.3f} is no better than always predicting the most frequent label ({floor:.3f}): "
+    scores = ", ".join(f"{name} {last[key]:.3f}" for name, key in (("F1", "eval_f1"), ("accuracy", "eval_accuracy"))
+                       if last.get(key) is not None)
+    return (f"the model predicted one label for every eval example ({scores}): it learnt nothing it can use; "
+            "a run of too few optimizer steps often ends so (the Memory planner says how many a model needs).")
+
+
+def _no_better_than_majority(evals: list[dict]) -> str | None:
+    below = _below_floor(evals[-1]) if evals else None
+    if below is None:
+        return None
+    name, value, floor = below
+    return (f"eval {name} {value:.3f} is no better than always predicting the most frequent label ({floor:.3f}): "
             "the model learnt nothing it can use.")
 
 

@@ -43,7 +43,7 @@ def test_measure_rank_the_levers_and_use_one_on_the_train_page(page, artifacts):
     expect(page.get_by_text("Checked on a micro-batch it was not fitted on")).to_be_visible()
 
     st_ui.choose(page, "Setting to use", CHOSEN)
-    expect(page.get_by_role("heading", name=CHOSEN)).to_be_visible()
+    expect(page.get_by_role("heading", name=CHOSEN, exact=True)).to_be_visible()
     m = int(st_ui.metric_value(page, "Micro-batch size (m)").inner_text())
     k = int(st_ui.metric_value(page, "Accumulation steps (k)").inner_text())
     assert m * k == 64, (m, k)

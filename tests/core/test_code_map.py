@@ -41,7 +41,8 @@ def modules_on_disk(root: Path) -> dict[str, set[str]]:
 def map_problems(readme: str, root: Path) -> list[str]:
     mapped, on_disk = code_map(readme), modules_on_disk(root)
     problems = [f"{folder} is not in the code map" for folder in sorted(on_disk.keys() - mapped.keys())]
-    problems += [f"the code map names {folder}, which holds no module" for folder in sorted(mapped.keys() - on_disk.keys())]
+    problems += [f"the code map names {folder}, which holds no module"
+                 for folder in sorted(mapped.keys() - on_disk.keys())]
     for folder in sorted(mapped.keys() & on_disk.keys()):
         problems += [f"{folder}{name}.py is missing from the code map"
                      for name in sorted(on_disk[folder] - mapped[folder] - {"__init__"})]

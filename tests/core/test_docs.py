@@ -111,10 +111,10 @@ def test_the_check_finds_commands_and_anchors_the_way_github_makes_them(tmp_path
 
 
 COMMANDS = [(page, command) for page in PAGES for command in gradacc_commands(page)]
+COMMAND_IDS = [f"{page.relative_to(ROOT).as_posix()}: {' '.join(command)}"[:120] for page, command in COMMANDS]
 
 
-@pytest.mark.parametrize("page, command", COMMANDS,
-                         ids=[f"{page.relative_to(ROOT).as_posix()}: {' '.join(command)}"[:120] for page, command in COMMANDS])
+@pytest.mark.parametrize("page, command", COMMANDS, ids=COMMAND_IDS)
 def test_every_documented_command_parses(page, command, capsys):
     try:
         args, extra = build_parser().parse_known_args(command)

@@ -1,6 +1,6 @@
 """gradacc: see, and trust, gradient accumulation.
 
-The Python API, in full (README "Python API"): ``train(config, on_event)`` trains ``config`` (a ``RunConfig``)
+The Python API, in full (docs/python-api.md): ``train(config, on_event)`` trains ``config`` (a ``RunConfig``)
 and calls ``on_event`` with every event (``run_started``, ``step`` per optimizer step, ``eval`` per epoch,
 ``run_ended``) as it happens; it returns the ``run_ended`` event and never raises for bad input or a failed
 run (``status`` and ``reason`` say what happened). Importing gradacc imports neither torch nor transformers.

@@ -7,7 +7,6 @@ Importing this must stay cheap (no torch, no transformers): every page imports i
 from __future__ import annotations
 
 import sys
-import threading
 import uuid
 
 import streamlit as st
@@ -79,29 +78,12 @@ def limits() -> Limits:
         st.stop()
 
 
-# Set while the app's navigation runs a page (streamlit_app.main): a page run without it was opened alone.
-_navigating = threading.local()
-
-
 def under_navigation() -> None:
-    """First thing on every page. Until some visitor has loaded the app's entry, a fresh server answers a page's own
-    link (/demos?demo=..., /train) with Streamlit's pages/ folder fallback: that file alone, without the app's
-    navigation (sidebar of file names, narrow layout). Then run the app instead, which draws this page."""
-    if getattr(_navigating, "page", False):
-        return
-    from gradacc.app.streamlit_app import main
+    """Until pages/demos.py and pages/equivalence.py call ``navigation.under_navigation`` (the lead switches them
+    after the merge, then deletes this): the same, by way of the navigation module, which imports this one."""
+    from gradacc.app import navigation  # a known circle (tests/core/test_layout.py: KNOWN_CYCLES)
 
-    main()
-    st.stop()
-
-
-def run_page(navigation) -> None:
-    """Run the page ``st.navigation`` chose, marked as run by the app (see ``under_navigation``)."""
-    _navigating.page = True
-    try:
-        navigation.run()
-    finally:
-        _navigating.page = False
+    navigation.under_navigation()
 
 
 # What gradacc shows, in one sentence: the landing page says it to a first-time visitor.

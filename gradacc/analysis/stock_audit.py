@@ -18,6 +18,8 @@ from gradacc.choices import CAUSAL_LM, CONTRASTIVE
 from gradacc.config import RunConfig
 from gradacc.errors import GradaccError
 from gradacc.labels import field_label
+from gradacc.training.run.engine import quiet_libraries
+from gradacc.training.sources import data, models
 
 
 def stock_examples(tokenizer, texts: list[str], labels: list[int] | None, max_length: int) -> list[dict]:
@@ -52,8 +54,6 @@ def audit_stock_trainer(config: RunConfig, steps: int = 1, callbacks=(), confine
     from transformers import PrinterCallback, Trainer, TrainingArguments
 
     from gradacc.audit import audit_trainer
-    from gradacc.training.run.engine import quiet_libraries
-    from gradacc.training.sources import data, models
 
     config = config.check()
     config = config.replace(task=models.infer_task(config))

@@ -13,6 +13,8 @@ import streamlit as st
 
 from gradacc.errors import GradaccError
 from gradacc.serving import warmup
+from gradacc.serving.audits import audit_key, stock_audit
+from gradacc.serving.checks import CheckRunner
 from gradacc.serving.limits import Limits
 from gradacc.serving.manager import RunManager
 from gradacc.serving.store import RunStore
@@ -56,17 +58,12 @@ def run_manager() -> RunManager:
 @st.cache_resource(show_spinner=False)
 def check_runner():
     """The server's queue of equivalence checks (one worker thread, shared by every visitor)."""
-    from gradacc.serving.checks import CheckRunner
-
     return CheckRunner()
 
 
 @st.cache_resource(show_spinner=False)
 def audit_runner():
     """The server's queue of stock-Trainer audits (the Audit page), one worker thread like the checks'."""
-    from gradacc.serving.audits import audit_key, stock_audit
-    from gradacc.serving.checks import CheckRunner
-
     return CheckRunner(stock_audit, audit_key)
 
 

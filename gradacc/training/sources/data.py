@@ -8,6 +8,7 @@ every token but the first is a label).
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,8 +94,6 @@ def _builtin_text(config: RunConfig) -> TextData:
 def load_pairs(config: RunConfig) -> tuple[list[dict], list[dict]]:
     """The contrastive task's (query, positive) pairs, train and held out: builtin-pairs (shipped with gradacc,
     made by scripts/make_contrastive_pairs.py), limited to the run's training and eval samples."""
-    import json
-
     if config.dataset.strip() != "builtin-pairs":
         raise GradaccError(f"Task contrastive trains on builtin-pairs, (query, positive) pairs; got dataset "
                            f"{config.dataset.strip()!r}.", "dataset")

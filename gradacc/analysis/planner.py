@@ -24,6 +24,9 @@ from gradacc.units import MB
 from gradacc.training.memory.budget import largest_fitting_micro_batch
 from gradacc.training.run.engine import quiet_libraries
 
+# torch, transformers and the training modules that import them at their top are imported inside the functions that
+# train or measure: the Memory planner page imports this module before torch loads (tests/core/test_layout.py).
+
 NORM_MODELS = ("bow-batchnorm", "bow-layernorm")
 
 LEVERS = ("gradient_checkpointing", "precision", "optimizer")

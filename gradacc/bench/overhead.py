@@ -21,15 +21,20 @@ The probes are also timed apart (``component_costs``), so a gap can be put down 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import threading
 import time
+import timeit
 
 from gradacc import events
 from gradacc.bench import lockstep, report, runs
 from gradacc.choices import BACKENDS
 from gradacc.config import RunConfig
+from gradacc.training.memory import measure
+from gradacc.training.run.engine import quiet_libraries
+from gradacc.training.run.job import prepare
 
 FULL = dict(micro_batch_size=8, grad_accum_steps=4, steps=40, rounds=15, warmup_steps=3, max_seq_length=64,
             probe_repeats=200)
@@ -70,8 +75,6 @@ def worker(clock: lockstep.StepClock, process: int, size: dict, threads: int) ->
     the probes apart (everything is imported there already)."""
     import torch
 
-    from gradacc.training.run.engine import quiet_libraries
-
     torch.set_num_threads(threads)
     quiet_libraries()
     for backend, steps, shift in plan(size):
@@ -96,8 +99,6 @@ def reference_loop(config: RunConfig, on_step) -> None:
     """The bare loop: forward, weighted loss, backward; every k micro-batches clip, step, schedule, zero."""
     import torch
     from torch.utils.data import DataLoader
-
-    from gradacc.training.run.job import prepare
 
     job = prepare(config.check(), lambda event: None, threading.Event())
     config = job.config  # checked: the recipe's learning rate and warm-up filled in
@@ -127,12 +128,6 @@ def reference_loop(config: RunConfig, on_step) -> None:
 def component_costs(size: dict, repeats: int) -> dict:
     """CPU seconds of each probe, measured apart: the hooked forward's extra (paired with an un-hooked
     forward+backward of the same micro-batch, alternating), one RSS read, one step event to JSON."""
-    import contextlib
-    import timeit
-
-    from gradacc.training.memory import measure
-    from gradacc.training.run.job import prepare
-
     config = config_for("pytorch", size, instrument=True, steps=size["steps"])
     job = prepare(config.check(), lambda event: None, threading.Event())
     model = job.model

@@ -22,6 +22,10 @@ from gradacc.training.run.health import run_warnings
 from gradacc.training.run.job import prepare
 from gradacc.training.run.options import RunOptions
 
+# torch, transformers and the training modules that import them at their top are imported inside the functions that
+# train or measure: the app (through gradacc.analysis), and `gradacc --help`, imports this module before torch loads
+# (tests/core/test_layout.py).
+
 
 def quiet_libraries() -> None:
     """transformers' load reports and progress bars are noise in a CLI, a log and a demo."""

@@ -16,6 +16,7 @@ from gradacc.steps import total_optimizer_steps
 from gradacc.labels import field_label
 from gradacc.errors import GradaccError
 from gradacc.serving.limits import Limits
+from gradacc.training.sources import tables
 from gradacc.training.sources import data as data_module
 from gradacc.training.sources import models  # light: torch and transformers load only inside load()
 from gradacc.training.sources.models import infer_task
@@ -195,16 +196,16 @@ def run_label(config: RunConfig) -> str:
 
 def table_columns(path: str | Path) -> list[str]:
     """Column names of a CSV/JSONL file (GradaccError when it cannot be read)."""
-    frame = data_module.read_table(str(path))  # the loader's own reader: same checks, same messages
+    frame = tables.read_table(str(path))  # the loader's own reader: same checks, same messages
     return [str(c) for c in frame.columns]
 
 
 def label_column_guess(path: str | Path, text_column: str | None) -> str | None:
     """The label column to pre-pick for an upload: the loader's own detection, else the first column that
     could be a label; never an id, free text or a single class (None when no column could be one)."""
-    frame = data_module.read_table(str(path))
-    return data_module.detect_label_column(frame, text_column) or \
-        next(iter(data_module.usable_label_columns(frame, text_column)), None)
+    frame = tables.read_table(str(path))
+    return tables.detect_label_column(frame, text_column) or \
+        next(iter(tables.usable_label_columns(frame, text_column)), None)
 
 
 def guess_column(columns: list[str], candidates) -> str | None:

@@ -18,7 +18,8 @@ from gradacc.labels import field_label
 from gradacc.errors import GradaccError
 from gradacc.serving import uploads
 from gradacc.serving.limits import Limits
-from gradacc.training.sources.data import FILE_SUFFIXES, TEXT_COLUMNS
+from gradacc.training.sources.tables import TEXT_COLUMNS
+from gradacc.training.sources.data import FILE_SUFFIXES
 from gradacc.training.sources.models import infer_task  # reads a folder's config.json at most, no torch
 
 

@@ -28,6 +28,9 @@ import threading
 import time
 import timeit
 
+import torch
+from torch.utils.data import DataLoader
+
 from gradacc import events
 from gradacc.bench import lockstep, report, runs
 from gradacc.choices import BACKENDS
@@ -70,36 +73,54 @@ def variant_of(process: int, shift: int) -> str:
     return VARIANTS[(process + shift) % len(VARIANTS)]
 
 
-def worker(clock: lockstep.StepClock, process: int, size: dict, threads: int) -> dict | None:
-    """One process: every run of the plan, stepping when the coordinator says so. Process 0 then times
-    the probes apart (everything is imported there already)."""
-    import torch
-
+def worker(clock: lockstep.StepClock, process: int, size: dict, threads: int) -> dict:
+    """One process: every run of the plan, stepping when the coordinator says so; what each run recorded (its step
+    events and their memory figures). Process 0 then times the probes apart (everything is imported there already)."""
     torch.set_num_threads(threads)
     quiet_libraries()
-    for backend, steps, shift in plan(size):
+    recorded = []
+    for index, (backend, steps, shift) in enumerate(plan(size)):
         variant = variant_of(process, shift)
+        tally = {"run": index, "backend": backend, "variant": variant, "steps": 0, "activation_bytes": 0,
+                 "rss_bytes": 0}
         if variant == "reference":
-            reference_loop(config_for(backend, size, instrument=False, steps=steps), clock.on_step)
+            def on_step(tally=tally):
+                tally["steps"] += 1
+                clock.on_step()
+
+            reference_loop(config_for(backend, size, instrument=False, steps=steps), on_step)
         else:
             app = runs.AppSink() if variant == "instrumented" else None
 
-            def sink(event, app=app):
+            def sink(event, app=app, tally=tally):
                 if event["event"] == events.STEP:
                     clock.on_step()
+                    tally["steps"] += 1
+                    tally["activation_bytes"] += event["activation_bytes"] is not None
+                    tally["rss_bytes"] += event["rss_bytes"] is not None
                 if app is not None:  # after the go: the app's work is timed with the next step
                     app(event)
 
             runs.train(config_for(backend, size, instrument=variant == "instrumented", steps=steps), sink)
         clock.run_done()
-    return component_costs(size, size["probe_repeats"]) if process == 0 else None
+        recorded.append(tally)
+    return {"recorded": recorded, "costs": component_costs(size, size["probe_repeats"]) if process == 0 else None}
+
+
+def recorded_by_round(outcomes: dict, size: dict) -> dict:
+    """{backend: {variant: {"steps": [...], "activation_bytes": [...], "rss_bytes": [...]}}}, one entry per round:
+    how many step events (the reference: steps) each variant's run had, and how many carried each memory figure."""
+    warm_ups = len(BACKENDS) if size["warmup_steps"] else 0
+    out = {b: {v: {"steps": [], "activation_bytes": [], "rss_bytes": []} for v in VARIANTS} for b in BACKENDS}
+    runs_ = [run for outcome in outcomes.values() for run in outcome["recorded"] if run["run"] >= warm_ups]
+    for run in sorted(runs_, key=lambda run: run["run"]):
+        for figure in ("steps", "activation_bytes", "rss_bytes"):
+            out[run["backend"]][run["variant"]][figure].append(run[figure])
+    return out
 
 
 def reference_loop(config: RunConfig, on_step) -> None:
     """The bare loop: forward, weighted loss, backward; every k micro-batches clip, step, schedule, zero."""
-    import torch
-    from torch.utils.data import DataLoader
-
     job = prepare(config.check(), lambda event: None, threading.Event())
     config = job.config  # checked: the recipe's learning rate and warm-up filled in
     model, k = job.model, config.grad_accum_steps
@@ -188,7 +209,9 @@ def run(quick: bool = False, threads: int = 1) -> dict:
             if not warm_up:
                 rounds[backend].append({variant_of(p, shift): t for p, t in times.items()})
         report.progress("probe costs, measured apart")
-        costs = coordinator.results()[0]
+        outcomes = coordinator.results()
+    costs = outcomes[0]["costs"]
+    result["recorded"] = recorded_by_round(outcomes, size)
 
     result["steps_per_s"] = {}
     for c, clock in enumerate(CLOCKS):

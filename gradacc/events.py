@@ -18,6 +18,8 @@ import uuid
 from pathlib import Path
 from typing import Callable, Literal, NotRequired, TypedDict, Union
 
+from gradacc.errors import GradaccError
+
 EventSink = Callable[[dict], None]
 
 RUN_STARTED, STEP, EVAL, RUN_ENDED = "run_started", "step", "eval", "run_ended"
@@ -318,8 +320,6 @@ class Recorder:
 
 def read_events(path: str | Path) -> list[dict]:
     """Events from a ``--metrics-out`` JSONL file (GradaccError with the file's name when unreadable)."""
-    from gradacc.errors import GradaccError
-
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as error:

@@ -5,11 +5,11 @@ import time
 
 import streamlit as st
 
-from gradacc.app import audit_view, inputs, pacing, server
+from gradacc.app import audit_view, inputs, navigation, pacing, server
 from gradacc.errors import GradaccError
 from gradacc.serving import audits
 
-server.under_navigation()  # a page opened alone on a fresh server: run the app instead
+navigation.under_navigation()  # a page opened alone on a fresh server: run the app instead
 
 K = f"{inputs.FORM}audit."
 

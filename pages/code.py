@@ -2,13 +2,13 @@
 
 import streamlit as st
 
-from gradacc.app import codeview, inputs, server, train_form
+from gradacc.app import codeview, inputs, navigation, server, train_form
 from gradacc.training.backends import DESCRIPTIONS, MODULES
 from gradacc.choices import LOSS_NORMALIZATIONS
 from gradacc.config import RunConfig
 from gradacc.errors import GradaccError
 
-server.under_navigation()  # a page opened alone on a fresh server: run the app instead
+navigation.under_navigation()  # a page opened alone on a fresh server: run the app instead
 
 K = f"{inputs.FORM}code."
 

@@ -4,9 +4,9 @@ table to export."""
 import streamlit as st
 
 from gradacc.analysis import compare, run_names
-from gradacc.app import comparison, pacing, server
+from gradacc.app import comparison, navigation, pacing, server
 
-server.under_navigation()  # a page opened alone on a fresh server: run the app instead
+navigation.under_navigation()  # a page opened alone on a fresh server: run the app instead
 
 manager = server.run_manager()
 owner = server.owner_id()

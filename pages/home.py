@@ -5,9 +5,9 @@ A run link from before this page existed (``/?run=ID``) still opens that run on 
 import streamlit as st
 
 from gradacc.analysis import demos
-from gradacc.app import server
+from gradacc.app import navigation, server
 
-server.under_navigation()  # a page opened alone on a fresh server: run the app instead
+navigation.under_navigation()  # a page opened alone on a fresh server: run the app instead
 
 server.owner_id()  # this session's id, as on every page that can start runs
 if st.query_params.get("run"):

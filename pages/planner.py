@@ -4,7 +4,7 @@ import pandas as pd
 import streamlit as st
 
 from gradacc.analysis import learning_steps, planner, sharding
-from gradacc.app import charts, inputs, server, train_form
+from gradacc.app import charts, inputs, navigation, server, train_form
 from gradacc import units
 from gradacc.config import RunConfig
 from gradacc.labels import field_label
@@ -12,7 +12,7 @@ from gradacc.recipes import shares_learning_rate
 from gradacc.errors import GradaccError, one_line
 from gradacc.serving import warmup
 
-server.under_navigation()  # a page opened alone on a fresh server: run the app instead
+navigation.under_navigation()  # a page opened alone on a fresh server: run the app instead
 
 K = f"{inputs.FORM}planner."
 PLANNED_PROCESSES = (1, 2, 4, 8, 16, 32, 64)

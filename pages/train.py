@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from gradacc.app import charts, form, inputs, pacing, runview, server, train_form, warmup_status
+from gradacc.app import charts, form, inputs, navigation, pacing, runview, server, train_form, warmup_status
 from gradacc.app.charts import fsdp as fsdp_charts
 from gradacc import units
 from gradacc.training.run import health
@@ -13,7 +13,7 @@ from gradacc.config import RunConfig
 from gradacc.labels import field_label
 from gradacc.errors import GradaccError
 
-server.under_navigation()  # a page opened alone on a fresh server: run the app instead
+navigation.under_navigation()  # a page opened alone on a fresh server: run the app instead
 
 K = train_form.TRAIN_FORM
 

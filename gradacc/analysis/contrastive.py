@@ -14,6 +14,7 @@ separate mini-batches), the whole batch's for the reference.
 
 from __future__ import annotations
 
+from gradacc.analysis.gradient_runs import accumulated_gradient, relative_error
 from gradacc.choices import CONTRASTIVE
 from gradacc.config import RunConfig
 
@@ -36,8 +37,6 @@ def check(config: RunConfig, confinement=None) -> dict:
 
     ``confinement``: where a local model folder may lie (``paths.TRUST_USER`` from the command line; None: the
     app's visitors' folders)."""
-    from gradacc.analysis.equivalence import accumulated_gradient, relative_error
-
     config = config.replace(task=CONTRASTIVE, dropout=0.0, max_grad_norm=0.0, epochs=1, max_steps=1, eval_samples=8,
                             instrument=True, gradcache_mini_batch=None).check()
     config = config.replace(train_samples=config.effective_batch)

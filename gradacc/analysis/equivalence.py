@@ -30,13 +30,14 @@ refused with a reason instead of a false verdict.
 from __future__ import annotations
 
 import math
-import threading
 
+from gradacc.analysis import contrastive
+from gradacc.analysis.gradient_runs import accumulated_gradient, full_batch_gradient, relative_error
 from gradacc.choices import GRAD_SYNCS, PER_MICRO_BATCH, PER_WINDOW
 from gradacc.config import RunConfig
 from gradacc.labels import field_label
 from gradacc.errors import GradaccError
-from gradacc.training.gradients import gradient_sums
+from gradacc.training.sources.models import infer_task
 
 CASES = ("equal_windows", "short_last_window", "token_level", "language_model")
 # The language-model case: a causal LM's next-token loss, where micro-batches of texts of uneven lengths
@@ -66,8 +67,6 @@ def check(config: RunConfig, samples: int | None = None, cases=CASES, confinemen
     None: the app's visitors' folders).
     """
     if config.task == "contrastive":  # in-batch negatives: the three ways to a big batch, not naive vs exact
-        from gradacc.analysis import contrastive
-
         if samples is not None:
             raise GradaccError(f"{field_label('samples')} is not used by the contrastive check: it compares whole "
                                "batches of m×k pairs.", "samples")
@@ -81,8 +80,6 @@ def check(config: RunConfig, samples: int | None = None, cases=CASES, confinemen
         product = "m×k" if processes == 1 else "m×k×processes"
         raise GradaccError(f"{field_label('samples')} must be a whole number from 1 to {product} = {full} (one "
                            f"accumulation window); got {samples!r}.", "samples")
-    from gradacc.training.sources.models import infer_task
-
     if infer_task(config) == "causal-lm":
         # Every window of a causal LM is token-level already: the two windows are the cases.
         cases = [case for case in cases if case in ("equal_windows", "short_last_window")]
@@ -201,78 +198,3 @@ def grad_sync_comparison(config: RunConfig, confinement=None) -> dict:
     report["grad_bytes_ratio"] = [a / b for a, b in zip(window["grad_bytes"], each["grad_bytes"])]
     report["grad_comm_ratio"] = [b / a for a, b in zip(window["grad_comm_bytes"], each["grad_comm_bytes"])]
     return report
-
-
-def full_batch_gradient(config: RunConfig, token_level: bool, first_windows: int | None = None,
-                        confinement=None) -> dict:
-    """The gradient of the mean loss over the whole window in one forward/backward pass, in this process.
-
-    The window is every rank's micro-batches together (on one process, simply all the examples); with
-    ``first_windows``, only the micro-batches of the first that many accumulation windows. Refuses (GradaccError)
-    a model whose output is not deterministic at the config's dropout: two gradients of it differ anyway.
-    """
-    from gradacc.training import windows
-    from gradacc.training.sources import dropout as dropouts
-    from gradacc.training.backends.device import to_device
-    from gradacc.training.run.engine import quiet_libraries
-    from gradacc.training.run.job import prepare
-    from gradacc.training.run.options import RunOptions
-
-    quiet_libraries()
-    job = prepare(config, lambda event: None, threading.Event(),
-                  RunOptions(token_level=token_level, whole_micro_batch=False, confinement=confinement))
-    if job.variation.varies:
-        raise GradaccError(dropouts.refusal(config.model, job.variation), "model")
-    plan = windows.shard(len(job.train_examples), config.micro_batch_size, config.num_processes)
-    # Global micro-batch order: rank 0's first, rank 1's first, ..., rank 0's second, ...
-    micro_batches = [batch for round_ in zip(*plan) for batch in round_]
-    if first_windows is not None:
-        micro_batches = micro_batches[:first_windows * config.grad_accum_steps * config.num_processes]
-    indices = [i for batch in micro_batches for i in batch]
-    job.model.train()
-    batch = to_device(job.collate([job.train_examples[i] for i in indices]), job.device)
-    with job.precision.autocast():  # the same levers as the run it is compared with (bf16: a bf16 reference)
-        loss = job.model(**batch).loss
-    loss.backward()
-    batch_items = windows.batch_item_counts(job.train_examples, micro_batches)
-    return {"gradient": _gradients(job.model), "items": sum(batch_items), "batch_items": batch_items,
-            "repeated_examples": max(0, len(indices) - len(job.train_examples))}
-
-
-def accumulated_gradient(config: RunConfig, token_level: bool, trainer_library_default: bool = False,
-                         sync_each_micro_batch: bool = False, confinement=None) -> dict:
-    """The gradient a backend holds right before its first optimizer step, and each step's all-reduces."""
-    from gradacc.training.run.engine import train
-    from gradacc.events import Recorder
-
-    captured = {}
-
-    def capture(model):
-        if not captured:  # the first optimizer step
-            captured.update(_gradients(model))
-
-    recorder = Recorder()
-    ended = train(config, recorder, before_optimizer_step=capture, token_level=token_level, whole_micro_batch=False,
-                  trainer_library_default=trainer_library_default, sync_each_micro_batch=sync_each_micro_batch,
-                  confinement=confinement)
-    if ended["status"] != "completed" or not captured:
-        raise GradaccError(f"The equivalence run did not complete: {ended['reason']}", "backend")
-    steps = recorder.of("step")
-    return {"gradient": captured, "sync_rounds": [step["sync_rounds"] for step in steps],
-            "sharding": [step.get("sharding") for step in steps],
-            "activation_bytes": steps[0]["activation_bytes"] if steps else None}
-
-
-def _gradients(model) -> dict:
-    """Each parameter's whole gradient (a sharded one all-gathered: every rank asks for it at the same step)."""
-    from gradacc.training.fsdp import full_gradient  # torch: imported when a check runs, as the training is
-
-    # Wrappers (DDP) prefix names with "module."; strip it so every backend's names line up.
-    return {name.removeprefix("module."): full_gradient(p).detach().float().flatten().clone()
-            for name, p in model.named_parameters() if p.grad is not None}
-
-
-def relative_error(gradient: dict, reference: dict) -> float:
-    """‖gradient − reference‖ / ‖reference‖ over all parameters."""
-    sums = gradient_sums(gradient, reference)
-    return (sums["difference"] / sums["reference"]) ** 0.5

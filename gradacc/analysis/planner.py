@@ -21,6 +21,11 @@ from gradacc.recipes import shares_learning_rate
 from gradacc.labels import field_label
 from gradacc.errors import GradaccError
 from gradacc.units import MB
+from gradacc.training.memory.budget import largest_fitting_micro_batch
+from gradacc.training.run.engine import quiet_libraries
+
+# torch, transformers and the training modules that import them at their top are imported inside the functions that
+# train or measure: the Memory planner page imports this module before torch loads (tests/core/test_layout.py).
 
 NORM_MODELS = ("bow-batchnorm", "bow-layernorm")
 
@@ -126,7 +131,6 @@ def measure_levers(model: str, max_seq_length: int, grid=LEVER_GRID, seed: int =
     for (its masks are activations too). In the app, call it only once the warm-up's imports are done
     (``gradacc.serving.warmup``): it imports torch."""
     from gradacc.training.fsdp import group_sizes
-    from gradacc.training.run.engine import quiet_libraries
     from gradacc.training.memory.levers import LeverRig, timed
 
     check_plannable(model)
@@ -162,8 +166,6 @@ def plan_levers(measured: list[dict], budget_mb: float, target_effective_batch: 
     the predicted peak; the recommendation is the fastest setting that fits, the cheapest-memory one beside it:
     the one that needs least at m = 1 (``least_bytes``; comparing peaks would compare each setting at the largest m
     it fits, which fills any budget alike). When nothing fits, ``reason`` says so in one line."""
-    from gradacc.training.memory.budget import largest_fitting_micro_batch
-
     check_plan_inputs(budget_mb, target_effective_batch)
     rows = []
     for setting in measured:

@@ -32,6 +32,7 @@ from gradacc.choices import GRAD_SYNCS, PER_MICRO_BATCH, PER_WINDOW
 from gradacc.errors import GradaccError
 from gradacc.labels import field_label
 from gradacc.units import MB, format_bytes
+from gradacc.training.memory.budget import largest_fitting_micro_batch
 
 QUANTITIES = ("grad_bytes", "grad_peak_bytes", "grad_comm_bytes", "param_comm_bytes")
 
@@ -133,8 +134,6 @@ def plan_processes(setting: dict, budget_mb: float, target_effective_batch: int,
     measured line, per micro-batch. m is the largest power of two that fits, dividing the per-rank batch (target
     ÷ P), k the rest; per-window sync is planned with k ≥ 2 (at k = 1 nothing waits for a window: it is the other). Each way says what a rank hands to its gradient collectives per window (``sent_bytes``: the
     bytes a ring puts on the wire; DDP's all-reduce is a reduce-scatter and an all-gather)."""
-    from gradacc.training.memory.budget import largest_fitting_micro_batch  # torch: not for the formula's users
-
     per_rank_batch, left = divmod(target_effective_batch, processes)
     if left or not per_rank_batch:
         raise GradaccError(f"{field_label('target_effective_batch')} {target_effective_batch} must be a multiple of the "

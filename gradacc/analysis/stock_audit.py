@@ -13,11 +13,18 @@ from __future__ import annotations
 import logging
 import tempfile
 
+from gradacc import audit as public_audit  # light: each name loads its module when first used
 from gradacc import paths
 from gradacc.choices import CAUSAL_LM, CONTRASTIVE
 from gradacc.config import RunConfig
 from gradacc.errors import GradaccError
 from gradacc.labels import field_label
+from gradacc.training.run.engine import quiet_libraries
+from gradacc.training.sources import data, models
+
+# torch, transformers and the training modules that import them at their top are imported inside the functions that
+# train or measure: the app's audit queue (gradacc.serving.audits), and `gradacc --help`, imports this module before
+# torch loads (tests/core/test_layout.py).
 
 
 def stock_examples(tokenizer, texts: list[str], labels: list[int] | None, max_length: int) -> list[dict]:
@@ -51,10 +58,6 @@ def audit_stock_trainer(config: RunConfig, steps: int = 1, callbacks=(), confine
     import torch
     from transformers import PrinterCallback, Trainer, TrainingArguments
 
-    from gradacc.audit import audit_trainer
-    from gradacc.training.run.engine import quiet_libraries
-    from gradacc.training.sources import data, models
-
     config = config.check()
     config = config.replace(task=models.infer_task(config))
     if config.task == CONTRASTIVE:
@@ -80,7 +83,7 @@ def audit_stock_trainer(config: RunConfig, steps: int = 1, callbacks=(), confine
         trainer = Trainer(model=loaded.model, args=args, train_dataset=examples,
                           data_collator=stock_collator(loaded.tokenizer, config.task), callbacks=list(callbacks))
         trainer.remove_callback(PrinterCallback)
-        audit = audit_trainer(trainer) if audited else None
+        audit = public_audit.audit_trainer(trainer) if audited else None
         quiet = logging.getLogger("gradacc.audit")
         quiet.disabled = True  # the caller says the verdict itself
         try:

@@ -26,7 +26,6 @@ HEADER = (("micro_batch_size", "micro_batch_size", "m"),
           ("max_grad_norm", "max_grad_norm", "0: no clipping"),
           ("seed", "seed", None))
 _FIELDS = set(RunConfig().to_dict())
-_CONFIG_REFERENCE = re.compile(r"\bconfig\.([A-Za-z_]\w*)")
 # Helpers in other modules worth showing beside a loop: the weight every backend puts on a micro-batch, and
 # the clipping both hand-written loops do before the optimizer step.
 SHARED_HELPERS = {"loss_weight": "gradacc.training.windows", "clip_gradients": "gradacc.training.backends.optimizer"}
@@ -87,11 +86,19 @@ def settings_header(config: RunConfig, module_name: str) -> str:
 
 
 def annotate(source: str, config: RunConfig) -> str:
-    """Append this run's value to each line that reads a setting: ``range(1, config.epochs + 1):  # epochs = 2``."""
+    """Append this run's value to each line that reads a setting: ``range(1, config.epochs + 1):  # epochs = 2``.
+
+    A setting is read where the syntax tree has ``config.FIELD`` (not in a comment or a string), on whichever line
+    of a statement it stands."""
     values = config.to_dict()
+    read: dict[int, list[str]] = {}
+    for node in ast.walk(warmup.parse(source)):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "config" \
+                and node.attr in _FIELDS:
+            read.setdefault(node.lineno - 1, []).append(node.attr)
     out = []
-    for line in source.splitlines():
-        fields = [f for f in dict.fromkeys(_CONFIG_REFERENCE.findall(line)) if f in _FIELDS]
+    for row, line in enumerate(source.splitlines()):
+        fields = sorted(set(read.get(row, ())), key=read.get(row, []).index)
         if fields:
             line += "  # ← " + ", ".join(f"{f} = {values[f]!r}" for f in fields)
         out.append(line)
@@ -107,19 +114,19 @@ def backend_code(config: RunConfig) -> str:
 
 
 # ---- pitfalls: the plain loop's deliberate wrong lines, ``if job.pitfall("NAME"): ...  # WRONG: ...`` -------
+# Found in the syntax tree, not by how a line is laid out: an ``if`` whose test calls ``job.pitfall("NAME")``, on one
+# line or several; the right line it stands beside is the first other statement that does what its body does.
 
-# The right line each pitfall's wrong line stands beside (how the line starts, in the plain loop).
-RIGHT_LINES = {"scheduler-per-micro-batch": "lr_scheduler.step()", "clip-per-micro-batch": "norm = clip_gradients(",
-               "zero-grad-per-micro-batch": "optimizer.zero_grad()", "log-undivided-loss": "logged_loss = loss.item()",
-               "drop-last-window": "last_of_window = (index + 1) %"}
-
-
-def pitfall_statements(source: str) -> dict[str, tuple[int, int]]:
-    """{pitfall name: (first, last) row, 0-based} of each ``if job.pitfall("NAME")`` statement in ``source``."""
+def _parsed_source(source: str) -> ast.Module:
+    """``source``'s syntax tree; an empty one for a fragment that does not parse."""
     try:
-        tree = warmup.parse(source)
+        return warmup.parse(source)
     except SyntaxError:
-        return {}
+        return ast.Module(body=[], type_ignores=[])
+
+
+def _pitfall_ifs(tree: ast.Module) -> dict[str, ast.If]:
+    """{pitfall name: its ``if job.pitfall("NAME")`` statement} in ``tree``."""
     found = {}
     for node in ast.walk(tree):
         if not isinstance(node, ast.If):
@@ -127,8 +134,13 @@ def pitfall_statements(source: str) -> dict[str, tuple[int, int]]:
         for call in ast.walk(node.test):
             if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "pitfall" \
                     and call.args and isinstance(call.args[0], ast.Constant) and call.args[0].value in PITFALLS:
-                found[call.args[0].value] = (node.lineno - 1, node.end_lineno - 1)
+                found[call.args[0].value] = node
     return found
+
+
+def pitfall_statements(source: str) -> dict[str, tuple[int, int]]:
+    """{pitfall name: (first, last) row, 0-based} of each ``if job.pitfall("NAME")`` statement in ``source``."""
+    return {name: (node.lineno - 1, node.end_lineno - 1) for name, node in _pitfall_ifs(_parsed_source(source)).items()}
 
 
 def without_pitfalls(source: str, keep=()) -> str:
@@ -136,6 +148,21 @@ def without_pitfalls(source: str, keep=()) -> str:
     dropped = {row for name, (first, last) in pitfall_statements(source).items() if name not in keep
                for row in range(first, last + 1)}
     return "\n".join(line for row, line in enumerate(source.splitlines()) if row not in dropped)
+
+
+def _actions(statement: ast.stmt) -> set[str]:
+    """What a simple statement does, by name: the names it assigns (``logged_loss``) and the function its value calls
+    (``optimizer.zero_grad()``)."""
+    if isinstance(statement, ast.Assign):
+        targets = statement.targets
+    elif isinstance(statement, (ast.AugAssign, ast.AnnAssign)):
+        targets = [statement.target]
+    else:
+        targets = []
+    value = getattr(statement, "value", None) if isinstance(statement, (ast.Assign, ast.AugAssign, ast.AnnAssign,
+                                                                         ast.Expr)) else None
+    called = {ast.unparse(value.func) + "()"} if isinstance(value, ast.Call) else set()
+    return {ast.unparse(target) for target in targets} | called
 
 
 def pitfall_notes(source: str) -> tuple[list[str], set[int]]:
@@ -151,10 +178,18 @@ def pitfall_notes(source: str) -> tuple[list[str], set[int]]:
 
 
 def right_line(source: str, name: str) -> int | None:
-    """The row (0-based) of the right line that pitfall ``name``'s wrong line stands beside, or None."""
-    wrong = {row for first, last in pitfall_statements(source).values() for row in range(first, last + 1)}
-    return next((row for row, line in enumerate(source.splitlines())
-                 if row not in wrong and line.strip().startswith(RIGHT_LINES[name])), None)
+    """The row (0-based) of the right line that pitfall ``name``'s wrong line stands beside: the first statement
+    outside every pitfall's ``if`` that does what the wrong one does (zeroes, clips, steps the scheduler, sets
+    ``logged_loss`` or ``last_of_window``); None if there is none."""
+    tree = _parsed_source(source)
+    ifs = _pitfall_ifs(tree)
+    if name not in ifs:
+        return None
+    wrong = set().union(*(_actions(statement) for statement in ifs[name].body))
+    inside = {id(node) for node in ifs.values() for node in ast.walk(node)}
+    statements = sorted((node for node in ast.walk(tree)
+                         if isinstance(node, ast.stmt) and id(node) not in inside), key=lambda node: node.lineno)
+    return next((statement.lineno - 1 for statement in statements if _actions(statement) & wrong), None)
 
 
 # ---- what to look at: the three things accumulation adds, and the bookkeeping around them --------------

@@ -9,6 +9,7 @@ working directory, so the settings are passed as flags: the same server wherever
 from __future__ import annotations
 
 import sys
+import tomllib
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -29,8 +30,6 @@ def config_file() -> Path:
 
 def config_flags(path: Path | None = None) -> list[str]:
     """``[server] headless = true`` -> ``--server.headless=true``, for every setting in the config file."""
-    import tomllib
-
     with open(path or config_file(), "rb") as file:
         settings = tomllib.load(file)
     flags = []

@@ -7,15 +7,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gradacc.training.sources import data as data_module
 from gradacc import paths, recipes
-from gradacc.choices import BUILTIN_DATASETS, BUILTIN_MODELS
+from gradacc.choices import (BUILTIN_DATASETS, BUILTIN_MODEL_TASKS, BUILTIN_MODELS, CAUSAL_LM, CONTRASTIVE,
+                             CONTRASTIVE_MODELS)
 from gradacc.config import ConfigErrors, RunConfig, ValidConfig, too_few_examples
 from gradacc.recipes import RECIPES, recipe_for
 from gradacc.steps import total_optimizer_steps
 from gradacc.labels import field_label
 from gradacc.errors import GradaccError
 from gradacc.serving.limits import Limits
+from gradacc.training.sources import tables
+from gradacc.training.sources import data as data_module
+from gradacc.training.sources import models  # light: torch and transformers load only inside load()
+from gradacc.training.sources.models import infer_task
 
 # The built-in dataset's size when train_samples is not set (gradacc.training.sources.data uses the same).
 BUILTIN_DEFAULT_TRAIN = 2000
@@ -53,8 +57,6 @@ def check(config: RunConfig, limits: Limits | None = None,
 def local_path_errors(config: RunConfig) -> dict[str, str]:
     """A visitor's local model or dataset path refused as it is typed, as the run would refuse it at Start:
     outside the deployment's folders, missing, or (a model) not a safe-to-load model folder."""
-    from gradacc.training.sources import models  # light: torch and transformers load only inside load()
-
     confinement = paths.Confinement.for_visitors()
     found = {}
     model, dataset = config.model.strip(), config.dataset.strip()
@@ -136,9 +138,6 @@ def describe_dataset_move(model: str, dataset: str) -> str:
 
 def task_errors(config: RunConfig) -> dict[str, str]:
     """A model, task and built-in dataset that cannot go together, said before Start (no torch needed)."""
-    from gradacc.choices import BUILTIN_MODEL_TASKS, CAUSAL_LM, CONTRASTIVE, CONTRASTIVE_MODELS
-    from gradacc.training.sources.models import infer_task
-
     task = infer_task(config)
     model_task = BUILTIN_MODEL_TASKS.get(config.model)
     if task == CONTRASTIVE:
@@ -197,16 +196,16 @@ def run_label(config: RunConfig) -> str:
 
 def table_columns(path: str | Path) -> list[str]:
     """Column names of a CSV/JSONL file (GradaccError when it cannot be read)."""
-    frame = data_module.read_table(str(path))  # the loader's own reader: same checks, same messages
+    frame = tables.read_table(str(path))  # the loader's own reader: same checks, same messages
     return [str(c) for c in frame.columns]
 
 
 def label_column_guess(path: str | Path, text_column: str | None) -> str | None:
     """The label column to pre-pick for an upload: the loader's own detection, else the first column that
     could be a label; never an id, free text or a single class (None when no column could be one)."""
-    frame = data_module.read_table(str(path))
-    return data_module.detect_label_column(frame, text_column) or \
-        next(iter(data_module.usable_label_columns(frame, text_column)), None)
+    frame = tables.read_table(str(path))
+    return tables.detect_label_column(frame, text_column) or \
+        next(iter(tables.usable_label_columns(frame, text_column)), None)
 
 
 def guess_column(columns: list[str], candidates) -> str | None:

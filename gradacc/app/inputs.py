@@ -3,13 +3,14 @@ training settings, memory and levers, model, task and dataset pickers (uploads i
 
 from __future__ import annotations
 
+import importlib.util
 import math
 
 import streamlit as st
 
 from gradacc.app import form
 from gradacc.choices import (BACKENDS, BUILTIN_DATASETS, BUILTIN_MODELS, GRAD_SYNCS, LOSS_NORMALIZATIONS, OPTIMIZERS,
-                             PER_WINDOW, PITFALLS, PRECISIONS)
+                             PER_WINDOW, PITFALLS, PRECISIONS, TASKS)
 from gradacc.config import RunConfig
 from gradacc import recipes
 from gradacc.recipes import default_dataset
@@ -17,7 +18,9 @@ from gradacc.labels import field_label
 from gradacc.errors import GradaccError
 from gradacc.serving import uploads
 from gradacc.serving.limits import Limits
-from gradacc.training.sources.data import FILE_SUFFIXES, TEXT_COLUMNS
+from gradacc.training.sources.tables import TEXT_COLUMNS
+from gradacc.training.sources.data import FILE_SUFFIXES
+from gradacc.training.sources.models import infer_task  # reads a folder's config.json at most, no torch
 
 
 # Keys of the form widgets; they are created with persist_state="session", so a visitor's settings
@@ -194,8 +197,6 @@ def pitfall_input(prefix: str, label: str, help: str) -> list[str]:
 
 def offered_optimizers() -> list[str]:
     """adamw-8bit only where bitsandbytes is installed (the run refuses it again without a GPU)."""
-    import importlib.util
-
     return [name for name in OPTIMIZERS if name != "adamw-8bit" or importlib.util.find_spec("bitsandbytes")]
 
 
@@ -260,9 +261,6 @@ FROM_THE_MODEL = "from the model"
 
 def task_input(prefix: str, errors: FieldErrors, config: RunConfig) -> str | None:
     """Task: classification, causal-lm, or (None) whatever the model is; the inferred task is shown."""
-    from gradacc.choices import TASKS
-    from gradacc.training.sources.models import infer_task  # reads a folder's config.json at most, no torch
-
     choice = st.selectbox("Task", [FROM_THE_MODEL, *TASKS], key=f"{FORM}{prefix}.task", persist_state="session",
                           help="classification: a label per text (F1, accuracy). causal-lm: predict each next token "
                                "(perplexity, next-token accuracy); a *ForCausalLM model or tiny-gpt means causal-lm. "

@@ -7,13 +7,14 @@ Importing this must stay cheap (no torch, no transformers): every page imports i
 from __future__ import annotations
 
 import sys
-import threading
 import uuid
 
 import streamlit as st
 
 from gradacc.errors import GradaccError
 from gradacc.serving import warmup
+from gradacc.serving.audits import audit_key, stock_audit
+from gradacc.serving.checks import CheckRunner
 from gradacc.serving.limits import Limits
 from gradacc.serving.manager import RunManager
 from gradacc.serving.store import RunStore
@@ -57,17 +58,12 @@ def run_manager() -> RunManager:
 @st.cache_resource(show_spinner=False)
 def check_runner():
     """The server's queue of equivalence checks (one worker thread, shared by every visitor)."""
-    from gradacc.serving.checks import CheckRunner
-
     return CheckRunner()
 
 
 @st.cache_resource(show_spinner=False)
 def audit_runner():
     """The server's queue of stock-Trainer audits (the Audit page), one worker thread like the checks'."""
-    from gradacc.serving.audits import audit_key, stock_audit
-    from gradacc.serving.checks import CheckRunner
-
     return CheckRunner(stock_audit, audit_key)
 
 
@@ -79,29 +75,12 @@ def limits() -> Limits:
         st.stop()
 
 
-# Set while the app's navigation runs a page (streamlit_app.main): a page run without it was opened alone.
-_navigating = threading.local()
-
-
 def under_navigation() -> None:
-    """First thing on every page. Until some visitor has loaded the app's entry, a fresh server answers a page's own
-    link (/demos?demo=..., /train) with Streamlit's pages/ folder fallback: that file alone, without the app's
-    navigation (sidebar of file names, narrow layout). Then run the app instead, which draws this page."""
-    if getattr(_navigating, "page", False):
-        return
-    from gradacc.app.streamlit_app import main
+    """Until pages/demos.py and pages/equivalence.py call ``navigation.under_navigation`` (the lead switches them
+    after the merge, then deletes this): the same, by way of the navigation module, which imports this one."""
+    from gradacc.app import navigation  # a known circle (tests/core/test_layout.py: KNOWN_CYCLES)
 
-    main()
-    st.stop()
-
-
-def run_page(navigation) -> None:
-    """Run the page ``st.navigation`` chose, marked as run by the app (see ``under_navigation``)."""
-    _navigating.page = True
-    try:
-        navigation.run()
-    finally:
-        _navigating.page = False
+    navigation.under_navigation()
 
 
 # What gradacc shows, in one sentence: the landing page says it to a first-time visitor.

@@ -27,6 +27,9 @@ import json
 import sys
 from pathlib import Path
 
+from gradacc.bench import report
+from gradacc.errors import RunFailed
+
 SUITES = ("overhead", "memory", "sweep", "latency", "ga-bug", "levers", "pitfalls", "families", "coupled",
           "learning-rates", "learning-steps", "audit", "fsdp")
 DEFAULT_OUT = "bench-out"
@@ -53,10 +56,7 @@ def add_parser(subcommands) -> None:
 
 
 def run(args) -> int:
-    import torch
-
-    from gradacc.bench import report
-    from gradacc.errors import RunFailed
+    import torch  # here: `gradacc --help` imports this module, and answers before torch loads
 
     suite = importlib.import_module(f"gradacc.bench.{args.suite.replace('-', '_')}")
     threads_before = torch.get_num_threads()

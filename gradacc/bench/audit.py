@@ -22,8 +22,10 @@ from __future__ import annotations
 import statistics
 import time
 
+from gradacc.analysis.stock_audit import audit_stock_trainer
 from gradacc.bench import report
 from gradacc.config import RunConfig
+from gradacc.training.run.engine import quiet_libraries
 
 # Per model: optimizer steps per run and rounds (even: each of with/without goes first equally often).
 FULL = dict(micro_batch_size=8, grad_accum_steps=4, max_seq_length=64,
@@ -58,8 +60,6 @@ def _timer():
 
 
 def measure(config: RunConfig, steps: int, audited: bool) -> dict:
-    from gradacc.analysis.stock_audit import audit_stock_trainer
-
     timer = _timer()
     verdict = audit_stock_trainer(config, steps=steps, callbacks=[timer], audited=audited)
     window = statistics.median(timer.windows[1:])
@@ -71,8 +71,6 @@ def measure(config: RunConfig, steps: int, audited: bool) -> dict:
 
 
 def run(quick: bool = False, threads: int = 1) -> dict:
-    from gradacc.training.run.engine import quiet_libraries
-
     started = time.perf_counter()
     size = QUICK if quick else FULL
     result = report.envelope("audit", quick, threads, {**size, "trainer": "stock, no compute_loss_func",

@@ -14,10 +14,15 @@ Dropout is off everywhere. Nothing is timed.
 
 from __future__ import annotations
 
+import threading
 import time
 
+from gradacc.analysis import contrastive
+from gradacc.analysis.equivalence import by_micro_batch
 from gradacc.bench import report, runs
 from gradacc.config import RunConfig
+from gradacc.training.contrastive import retrieval_metrics
+from gradacc.training.run.job import prepare
 
 FULL = dict(model="all-MiniLM-L6-v2", effective_batch=64, micro_batch_size=16, max_seq_length=32, train_samples=512,
             eval_samples=300, learning_rate=5e-5, norm_effective_batch=32, norm_micro_batches=(2, 4, 8, 16, 32))
@@ -37,19 +42,11 @@ def contrastive_config(size: dict) -> RunConfig:
 
 def untrained_retrieval(config: RunConfig) -> dict:
     """MRR@10, recall@1 and eval loss of the model as loaded: what one epoch of each way starts from."""
-    import threading
-
-    from gradacc.training.contrastive import retrieval_metrics
-    from gradacc.training.run.job import prepare
-
     job = prepare(config.replace(instrument=False).check(), lambda event: None, threading.Event())
     return retrieval_metrics(job.model, job.eval_examples, job.collate, job.device)
 
 
 def run(quick: bool = False, threads: int = 1) -> dict:
-    from gradacc.analysis import contrastive
-    from gradacc.analysis.equivalence import by_micro_batch
-
     started = time.perf_counter()
     size = QUICK if quick else FULL
     result = report.envelope("coupled", quick, threads, {**size, "norm_micro_batches": list(size["norm_micro_batches"]),

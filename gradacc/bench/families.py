@@ -22,15 +22,25 @@ the fix gradacc names and in the Accelerate recipe, where accumulation is right:
 
 from __future__ import annotations
 
+import json
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
 
+import torch
+import transformers
+
+from gradacc import paths
+from gradacc.analysis import equivalence
 from gradacc.analysis.equivalence import EXACT_LIMIT, library_default_verdict
 from gradacc.bench import report
-from gradacc.bench.families_audit import audit_family
+from gradacc.bench.families_audit import SavedFamily, audit_family
 from gradacc.config import RunConfig
+from gradacc.errors import GradaccError, one_line
+from gradacc.training.run.engine import quiet_libraries
+from gradacc.training.sources import models
 
 ENCODER, DECODER_CLASSIFIER, CAUSAL_LM = "encoder", "decoder-only classifier", "causal LM"
 # One tiny shape in each family's own words: 2 layers, width 32, 2 heads, feed-forward 64, 128 positions.
@@ -69,12 +79,6 @@ PAGE_TABLE = Path(__file__).resolve().parents[1] / "app" / "trainer_default_by_f
 
 def build(family: str, folder: Path) -> None:
     """A tiny random model of ``family`` and its tokenizer, written into ``folder`` with save_pretrained."""
-    import torch
-    import transformers
-
-    from gradacc.training.run.engine import quiet_libraries
-    from gradacc.training.sources import models
-
     quiet_libraries()  # no progress bars from save_pretrained
     kind, config_class, model_class, shape = FAMILIES[family]
     causal = kind == CAUSAL_LM
@@ -99,10 +103,6 @@ def build(family: str, folder: Path) -> None:
 
 def check_family(family: str, home: Path) -> dict:
     """``gradacc check`` on the Trainer backend for one family: the row of the table."""
-    from gradacc import paths
-    from gradacc.analysis import equivalence
-    from gradacc.errors import GradaccError, one_line
-
     kind = FAMILIES[family][0]
     row = {"family": family, "kind": kind, "model_class": FAMILIES[family][2]}
     folder = home / family
@@ -116,13 +116,12 @@ def check_family(family: str, home: Path) -> dict:
         return {**row, "failed": one_line(error)}
     window = result["cases"]["equal_windows"]
     row.update({name: window[f"{name}_rel_error"] for name in ("exact", "naive", "library_default")})
-    row.update(audit_family(family, folder, SETTINGS))
+    kind, config_class, model_class, _ = FAMILIES[family]
+    row.update(audit_family(SavedFamily(folder, config_class, model_class, causal=kind == CAUSAL_LM), SETTINGS))
     return row
 
 
 def run(quick: bool = False, threads: int = 1) -> dict:
-    import transformers
-
     started = time.perf_counter()
     families = list(QUICK_FAMILIES if quick else FAMILIES)
     result = report.envelope("families", quick, threads, {
@@ -209,9 +208,6 @@ def table(result: dict) -> tuple[list[str], list[list]]:
 
 
 if __name__ == "__main__":  # python -m gradacc.bench.families bench-out/families.json: refresh the page's table
-    import json
-    import sys
-
     full = json.loads(Path(sys.argv[1]).read_text(encoding="utf-8"))
     if full["quick"] or len(full["rows"]) != len(FAMILIES):
         sys.exit("error: give the JSON of a full run (python -m gradacc bench families), not --quick")

@@ -17,53 +17,57 @@ One optimizer step each, m = 2, k = 4 (the table's settings).
 from __future__ import annotations
 
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+import transformers
+from accelerate import Accelerator
+from torch.utils.data import DataLoader
+from transformers import AutoTokenizer, PrinterCallback, Trainer, TrainingArguments
+
+from gradacc.analysis.stock_audit import stock_collator, stock_examples
+from gradacc.audit import audit_accelerate, audit_trainer, token_mean_loss
+from gradacc.choices import CAUSAL_LM, CLASSIFICATION
 from gradacc.errors import one_line
+from gradacc.training.sources import builtin_data
+from gradacc.training.sources import dropout as dropouts
 
 DROPOUT = 0.1
 LENGTH = 32
 
 
-def _model(family: str, folder: Path):
-    import transformers
+@dataclass(frozen=True)
+class SavedFamily:
+    """A family's tiny model as ``families.build`` saved it, and what loading it takes."""
+    folder: Path
+    config_class: str  # in transformers' words: "BertConfig"
+    model_class: str  # "BertForSequenceClassification"
+    causal: bool  # a causal LM (learns builtin-text), else a classifier (builtin-sentiment)
 
-    from gradacc.bench.families import FAMILIES
-    from gradacc.training.sources import dropout as dropouts
 
-    _, config_class, model_class, _ = FAMILIES[family]
-    config = getattr(transformers, config_class).from_pretrained(folder)
+def _model(saved: SavedFamily):
+    config = getattr(transformers, saved.config_class).from_pretrained(saved.folder)
     dropouts.set_in_config(config, DROPOUT)
-    model = getattr(transformers, model_class).from_pretrained(folder, config=config)
+    model = getattr(transformers, saved.model_class).from_pretrained(saved.folder, config=config)
     dropouts.set_in_modules(model, DROPOUT)
     return model
 
 
-def _examples(family: str, tokenizer, count: int) -> tuple[list[dict], str]:
-    from gradacc.analysis.stock_audit import stock_examples
-    from gradacc.bench.families import CAUSAL_LM, FAMILIES
-    from gradacc.choices import CAUSAL_LM as TASK_CAUSAL_LM, CLASSIFICATION
-    from gradacc.training.sources import builtin_data
-
-    if FAMILIES[family][0] == CAUSAL_LM:
+def _examples(saved: SavedFamily, tokenizer, count: int) -> tuple[list[dict], str]:
+    if saved.causal:
         texts = builtin_data.make_text(count * 4, seed=0)
         examples = [e for e in stock_examples(tokenizer, texts, None, LENGTH) if len(e["input_ids"]) == LENGTH]
-        return examples[:count], TASK_CAUSAL_LM
+        return examples[:count], CAUSAL_LM
     texts, labels = builtin_data.make_sentiment(count, seed=0)
     return stock_examples(tokenizer, texts, labels, LENGTH), CLASSIFICATION
 
 
-def trainer_with_the_fix(family: str, folder: Path, settings: dict):
-    from transformers import AutoTokenizer, PrinterCallback, Trainer, TrainingArguments
-
-    from gradacc.analysis.stock_audit import stock_collator
-    from gradacc.audit import audit_trainer, token_mean_loss
-    from gradacc.choices import CAUSAL_LM
-
+def trainer_with_the_fix(saved: SavedFamily, settings: dict):
     m, k = settings["micro_batch_size"], settings["grad_accum_steps"]
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    examples, task = _examples(family, tokenizer, m * k)
-    model = _model(family, folder)
+    tokenizer = AutoTokenizer.from_pretrained(saved.folder)
+    examples, task = _examples(saved, tokenizer, m * k)
+    model = _model(saved)
     if task == CAUSAL_LM:
         model.loss_type = "ForCausalLM"
     with tempfile.TemporaryDirectory(prefix="gradacc-families-audit-") as output_dir:
@@ -78,21 +82,13 @@ def trainer_with_the_fix(family: str, folder: Path, settings: dict):
     return audit.verdict
 
 
-def accelerate_recipe(family: str, folder: Path, settings: dict):
-    import torch
-    from accelerate import Accelerator
-    from torch.utils.data import DataLoader
-    from transformers import AutoTokenizer
-
-    from gradacc.analysis.stock_audit import stock_collator
-    from gradacc.audit import audit_accelerate
-
+def accelerate_recipe(saved: SavedFamily, settings: dict):
     m, k = settings["micro_batch_size"], settings["grad_accum_steps"]
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    examples, task = _examples(family, tokenizer, m * k)
+    tokenizer = AutoTokenizer.from_pretrained(saved.folder)
+    examples, task = _examples(saved, tokenizer, m * k)
     torch.manual_seed(settings["seed"])
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=k)
-    model = _model(family, folder)
+    model = _model(saved)
     loader = DataLoader(examples, batch_size=m, collate_fn=stock_collator(tokenizer, task))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
@@ -106,12 +102,12 @@ def accelerate_recipe(family: str, folder: Path, settings: dict):
     return audit.verdict
 
 
-def audit_family(family: str, folder: Path, settings: dict) -> dict:
+def audit_family(saved: SavedFamily, settings: dict) -> dict:
     """The audit's verdicts on the family's saved model, with its dropout on: {way: verdict's gradient, ...}."""
     out = {}
     for way, run in (("audit_trainer_fixed", trainer_with_the_fix), ("audit_accelerate_recipe", accelerate_recipe)):
         try:
-            verdict = run(family, folder, settings)
+            verdict = run(saved, settings)
             out[way] = verdict.gradient if verdict is not None else "no verdict"
             if verdict is not None and not verdict.ok:
                 out[f"{way}_line"] = verdict.line

@@ -23,6 +23,7 @@ from pathlib import Path
 from gradacc.bench import report, runs
 from gradacc.choices import BACKENDS
 from gradacc.config import RunConfig
+from gradacc.errors import RunFailed
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = dict(micro_batch_size=8, grad_accum_steps=1, max_steps=2, train_samples=64, eval_samples=8, epochs=1)
@@ -51,8 +52,6 @@ def cold(backend: str, threads: int) -> dict:
                 times[kind] = time.perf_counter() - launched
         code = process.wait()
     if code != 0 or "step" not in times:
-        from gradacc.errors import RunFailed
-
         raise RunFailed(f"the cold {backend} run exited with {code} before a step event")
     return {"to_run_started_s": times["run_started"], "to_first_step_s": times["step"]}
 

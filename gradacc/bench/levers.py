@@ -32,6 +32,10 @@ import statistics
 import time
 
 from gradacc.bench import report
+from gradacc.training.memory import measure
+from gradacc.training.memory.levers import LeverRig, timed
+from gradacc.training.run.engine import quiet_libraries
+from gradacc.training.run.job import pick_device
 
 LIGHT_OPTIMIZER = "adafactor"
 ROWS = (("baseline", 1, {}),
@@ -53,9 +57,6 @@ ANCHOR = {"source": "transformers docs, single-GPU training: bert-large, V100, s
 
 def measure_model(model: str, effective_batch: int, length: int, rounds: int, steps: int, device) -> dict:
     import torch
-
-    from gradacc.training.memory import measure
-    from gradacc.training.memory.levers import LeverRig, timed
 
     rigs = []
     for name, k, levers in ROWS:
@@ -108,9 +109,6 @@ def measure_model(model: str, effective_batch: int, length: int, rounds: int, st
 
 
 def run(quick: bool = False, threads: int = 1) -> dict:
-    from gradacc.training.run.engine import quiet_libraries
-    from gradacc.training.run.job import pick_device
-
     started = time.perf_counter()
     size = QUICK if quick else FULL
     device = pick_device()

@@ -17,6 +17,8 @@ import multiprocessing
 import time
 import traceback
 
+from gradacc.errors import RunFailed
+
 # A run that needs longer than this for one step (or for its set-up) is stuck, not slow.
 TIMEOUT_S = 600
 
@@ -93,8 +95,6 @@ class Lockstep:
         return {name: self._expect(name, "result")[1] for name in self.workers}
 
     def _expect(self, name: int, kind: str) -> tuple:
-        from gradacc.errors import RunFailed
-
         process, conn = self.workers[name]
         if not conn.poll(TIMEOUT_S):
             raise RunFailed(f"no word from benchmark process {name} for {TIMEOUT_S} s")

@@ -15,8 +15,13 @@ import multiprocessing
 import statistics
 import time
 
+import torch
+import transformers.models.bert.modeling_bert  # noqa: F401 - imported before a point's RSS baseline, not in its growth
+
+import gradacc.training.backends.pytorch_loop  # noqa: F401 - the same
 from gradacc.bench import report, runs
 from gradacc.config import RunConfig
+from gradacc.training.memory import measure
 
 FULL = dict(effective_batch=64, max_seq_length=64, steps=2, fixed_m=8, ks=(1, 2, 4, 8), fresh_process=True)
 QUICK = dict(effective_batch=32, max_seq_length=32, steps=1, fixed_m=8, ks=(1, 2, 4), fresh_process=False)
@@ -34,14 +39,7 @@ def micro_batches(effective_batch: int) -> list[int]:
 
 def measure_point(m: int, k: int, size: dict, threads: int) -> dict:
     """One short run at (m, k); module-level so a fresh process can run it."""
-    import torch
-
-    from gradacc.training.memory import measure
-
     torch.set_num_threads(threads)
-    import gradacc.training.backends.pytorch_loop  # noqa: F401 - imports before the RSS baseline, not in the growth
-    import transformers.models.bert.modeling_bert  # noqa: F401
-
     config = RunConfig(backend="pytorch", micro_batch_size=m, grad_accum_steps=k, epochs=1,
                        max_steps=size["steps"], train_samples=m * k * size["steps"], eval_samples=8,
                        max_seq_length=size["max_seq_length"], dropout=0.0)

@@ -21,15 +21,23 @@ The probes are also timed apart (``component_costs``), so a gap can be put down 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import threading
 import time
+import timeit
+
+import torch
+from torch.utils.data import DataLoader
 
 from gradacc import events
 from gradacc.bench import lockstep, report, runs
 from gradacc.choices import BACKENDS
 from gradacc.config import RunConfig
+from gradacc.training.memory import measure
+from gradacc.training.run.engine import quiet_libraries
+from gradacc.training.run.job import prepare
 
 FULL = dict(micro_batch_size=8, grad_accum_steps=4, steps=40, rounds=15, warmup_steps=3, max_seq_length=64,
             probe_repeats=200)
@@ -65,40 +73,54 @@ def variant_of(process: int, shift: int) -> str:
     return VARIANTS[(process + shift) % len(VARIANTS)]
 
 
-def worker(clock: lockstep.StepClock, process: int, size: dict, threads: int) -> dict | None:
-    """One process: every run of the plan, stepping when the coordinator says so. Process 0 then times
-    the probes apart (everything is imported there already)."""
-    import torch
-
-    from gradacc.training.run.engine import quiet_libraries
-
+def worker(clock: lockstep.StepClock, process: int, size: dict, threads: int) -> dict:
+    """One process: every run of the plan, stepping when the coordinator says so; what each run recorded (its step
+    events and their memory figures). Process 0 then times the probes apart (everything is imported there already)."""
     torch.set_num_threads(threads)
     quiet_libraries()
-    for backend, steps, shift in plan(size):
+    recorded = []
+    for index, (backend, steps, shift) in enumerate(plan(size)):
         variant = variant_of(process, shift)
+        tally = {"run": index, "backend": backend, "variant": variant, "steps": 0, "activation_bytes": 0,
+                 "rss_bytes": 0}
         if variant == "reference":
-            reference_loop(config_for(backend, size, instrument=False, steps=steps), clock.on_step)
+            def on_step(tally=tally):
+                tally["steps"] += 1
+                clock.on_step()
+
+            reference_loop(config_for(backend, size, instrument=False, steps=steps), on_step)
         else:
             app = runs.AppSink() if variant == "instrumented" else None
 
-            def sink(event, app=app):
+            def sink(event, app=app, tally=tally):
                 if event["event"] == events.STEP:
                     clock.on_step()
+                    tally["steps"] += 1
+                    tally["activation_bytes"] += event["activation_bytes"] is not None
+                    tally["rss_bytes"] += event["rss_bytes"] is not None
                 if app is not None:  # after the go: the app's work is timed with the next step
                     app(event)
 
             runs.train(config_for(backend, size, instrument=variant == "instrumented", steps=steps), sink)
         clock.run_done()
-    return component_costs(size, size["probe_repeats"]) if process == 0 else None
+        recorded.append(tally)
+    return {"recorded": recorded, "costs": component_costs(size, size["probe_repeats"]) if process == 0 else None}
+
+
+def recorded_by_round(outcomes: dict, size: dict) -> dict:
+    """{backend: {variant: {"steps": [...], "activation_bytes": [...], "rss_bytes": [...]}}}, one entry per round:
+    how many step events (the reference: steps) each variant's run had, and how many carried each memory figure."""
+    warm_ups = len(BACKENDS) if size["warmup_steps"] else 0
+    out = {b: {v: {"steps": [], "activation_bytes": [], "rss_bytes": []} for v in VARIANTS} for b in BACKENDS}
+    runs_ = [run for outcome in outcomes.values() for run in outcome["recorded"] if run["run"] >= warm_ups]
+    for run in sorted(runs_, key=lambda run: run["run"]):
+        for figure in ("steps", "activation_bytes", "rss_bytes"):
+            out[run["backend"]][run["variant"]][figure].append(run[figure])
+    return out
 
 
 def reference_loop(config: RunConfig, on_step) -> None:
     """The bare loop: forward, weighted loss, backward; every k micro-batches clip, step, schedule, zero."""
-    import torch
-    from torch.utils.data import DataLoader
-
-    from gradacc.training.run.job import prepare
-
     job = prepare(config.check(), lambda event: None, threading.Event())
     config = job.config  # checked: the recipe's learning rate and warm-up filled in
     model, k = job.model, config.grad_accum_steps
@@ -127,12 +149,6 @@ def reference_loop(config: RunConfig, on_step) -> None:
 def component_costs(size: dict, repeats: int) -> dict:
     """CPU seconds of each probe, measured apart: the hooked forward's extra (paired with an un-hooked
     forward+backward of the same micro-batch, alternating), one RSS read, one step event to JSON."""
-    import contextlib
-    import timeit
-
-    from gradacc.training.memory import measure
-    from gradacc.training.run.job import prepare
-
     config = config_for("pytorch", size, instrument=True, steps=size["steps"])
     job = prepare(config.check(), lambda event: None, threading.Event())
     model = job.model
@@ -193,7 +209,9 @@ def run(quick: bool = False, threads: int = 1) -> dict:
             if not warm_up:
                 rounds[backend].append({variant_of(p, shift): t for p, t in times.items()})
         report.progress("probe costs, measured apart")
-        costs = coordinator.results()[0]
+        outcomes = coordinator.results()
+    costs = outcomes[0]["costs"]
+    result["recorded"] = recorded_by_round(outcomes, size)
 
     result["steps_per_s"] = {}
     for c, clock in enumerate(CLOCKS):

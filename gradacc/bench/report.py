@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from gradacc.errors import one_line
+from gradacc.training.run.job import pick_device
 
 FIGURE_SIZE = dict(width=960, height=460)
 # kaleido's Chrome page sometimes is not ready in time on a loaded machine; once more usually works.
@@ -32,8 +33,6 @@ def progress(message: str) -> None:
 
 def machine(threads: int) -> dict:
     import torch
-
-    from gradacc.training.run.job import pick_device
 
     return {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
             "cpu_count": os.cpu_count(), "torch_threads": threads, "device": str(pick_device()),

@@ -7,6 +7,8 @@ import time
 from gradacc import events
 from gradacc.config import RunConfig
 from gradacc.errors import RunFailed
+from gradacc.training.run.engine import train as engine_train
+from gradacc.training.sources import models
 
 
 class AppSink:
@@ -34,8 +36,6 @@ class AppSink:
 def train(config: RunConfig, sink, **job_options) -> dict:
     """engine.train, but a run that does not complete is an error here (a benchmark of a failed run is
     no benchmark)."""
-    from gradacc.training.run.engine import train as engine_train
-
     ended = engine_train(config, sink, **job_options)
     if ended["status"] != events.COMPLETED:
         raise RunFailed(f"{config.backend} m={config.micro_batch_size} k={config.grad_accum_steps}: "
@@ -48,8 +48,6 @@ def fixed_length_collator(model: str, length: int):
     micro-batch, so micro-batches of different m would differ in length too and activation ratios would
     mix m with sequence length."""
     from transformers import DataCollatorWithPadding
-
-    from gradacc.training.sources import models
 
     if model != models.TINY_BERT:
         raise ValueError("the memory suite measures the built-in tiny-bert")

@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 from gradacc import paths
+from gradacc.analysis.stock_audit import audit_stock_trainer
 from gradacc.choices import TASKS
 from gradacc.cli.options import EXIT_BAD_INPUT, EXIT_OK, config_from_args, value
 from gradacc.config import RunConfig
@@ -72,9 +73,6 @@ def run(args) -> int:
 
 
 def run_model(args) -> int:
-    # The audit trains (torch): imported here, so that `gradacc --help` answers before torch loads.
-    from gradacc.analysis.stock_audit import audit_stock_trainer
-
     verdict = audit_stock_trainer(config_from_args(args), confinement=paths.TRUST_USER)  # the user's own folders
     if not distributed.is_main_process():  # under accelerate launch / torchrun every rank audits; rank 0 says it
         return EXIT_OK

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 from gradacc import paths
+from gradacc.analysis import equivalence
+from gradacc.analysis.contrastive import WAY_NAMES, explanation
 from gradacc.choices import CONTRASTIVE, GRAD_SYNCS
 from gradacc.cli.options import EXIT_OK, add_run_options, config_from_args
 from gradacc.training import distributed
@@ -20,9 +22,6 @@ def add_parser(commands) -> None:
 
 
 def run(args) -> int:
-    # The check trains (torch): imported here, so that `gradacc --help` answers before torch loads.
-    from gradacc.analysis import equivalence
-
     config = config_from_args(args)  # under accelerate launch / torchrun: the check runs on every rank
     # The command line trusts its user: a model folder anywhere they can read (the app confines its visitors).
     report = equivalence.check(config, samples=args.samples, confinement=paths.TRUST_USER)
@@ -80,8 +79,6 @@ def print_grad_sync(comparison: dict, grad_accum_steps: int) -> None:
 
 
 def print_contrastive_check(report: dict) -> int:
-    from gradacc.analysis.contrastive import WAY_NAMES, explanation
-
     print(f"{report['backend']}, {report['model']}: in-batch negatives at effective batch {report['effective_batch']}; "
           "relative error of each way's gradient against the batch's, and its activations")
     print(f"{'way':<50}{'m':>5}{'k':>5}{'mini':>6}{'rel. error':>12}{'activations':>14}")

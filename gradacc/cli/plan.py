@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 
+from gradacc.analysis import learning_steps, planner, sharding
 from gradacc.choices import OPTIMIZERS
 from gradacc.cli.options import EXIT_FAILED, EXIT_OK, value
 from gradacc.config import RunConfig
@@ -38,9 +39,6 @@ def add_parser(commands) -> None:
 
 
 def run(args) -> int:
-    # The planner measures (torch): imported here, so that `gradacc --help` answers before torch loads.
-    from gradacc.analysis import learning_steps, planner, sharding
-
     RunConfig(model=args.model, max_seq_length=args.max_seq_length, train_samples=args.train_samples,
               epochs=args.epochs).check()
     if isinstance(args.memory_budget_mb, str):

@@ -14,6 +14,8 @@ from gradacc.export import trackers
 from gradacc.labels import in_cli_words
 from gradacc.serving.limits import Limits
 from gradacc.training import distributed
+from gradacc.training.run import engine
+from gradacc.training.run.options import RunOptions
 
 
 def add_parser(commands) -> None:
@@ -59,10 +61,6 @@ def add_parser(commands) -> None:
 
 
 def run(args) -> int:
-    # The engine imports torch: here, not at the top, so that `gradacc --help` answers before torch loads.
-    from gradacc.training.run.engine import train
-    from gradacc.training.run.options import RunOptions
-
     trackers.parse_report_to(args.report_to)  # a misspelt tracker fails here, before torch is imported
     config = config_from_args(args).check()
     if config.fsdp and args.sync_each_micro_batch:
@@ -88,7 +86,7 @@ def run(args) -> int:
                          confinement=None if args.confine else paths.TRUST_USER,  # None: the visitors' folders
                          max_run_memory_mb=limits.max_run_memory_mb)
     try:
-        ended = train(config, on_event, stop, options)
+        ended = engine.train(config, on_event, stop, options)
     except KeyboardInterrupt:  # Ctrl-C: the engine stops within one micro-batch on its own next check
         stop.set()
         raise

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from gradacc.analysis.stock_audit import audit_stock_trainer  # light: torch loads when an audit runs
 from gradacc.config import RunConfig, ValidConfig
 from gradacc.errors import GradaccError
 from gradacc.labels import field_label
@@ -32,7 +33,6 @@ def audit_config(model: str, dataset: str, text_column: str | None, label_column
 def stock_audit(config: RunConfig) -> dict:
     """The verdict on a stock Trainer's first step on the config's model, as a dict (``Verdict.as_dict``)."""
     warmup.wait_until_warm()  # no import of torch beside the warm-up's (see gradacc.serving.warmup)
-    from gradacc.analysis.stock_audit import audit_stock_trainer  # lazy: imports torch
 
     return audit_stock_trainer(config).as_dict()  # confinement None: the visitors' folders only
 

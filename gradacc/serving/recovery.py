@@ -10,12 +10,9 @@ import atexit
 import logging
 import threading
 import weakref
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from gradacc.serving.store import RunStore
-
-if TYPE_CHECKING:
-    from gradacc.serving.manager import RunManager
 
 log = logging.getLogger(__name__)
 
@@ -23,10 +20,18 @@ log = logging.getLogger(__name__)
 # micro-batch and record it: a daemon thread still inside torch while Python finalises aborts the process
 # ("terminate called without an active exception") and leaves its run to be found interrupted.
 EXIT_SHUTDOWN_SECONDS = 5.0
-_open_managers: "weakref.WeakSet[RunManager]" = weakref.WeakSet()
 
 
-def shut_down_at_exit(manager: "RunManager") -> None:
+class Stoppable(Protocol):
+    """What exit asks of a run manager (``gradacc.serving.manager.RunManager``, which imports this module)."""
+
+    def shutdown(self, timeout: float) -> bool: ...
+
+
+_open_managers: "weakref.WeakSet[Stoppable]" = weakref.WeakSet()
+
+
+def shut_down_at_exit(manager: Stoppable) -> None:
     """Stop ``manager``'s runs when the interpreter exits (if it is still open then)."""
     _open_managers.add(manager)
 

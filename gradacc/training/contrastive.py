@@ -16,6 +16,7 @@ Accelerate and Trainer train it like any model. Its parameter names are the enco
 from __future__ import annotations
 
 import contextlib
+import logging
 
 import torch
 from torch import nn
@@ -47,8 +48,6 @@ def load_sentence_transformer(source: str, shown_name: str, dropout: float, devi
 @contextlib.contextmanager
 def _quiet_sentence_transformers():
     """A plain encoder folder makes sentence-transformers log that it adds mean pooling: expected here."""
-    import logging
-
     logger = logging.getLogger("sentence_transformers")
     level = logger.level
     logger.setLevel(logging.ERROR)

@@ -7,6 +7,7 @@ CLI asks for the world size before anything heavy is loaded.
 
 from __future__ import annotations
 
+import datetime
 import os
 import sys
 
@@ -54,8 +55,6 @@ PROCESS_GROUP_TIMEOUT_S = 600
 
 def init_process_group(device) -> None:
     """Join the launch's process group (gloo on CPU, nccl on CUDA) unless Accelerate already did."""
-    import datetime
-
     import torch.distributed as dist
 
     if world_size() > 1 and not dist.is_initialized():

@@ -6,6 +6,8 @@ reads the same sums.
 
 from __future__ import annotations
 
+import math
+
 from gradacc.errors import GradaccError
 
 
@@ -72,8 +74,6 @@ def projection(gradient: dict, reference: dict, gradient_scale: float = 1.0, exp
     takes too (then ‖g − s·r‖² = ‖g − e·r‖² − (s − e)²·‖r‖², the two parts orthogonal); a second when it is not,
     which measures ‖g − s·r‖ itself: derived from a far e, (s − e)²·‖r‖² would drown it. The blocks come from every piece of a small model and from an even sample of
     ``SAMPLED_PIECES``-odd pieces of a large one (se ∝ 1/√(sampled fraction), corrected for)."""
-    import math
-
     import torch
 
     pieces = list(_pieces(gradient, reference))

@@ -29,6 +29,19 @@ def test_settings_are_shown_in_a_header_and_where_the_loop_reads_them():
     ast.parse(code)  # still valid Python
 
 
+def test_a_setting_is_annotated_where_the_code_reads_it_not_where_a_comment_or_string_names_it():
+    source = ("def train(job, config):\n"
+              "    # config.epochs is read below\n"
+              "    print('config.seed')\n"
+              "    total = sum(\n"
+              "        config.epochs for _ in range(config.grad_accum_steps))\n")
+    annotated = codeview.annotate(source, RunConfig(epochs=5, grad_accum_steps=3, seed=7)).splitlines()
+    assert annotated[1:3] == source.splitlines()[1:3]  # the comment and the string: untouched
+    assert annotated[3] == "    total = sum("
+    assert annotated[4].endswith("  # ← epochs = 5, grad_accum_steps = 3")
+    ast.parse("\n".join(annotated))
+
+
 def test_helpers_are_the_module_functions_the_loop_calls():
     names = [name for name, _ in codeview.helpers(MODULES["accelerate"])]
     assert names == ["new_accelerator", "loss_weight", "clip_gradients"]

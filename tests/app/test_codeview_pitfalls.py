@@ -1,5 +1,6 @@
 """The Code page's loop with a pitfall: the right loop plus exactly that pitfall's wrong line, in red."""
 
+import ast
 import difflib
 
 import pytest
@@ -8,6 +9,13 @@ from app_support import open_app
 from gradacc.app import codeview
 from gradacc.choices import PITFALLS
 from gradacc.config import RunConfig
+
+
+# The right line each pitfall's wrong line stands beside, as the plain loop writes it.
+RIGHT_LINES = {"scheduler-per-micro-batch": "lr_scheduler.step()", "clip-per-micro-batch": "norm = clip_gradients(",
+               "zero-grad-per-micro-batch": "optimizer.zero_grad()", "log-undivided-loss": "logged_loss = loss.item()",
+               "drop-last-window": "last_of_window = (index + 1) %"}
+LOOP = "gradacc.training.backends.pytorch_loop"
 
 
 def added_and_removed(right: str, broken: str) -> tuple[list[str], list[str]]:
@@ -26,9 +34,31 @@ def test_each_pitfall_adds_exactly_its_own_wrong_line_marked_beside_the_right_on
     lines = broken.splitlines()
     assert [line for line, role in zip(lines, roles) if role == codeview.WRONG] == added
     right_row = codeview.right_line(broken, name)
-    assert lines[right_row].strip().startswith(codeview.RIGHT_LINES[name]) and roles[right_row] != codeview.WRONG
+    assert lines[right_row].strip().startswith(RIGHT_LINES[name]) and roles[right_row] != codeview.WRONG
     html = codeview.highlighted_html(broken, roles, {right_row})
     assert html.count('class="ga-line ga-wrong') == len(added) and html.count("ga-right") == 2  # the CSS rule, the row
+
+
+def test_wrong_and_right_lines_are_found_in_the_syntax_tree_however_the_loop_is_laid_out():
+    """The loop rewritten by ``ast.unparse`` (every ``if x: stmt`` on two lines, no comments, other quotes), the clip
+    wrapped over two lines and two right lines written differently: each pitfall's whole ``if`` is still red, and its
+    right line is still found, by what it does."""
+    source = ast.unparse(ast.parse(codeview.definition_source(LOOP, "train")))
+    source = source.replace("norm = clip_gradients(model, config.max_grad_norm)",
+                            "grad_norm = clip_gradients(\n                    model, config.max_grad_norm)")
+    source = source.replace("logged_loss = loss.item()", "logged_loss: float = loss.item()")
+    assert "if job.pitfall('log-undivided-loss'):\n" in source  # the one-line layout is gone
+    rewritten = {**RIGHT_LINES, "clip-per-micro-batch": "grad_norm = clip_gradients(",
+                 "log-undivided-loss": "logged_loss: float = loss.item()"}
+    lines, roles = source.splitlines(), codeview.line_roles(source)
+    statements = codeview.pitfall_statements(source)
+    assert set(statements) == set(PITFALLS)
+    for name, (first, last) in statements.items():
+        assert last > first and roles[first:last + 1] == [codeview.WRONG] * (last + 1 - first)
+        assert lines[codeview.right_line(source, name)].strip().startswith(rewritten[name]), name
+    dropped = codeview.without_pitfalls(source)
+    assert "job.pitfall(" not in dropped and "grad_norm = clip_gradients(" in dropped
+    ast.parse(dropped)
 
 
 def test_the_right_loop_shows_no_wrong_line_and_the_source_still_holds_them_all():

@@ -16,6 +16,7 @@ from streamlit.testing.v1 import AppTest
 from gradacc.training.run import health
 from support import ROOT
 
+from gradacc.serving import warmup
 from gradacc.serving.store import RunStore
 
 RUN_TIMEOUT_S = 90  # the first run in the process also imports torch and transformers
@@ -30,7 +31,7 @@ def status(at) -> str:
     return " | ".join(alerts(at))
 
 
-def test_page_shows_effective_batch_and_steps_as_settings_change(app_home):
+def test_effective_batch_and_optimizer_steps_follow_the_settings(app_home):
     at = open_app()
     assert at.title[0].value == "Gradient accumulation, live"
     assert metric(at, "Effective batch") == "32"  # 8 × 4 × 1
@@ -38,12 +39,25 @@ def test_page_shows_effective_batch_and_steps_as_settings_change(app_home):
     assert metric(at, "Effective batch") == "8"
     # ceil(ceil(100 / 4) / 2) = 13 steps per epoch (the short last window is a step), × 3 epochs.
     assert metric(at, "Optimizer steps") == "39"
-    backend = at.radio(key="form.train.backend")
+
+
+def test_the_backend_choice_names_the_three_loops_each_with_its_one_line_description(app_home):
+    backend = open_app().radio(key="form.train.backend")
     assert backend.options == ["PyTorch loop", "🤗 Accelerate", "🤗 Trainer"]
-    assert "accelerator.accumulate(model)" in " ".join(backend.proto.captions)  # the one-line description
-    captions = " ".join(c.value for c in at.caption)
-    assert "Warming up the training libraries" in captions or "Training libraries ready" in captions
-    assert "uploads up to 5 MB" in captions
+    assert "accelerator.accumulate(model)" in " ".join(backend.proto.captions)
+
+
+def test_the_page_says_when_the_training_libraries_are_ready(app_home):
+    at = open_app()  # its run manager starts the warm-up
+    assert warmup.wait_until_warm(timeout=120), warmup.failure()  # a hang guard: torch imports in seconds
+    at.run()
+    assert "✅ Training libraries ready." in [c.value for c in at.caption]
+
+
+def test_the_page_states_the_deployments_upload_limit(app_home, monkeypatch):
+    assert "uploads up to 5 MB" in " ".join(c.value for c in open_app().caption)  # the default
+    monkeypatch.setenv("GRADACC_MAX_UPLOAD_MB", "2")
+    assert "uploads up to 2 MB" in " ".join(c.value for c in open_app().caption)
 
 
 def test_charts_are_drawn_empty_before_a_run(app_home):

@@ -6,10 +6,12 @@ finite, and that the files are written.
 
 import json
 import math
+import statistics
 from pathlib import Path
 
 import pytest
 
+from gradacc.bench import overhead
 from gradacc.cli import main
 from gradacc.choices import BACKENDS
 
@@ -56,17 +58,36 @@ def positive(value) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
 
-def test_overhead(tmp_path, capsys):
+def test_overhead_measures_what_it_says(tmp_path, capsys):
+    """The three variants ran the same steps, only the instrumented runs recorded activation bytes and RSS, each ratio
+    is the median of its rounds, and what the report derives (the prediction, the goals) is computed from the figures
+    it reports."""
     result = bench("overhead", tmp_path, capsys)
+    settings = result["settings"]
+    rounds, steps = settings["rounds"], settings["steps"]
     for backend in BACKENDS:
-        for key in ("instrumented_vs_plain", "backend_vs_reference"):
-            ratio = result[backend][key]
-            assert positive(ratio["median"]) and ratio["min"] <= ratio["median"] <= ratio["max"]
-            assert len(ratio["values"]) == result["settings"]["rounds"]
+        recorded = result["recorded"][backend]
+        for variant in ("instrumented", "plain", "reference"):
+            assert recorded[variant]["steps"] == [steps] * rounds, (backend, variant)
+        assert recorded["instrumented"]["activation_bytes"] == recorded["instrumented"]["rss_bytes"] == [steps] * rounds
+        assert recorded["plain"]["activation_bytes"] == recorded["plain"]["rss_bytes"] == [0] * rounds
         for clock in ("cpu", "wall"):
-            assert positive(result[backend][clock]["instrumented_vs_plain"]["median"])
-            assert all(positive(result["steps_per_s"][clock][backend][v]["median"])
-                       for v in ("instrumented", "plain", "reference"))
+            for key in ("instrumented_vs_plain", "backend_vs_reference", "instrumented_vs_reference"):
+                ratio = result[backend][clock][key]
+                assert len(ratio["values"]) == rounds and all(positive(v) for v in ratio["values"])
+                assert ratio["median"] == statistics.median(ratio["values"])
+            for variant in ("instrumented", "plain", "reference"):
+                per_s = result["steps_per_s"][clock][backend][variant]
+                assert len(per_s["values"]) == rounds and per_s["median"] == statistics.median(per_s["values"])
+        assert result[backend]["instrumented_vs_plain"] == result[backend]["cpu"]["instrumented_vs_plain"]
+        goal = result["goals"][f"{backend} instrumented/plain"]
+        assert goal["met"] == (result[backend]["instrumented_vs_plain"]["median"] >= overhead.GOAL)
+    costs = result["probe_costs"]
+    assert costs["per_step_s"] == pytest.approx(costs["hook_extra_s"] + costs["rss_read_s"] + costs["event_json_s"])
+    for backend in BACKENDS:
+        plain_per_s = result["steps_per_s"]["cpu"][backend]["plain"]["median"]
+        assert costs["predicted_instrumented_vs_plain"][backend] == pytest.approx(
+            1 / (1 + costs["per_step_s"] * plain_per_s))
     assert set(result["goals"]) == {f"{b} instrumented/plain" for b in BACKENDS}
 
 

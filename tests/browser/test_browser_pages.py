@@ -33,7 +33,7 @@ def test_every_page_opens_from_the_sidebar_without_a_console_error(page, artifac
 
 def test_a_demo_link_is_the_first_request_of_a_fresh_server(browser, tmp_path):
     # Until the app's entry has run once, Streamlit answers a page's link with the pages/ file alone (a sidebar of
-    # file names, no wide layout); the page then runs the app (server.under_navigation), which draws it.
+    # file names, no wide layout); the page then runs the app (navigation.under_navigation), which draws it.
     from support import StreamlitServer
 
     server = StreamlitServer(tmp_path / "home", tmp_path / "streamlit.log", {})

@@ -5,9 +5,12 @@
   steps, labels) imports no layer, only itself; gradacc/export/ (the trackers, fed by the event stream) imports only the ground floor;
 - gradacc/training/ imports nothing from analysis, serving, app, bench or the CLI; gradacc/analysis/ nothing
   from serving, app, bench or the CLI (arrows run down: app → serving → analysis → training → ground);
+- no import cycle anywhere in gradacc/, lazy or not (a module inside a circle can't be understood, moved or tested
+  alone);
 - scripts/ and gradacc/ never import tests/ nor read what the tests write (test-artifacts/);
-- importing gradacc's shared modules, gradacc.serving or gradacc.app does not import torch (pages paint before
-  the seconds-long torch import; the serving layer hands training to a thread that imports it).
+- importing gradacc's shared modules, gradacc.serving, gradacc.app or the CLI does not import torch (pages paint
+  before the seconds-long torch import; the serving layer hands training to a thread that imports it; ``gradacc
+  --help`` answers at once).
 
 Imports are read with ``ast``, inside functions too: a lazy import is still a dependency.
 """
@@ -165,6 +168,93 @@ def test_a_ground_floor_import_of_a_layer_is_caught():
                                                                    "gradacc.training.memory.budget.check"]
 
 
+def gradacc_modules() -> dict[str, Path]:
+    return {module_name(path): path for path in sources(PACKAGE)}
+
+
+def imported_gradacc_modules(path: Path, modules: set[str], source: str | None = None) -> set[str]:
+    """The modules of ``modules`` that ``path`` imports, from any scope: ``from P import name`` is ``P.name`` where that
+    is a module, else ``P``; a name below a module is that module. A package's ``__init__`` that runs first on the way
+    to one of its modules is not counted: every module of a package would otherwise depend on it."""
+    tree = ast.parse(path.read_text(encoding="utf-8") if source is None else source, filename=str(path))
+    package = module_name(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+
+    def nearest(name: str) -> str | None:
+        parts = name.split(".")
+        while parts and ".".join(parts) not in modules:
+            parts.pop()
+        return ".".join(parts) or None
+
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(nearest(alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
+            found.update(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else nearest(base)
+                         for alias in node.names)
+    return found - {None, module_name(path)}
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every set of modules that import each other, directly or through others (sorted), in module order."""
+    def reachable(start: str) -> set[str]:
+        seen, todo = set(), list(graph.get(start, ()))
+        while todo:
+            name = todo.pop()
+            if name not in seen:
+                seen.add(name)
+                todo.extend(graph.get(name, ()))
+        return seen
+
+    reach = {name: reachable(name) for name in graph}
+    cycles, placed = [], set()
+    for name in sorted(graph):
+        if name in reach[name] and name not in placed:
+            circle = sorted(other for other in reach[name] if name in reach.get(other, ()))
+            placed.update(circle)
+            cycles.append(circle)
+    return cycles
+
+
+def import_graph(planted: dict[str, str] | None = None) -> dict[str, set[str]]:
+    """gradacc's modules → the modules of gradacc each imports; ``planted``: {module: source} read instead."""
+    modules = gradacc_modules()
+    planted = planted or {}
+    return {name: imported_gradacc_modules(path, set(modules), planted.get(name)) for name, path in modules.items()}
+
+
+# Circles the lead breaks right after merging branch house2 (they run through files another branch was changing):
+# pages/demos.py and pages/equivalence.py still call server.under_navigation, a shim that imports the navigation,
+# which imports the server. Empty this when they call navigation.under_navigation and the shim is gone.
+KNOWN_CYCLES = [["gradacc.app.navigation", "gradacc.app.server"]]
+
+
+def test_no_module_of_gradacc_imports_itself_through_others_lazily_or_not():
+    graph = import_graph()
+    assert len(graph) > 100 and "gradacc.training.run.engine" in graph["gradacc.analysis.gradient_runs"]
+    assert [cycle for cycle in import_cycles(graph) if cycle not in KNOWN_CYCLES] == []
+
+
+@pytest.mark.parametrize("planted, caught", [
+    # windows ← job (at the top): a lazy import back is still a circle.
+    ({"gradacc.training.windows": "def later():\n    from gradacc.training.run.job import prepare\n"},
+     ["gradacc.training.run.job", "gradacc.training.windows"]),
+    # Through a third module, and relative: recovery → manager → recovery.
+    ({"gradacc.serving.recovery": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import manager\n"},
+     ["gradacc.serving.manager", "gradacc.serving.recovery"]),
+    # `from gradacc.app import server` names the module server, not the package gradacc.app: no circle.
+    ({"gradacc.app.server": "from gradacc.app import scroll\n"}, None),
+])
+def test_a_planted_import_cycle_is_caught(planted, caught):
+    cycles = [cycle for cycle in import_cycles(import_graph(planted)) if cycle not in KNOWN_CYCLES]
+    assert cycles == ([caught] if caught else [])
+
+
 def test_scripts_and_the_package_never_import_tests_nor_read_their_output():
     modules = sources(PACKAGE, ROOT / "scripts", ROOT / "app.py", ROOT / "pages")
     assert any(path.name == "watchers.py" for path in modules)
@@ -186,17 +276,19 @@ def test_an_import_of_tests_or_a_read_of_their_output_is_caught(planted, caught)
 
 
 def light_modules() -> list[str]:
-    """gradacc's shared modules, and every module of gradacc.serving and gradacc.app."""
+    """gradacc's shared modules, and every module of gradacc.serving, gradacc.app and gradacc.cli (which
+    ``gradacc --help`` imports, the benchmarks' entry with it)."""
     shared = [f"gradacc.{m.name}" for m in pkgutil.iter_modules(gradacc.__path__) if not m.ispkg]
-    layers = [m.name for package in ("serving", "app")
+    layers = [m.name for package in ("serving", "app", "cli")
               for m in pkgutil.walk_packages([str(PACKAGE / package)], prefix=f"gradacc.{package}.")]
-    return sorted(set(shared) - {"gradacc.__main__"}) + ["gradacc.serving", "gradacc.app"] + sorted(layers)
+    return (sorted(set(shared) - {"gradacc.__main__"}) + ["gradacc.serving", "gradacc.app", "gradacc.cli"]
+            + sorted(layers))
 
 
-def test_importing_the_shared_modules_serving_and_app_does_not_import_torch():
+def test_importing_the_shared_modules_serving_app_and_the_cli_does_not_import_torch():
     modules = light_modules()
-    assert {"gradacc.config", "gradacc.serving.manager", "gradacc.serving.store", "gradacc.app.inputs"} <= \
-        set(modules)
+    assert {"gradacc.config", "gradacc.serving.manager", "gradacc.serving.store", "gradacc.app.inputs",
+            "gradacc.cli.train"} <= set(modules)
     script = ("import importlib, json, sys\n"
               f"for name in {modules!r}:\n"
               "    importlib.import_module(name)\n"

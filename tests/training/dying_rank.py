@@ -1,5 +1,5 @@
-"""``python -m gradacc`` with one change: rank 1 fails at its second optimizer step, as a rank that loses its device
-would. tests/training/test_fsdp.py launches it through gradacc.training.run.launch (accelerate launch, as the app
+"""A rank of the app's launch (``python -m gradacc.training.run.rank CONFIG.json``) with one change: rank 1 fails at
+its second optimizer step, as a rank that loses its device would. tests/training/test_fsdp.py launches it through gradacc.training.run.launch (accelerate launch, as the app
 does); each process notes its pid in GRADACC_TEST_PIDS so the test can see that none is left.
 """
 
@@ -20,4 +20,4 @@ if distributed.rank() == 1:
         return reported(self, window, step=step, **figures)
 
     reporting.StepReporter.step = failing_step
-runpy.run_module("gradacc", run_name="__main__")
+runpy.run_module("gradacc.training.run.rank", run_name="__main__")

@@ -140,8 +140,8 @@ def test_a_rank_that_dies_mid_run_fails_the_run_with_its_reason_and_leaves_no_pr
 
     def dying_command(config_file, processes, port):
         words = real_command(config_file, processes, port)
-        at = words.index("-m", words.index("--main_process_port"))  # "-m gradacc": the script instead
-        return [*words[:at], str(ROOT / "tests" / "training" / "dying_rank.py"), *words[at + 2:]]
+        at = words.index("-m", words.index("--main_process_port"))  # what each rank runs: the script instead
+        return [*words[:at], str(ROOT / "tests" / "training" / "dying_rank.py"), config_file]
 
     monkeypatch.setattr(launch, "command", dying_command)
     recorder = Recorder()

@@ -38,7 +38,7 @@ def patch_trainer(module) -> None:
         accelerator = getattr(self, "accelerator", None)
         if accelerator is not None:  # it prepares the model in train(): not a loop of the user's own
             accelerator._gradacc_trainer_owned = True
-        from gradacc.audit import audit_trainer
+        from gradacc.audit import audit_trainer  # here: it imports transformers, and this module loads at start-up
 
         self._gradacc_audit = audit_trainer(self, json_path=verdict_path(f"trainer-{type(self).__name__}"))
 
@@ -60,7 +60,7 @@ def patch_accelerator(module) -> None:
         model = next((x for x in items if isinstance(x, torch.nn.Module)), None)
         optimizer = next((x for x in items if isinstance(x, AcceleratedOptimizer)), None)
         if model is not None and optimizer is not None:
-            from gradacc.audit import audit_accelerate
+            from gradacc.audit import audit_accelerate  # here, as audit_trainer above
 
             self._gradacc_audit = audit_accelerate(self, model, optimizer, json_path=verdict_path("accelerate"))
             atexit.register(self._gradacc_audit.finish)  # a loop of one window: its scheduler steps counted to the end

@@ -10,6 +10,7 @@ from gradacc.training import distributed
 from gradacc.training.fsdp import is_sharded
 from gradacc.training.backends.device import to_device
 from gradacc.training.backends.metrics import classification_metrics, language_model_metrics
+from gradacc.training.contrastive import retrieval_metrics
 
 EVAL_BATCH_SIZE = 64
 
@@ -38,8 +39,6 @@ def _evaluate(model: torch.nn.Module, job) -> dict:
     if job.causal_lm:
         return _evaluate_causal_lm(model, job, was_training)
     if job.contrastive:
-        from gradacc.training.contrastive import retrieval_metrics
-
         metrics = retrieval_metrics(model, job.eval_examples, job.collate, job.device, EVAL_BATCH_SIZE)
         model.train(was_training)
         return metrics

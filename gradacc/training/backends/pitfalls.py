@@ -25,14 +25,13 @@ import math
 import torch
 
 from gradacc.training.windows import loss_weight
+from gradacc.training.backends.optimizer import make_scheduler
 
 
 class Probe:
     """Hooks on one model and its optimizer (one process); ``take()`` gives the figures of the last optimizer step."""
 
     def __init__(self, job, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
-        from gradacc.training.backends.optimizer import make_scheduler
-
         self.job = job
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.right = [torch.zeros_like(p, dtype=torch.float32) for p in self.params]

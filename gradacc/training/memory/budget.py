@@ -33,6 +33,10 @@ from gradacc.env import MAX_RUN_MEMORY_MB
 from gradacc.errors import RunFailed
 from gradacc.units import MB, format_bytes
 
+# torch, transformers and the training modules that import them at their top are imported inside the functions that
+# train or measure: the engine, and so the app and `gradacc --help`, imports this module before torch loads
+# (tests/core/test_layout.py).
+
 @dataclass(frozen=True)
 class Cap:
     """The bytes a run may use, and who set them: the run's own budget or the deployment's limit."""

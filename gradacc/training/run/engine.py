@@ -14,8 +14,17 @@ from gradacc import events
 from gradacc.config import RunConfig, ValidConfig
 from gradacc.errors import GradaccError, RunFailed, RunStopped, one_line
 from gradacc.events import EventSink
+from gradacc.export.trackers import open_trackers, parse_report_to
+from gradacc.training import distributed
+from gradacc.training.backends import ACCELERATE_STATE_LOCK, train_function
 from gradacc.training.memory import budget
+from gradacc.training.run.health import run_warnings
+from gradacc.training.run.job import prepare
 from gradacc.training.run.options import RunOptions
+
+# torch, transformers and the training modules that import them at their top are imported inside the functions that
+# train or measure: the app (through gradacc.analysis), and `gradacc --help`, imports this module before torch loads
+# (tests/core/test_layout.py).
 
 
 def quiet_libraries() -> None:
@@ -109,8 +118,6 @@ def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.
 
 def _warnings(emitted: list[dict], config: ValidConfig) -> list[str]:
     """A run that completed badly says so (see gradacc.training.run.health); a bug there never fails the run."""
-    from gradacc.training.run.health import run_warnings
-
     try:
         return run_warnings(emitted, config)
     except Exception as error:  # noqa: BLE001 - the run itself succeeded; keep its result
@@ -119,25 +126,18 @@ def _warnings(emitted: list[dict], config: ValidConfig) -> list[str]:
 
 def _open_trackers(config: ValidConfig, options: RunOptions):
     """The run's trackers (rank 0 only: one process writes), opened before anything slow so a bad one fails fast."""
-    from gradacc.export import trackers
-    from gradacc.training import distributed
-
-    if not trackers.parse_report_to(options.report_to) or not distributed.is_main_process():
+    if not parse_report_to(options.report_to) or not distributed.is_main_process():
         return None
-    return trackers.open_trackers(options.report_to, options.log_dir, options.run_id or events.new_run_id(),
+    return open_trackers(options.report_to, options.log_dir, options.run_id or events.new_run_id(),
                                   config.to_dict())
 
 
 def _prepare(config, emit, stop, options: RunOptions):
-    from gradacc.training.run.job import prepare
-
     quiet_libraries()
     return prepare(config, emit, stop, options)
 
 
 def _run_backend(job) -> None:
-    from gradacc.training.backends import ACCELERATE_STATE_LOCK, train_function
-
     backend_train = train_function(job.config.backend)
     if job.config.backend == "pytorch":
         backend_train(job)

@@ -19,6 +19,10 @@ from gradacc.choices import BUILTIN_MODEL_TASKS, CAUSAL_LM, CLASSIFICATION, CONT
 from gradacc.config import MAX_SEQ_LEN, RunConfig
 from gradacc.errors import GradaccError, one_line
 
+# torch, transformers and the training modules that import them at their top are imported inside the functions that
+# train or measure: the app's forms (and `gradacc --help`) imports this module before torch loads
+# (tests/core/test_layout.py).
+
 TINY_BERT = "tiny-bert"
 TINY_GPT = "tiny-gpt"
 MINILM = "all-MiniLM-L6-v2"

@@ -16,5 +16,6 @@ setup(
     package_data={"gradacc.app.streamlit_config": ["config.toml"],
                   "gradacc.training.sources": ["tiny_bert_tokenizer/*.json", "builtin_pairs.json"],
                   "gradacc.app": ["trainer_default_by_family.json"],
-                  "gradacc.app.live_chart": ["live_chart.js"]},
+                  "gradacc.app.live_chart": ["live_chart.js", "page_look.js"],
+                  "gradacc.app.replay": ["page.html", "replay.js", "replay.css"]},
 )

@@ -100,7 +100,7 @@ if st.button("Run the coupled checks", key="run_coupled_checks", disabled=couple
 def coupled_result():
     if coupled_checking and not coupled_view.pending(runner):
         st.rerun()  # just finished: redraw once without polling
-    coupled_view.draw(runner, key="equivalence")
+    coupled_view.draw(runner, None, key="equivalence")
 
 
 coupled_result()

@@ -16,9 +16,10 @@ from gradacc.app.charts.style import (TEXT_SIZE, X_TITLES, as_runs, assemble, bl
 from gradacc.units import MB
 
 
-def loss_figure(runs, x: str = "step", title: str = "Training loss") -> go.Figure:
+def loss_figure(runs, x: str = "step", title: str = "Training loss", title_chars: int | None = None) -> go.Figure:
     """Training loss per optimizer step (or against samples seen), one line per run; ``title`` can state what
-    the curves show ("Loss curves identical ...")."""
+    the curves show ("Loss curves identical ..."); ``title_chars``: its line length (style.WIDE_TITLE_CHARS in a
+    wide slot)."""
     x_title = X_TITLES.get(x, x)
     runs = as_runs(runs)
     traces, most = [], 0
@@ -30,8 +31,8 @@ def loss_figure(runs, x: str = "step", title: str = "Training loss") -> go.Figur
             xs, ys = thin([r.get(x) for r in steps], [r["loss"] for r in steps])
             traces.append(line_trace(xs, ys, label, mode, **run_line_style(index, len(runs) > 1)))
     if not most:
-        return empty_figure(title, x_title, "Loss", "No training steps yet")
-    return assemble(plain_layout(title, x_title, "Loss"), traces, xaxis=thinned_title(x_title, most))
+        return empty_figure(title, x_title, "Loss", "No training steps yet", title_chars)
+    return assemble(plain_layout(title, x_title, "Loss", title_chars), traces, xaxis=thinned_title(x_title, most))
 
 
 def eval_figure(runs, title: str = "Evaluation after each epoch") -> go.Figure:

@@ -67,18 +67,20 @@ def assemble(layout: dict, traces: Iterable[dict] = (), **axis_titles: str) -> g
     return go.Figure(data=list(traces), layout=layout, _validate=False)
 
 
-def blank_figure(title: str, x_title: str, y_title: str) -> go.Figure:
-    return assemble(plain_layout(title, x_title, y_title))
+def blank_figure(title: str, x_title: str, y_title: str, title_chars: int | None = None) -> go.Figure:
+    return assemble(plain_layout(title, x_title, y_title, title_chars))
 
 
 @functools.lru_cache(maxsize=64)
-def plain_layout(title: str, x_title: str, y_title: str) -> dict:
-    return styled(go.Figure(), title, x_title, y_title).to_dict()["layout"]
+def plain_layout(title: str, x_title: str, y_title: str, title_chars: int | None = None) -> dict:
+    return styled(go.Figure(), title, x_title, y_title, title_chars).to_dict()["layout"]
 
 
 # Characters of a title per line: a chart in two fifths of a 1280-pixel page fits about this many at
 # TITLE_SIZE; a longer title is wrapped, never cut.
 TITLE_CHARS = 32
+# ... and in three fifths of it (the first chart of a row on the Demos and Compare pages).
+WIDE_TITLE_CHARS = 52
 TITLE_SIZE = 20
 TEXT_SIZE = 16  # ticks, axis titles and legends: readable from the back of a room
 # Pixels kept free above the title for plotly's toolbar (the modebar, shown on hover: on a Streamlit page from 2 to
@@ -104,10 +106,11 @@ def unwrap(text: str) -> str:
     return text.replace(" <br>", " ")
 
 
-def styled(figure: go.Figure, title: str, x_title: str, y_title: str) -> go.Figure:
+def styled(figure: go.Figure, title: str, x_title: str, y_title: str, title_chars: int | None = None) -> go.Figure:
+    """``title_chars``: characters of the title per line (TITLE_CHARS, or WIDE_TITLE_CHARS for a wide chart)."""
     # Legend under the plot: with several runs it wraps onto lines of its own instead of over the title.
     # Large type: these charts are shown on stage and must read from the back of a room.
-    title = wrap(title)
+    title = wrap(title, title_chars or TITLE_CHARS)
     lines = title.count("<br>") + 1
     # The title hangs from the top, under the toolbar's strip (pad), whatever the chart's height.
     pad = MODEBAR_STRIP + (MULTILINE_LIFT if lines > 1 else 0)
@@ -123,14 +126,14 @@ def styled(figure: go.Figure, title: str, x_title: str, y_title: str) -> go.Figu
     return figure
 
 
-def empty_figure(title: str, x_title: str, y_title: str, message: str) -> go.Figure:
+def empty_figure(title: str, x_title: str, y_title: str, message: str, title_chars: int | None = None) -> go.Figure:
     """A chart with nothing to draw yet: its frame, and ``message`` where the lines will be."""
-    return assemble(empty_layout(title, x_title, y_title, message))
+    return assemble(empty_layout(title, x_title, y_title, message, title_chars))
 
 
 @functools.lru_cache(maxsize=32)
-def empty_layout(title: str, x_title: str, y_title: str, message: str) -> dict:
-    figure = styled(go.Figure(), title, x_title, y_title)
+def empty_layout(title: str, x_title: str, y_title: str, message: str, title_chars: int | None = None) -> dict:
+    figure = styled(go.Figure(), title, x_title, y_title, title_chars)
     figure.add_annotation(text=message, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5,
                           font=dict(size=15))
     figure.update_xaxes(showticklabels=False, showgrid=False, zeroline=False)

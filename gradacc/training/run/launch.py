@@ -41,11 +41,14 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds grad
 
 
 def train(config: RunConfig, on_event: EventSink | None = None, stop: threading.Event | None = None,
-          max_run_memory_mb: float | None = None) -> dict:
+          max_run_memory_mb: float | None = None, on_phase: Callable[[str], None] | None = None) -> dict:
     """Run ``config`` on ``config.num_processes`` processes; emit rank 0's events; return ``run_ended``.
 
-    ``max_run_memory_mb``: the deployment's cap on each process's memory (the ranks' CLI reads it back)."""
+    ``max_run_memory_mb``: the deployment's cap on each process's memory (the ranks' CLI reads it back).
+    ``on_phase``: told that the processes are starting (what they prepare is theirs)."""
     on_event = on_event or (lambda event: None)
+    if on_phase is not None:
+        on_phase(f"starting {config.num_processes} processes")
     stop = stop or threading.Event()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gradacc-launch-") as folder:

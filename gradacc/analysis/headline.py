@@ -155,7 +155,9 @@ def headline(events_a: list[dict], events_b: list[dict], name_differences: bool 
     clock = "step_cpu_seconds" if a["step_cpu_seconds"] and b["step_cpu_seconds"] else "step_seconds"
     figures["step_seconds_quartiles"] = [quartiles(a[clock]), quartiles(b[clock])]
     figures["step_seconds_clock"] = "cpu" if clock == "step_cpu_seconds" else "wall"
-    figures["loss_claim"] = _loss_claim(figures, a["config"], b["config"], name_differences)
+    claim, reason = _loss_claim(figures, a["config"], b["config"], name_differences)
+    figures["loss_claim"] = f"{claim}: {reason}" if reason else claim
+    figures["loss_title"] = claim  # a chart's title: the claim, its reason left to the headline
     figures["memory_claim"] = _memory_claim(figures["activation_ratio"])
     figures["scale_claim"] = _scale_claim(events_a, events_b, a["config"], b["config"])
     parts = [_pitfall_claim(a["config"], b["config"]), figures["loss_claim"], figures["scale_claim"],
@@ -205,7 +207,8 @@ def _percent(share: float) -> str:
     return f"{share:.0%}" if share >= 0.095 else f"{share:.1%}" if share >= 0.001 else f"{share:.0e}"
 
 
-def _loss_claim(figures: dict, config_a: dict, config_b: dict, name_differences: bool = True) -> str:
+def _loss_claim(figures: dict, config_a: dict, config_b: dict, name_differences: bool = True) -> tuple[str, str | None]:
+    """(what the loss curves show, why, where the headline knows it)."""
     rel_diff = figures["loss_max_rel_diff"]
     caveats = []
     if not figures["same_data"]:
@@ -215,9 +218,9 @@ def _loss_claim(figures: dict, config_a: dict, config_b: dict, name_differences:
         batch_a, batch_b = figures["effective_batch"]
         caveats.append(f"different effective batches ({batch_b} vs {batch_a})")
     if rel_diff is None:
-        return "; ".join(caveats + ["no loss at the same samples seen to compare"]).capitalize()
+        return "; ".join(caveats + ["no loss at the same samples seen to compare"]).capitalize(), None
     if caveats:  # honest: such curves are not expected to be equal, whatever the numbers say
-        return ("; ".join(caveats) + f": loss differs{_differs(figures).removeprefix(': loss')}").capitalize()
+        return ("; ".join(caveats) + f": loss differs{_differs(figures).removeprefix(': loss')}").capitalize(), None
     if config_a.get("trainer_library_default") != config_b.get("trainer_library_default") and \
             figures.get("loss_ratio_median") and config_a.get("grad_accum_steps") == config_b.get("grad_accum_steps"):
         k = config_a.get("grad_accum_steps")
@@ -225,16 +228,16 @@ def _loss_claim(figures: dict, config_a: dict, config_b: dict, name_differences:
         default_is_b = bool(config_b.get("trainer_library_default"))
         side = "with Trainer's default" if default_is_b else "with gradacc's fix"
         return (f"Loss {_times(median)} {side} "
-                f"(median of {figures['loss_points_above_noise']} steps): Trainer's default did not divide the "
-                f"loss by k={k}")
+                f"(median of {figures['loss_points_above_noise']} steps)",
+                f"Trainer's default did not divide the loss by k={k}")
     if rel_diff < IDENTICAL:  # identity is judged on every shared step: the largest difference
-        return f"Loss curves identical (max difference {_size(rel_diff)})"
+        return f"Loss curves identical (max difference {_size(rel_diff)})", None
     if rel_diff < MATCH:
-        return f"Loss curves match (max difference {_size(rel_diff)})"
+        return f"Loss curves match (max difference {_size(rel_diff)})", None
     what = ", ".join(_versus(n, config_a, config_b) for n in figures["differences"]) or "nothing in the config"
     # The charts' x axis says "samples seen": the headline stays short.
     claim = f"Loss curves differ{_differs(figures)}"
-    return f"{claim} ({what} differ)" if name_differences else claim
+    return (f"{claim} ({what} differ)" if name_differences else claim), None
 
 
 def _pitfall_claim(config_a: dict, config_b: dict) -> str | None:

@@ -89,7 +89,7 @@ def build_figures(curves: list[tuple[str, list[dict]]], figures: dict | None, x:
                   story: str | None = None, pairs: list[tuple[int, int]] | None = None) -> dict:
     """{chart name: figure} for ``ROWS`` (or ``STORY_ROWS`` with a ``story`` chart, ``charts.STORY_FIGURES``, drawn
     for ``pairs``): the same figures on a page and in its replay. ``curves``: [(name, events)] per run."""
-    loss_title = figures["loss_claim"] if figures else "Training loss against samples seen"
+    loss_title = figures["loss_title"] if figures else "Training loss against samples seen"
     memory_title = (f"Memory per step: {figures['memory_claim']}" if figures and figures["memory_claim"]
                     else "Memory per step: static + peak activations")
     built = {"loss": charts.loss_figure(curves, x=x, title=loss_title,

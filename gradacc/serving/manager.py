@@ -261,7 +261,7 @@ class RunManager:
         try:
             # While the app's warm-up imports torch, this thread must not import (see gradacc.serving.warmup); the
             # status meanwhile says "loading the model and data", and Stop still works.
-            state.set_phase("starting the server's torch")
+            state.set_phase("importing the training libraries")
             while not warmup.wait_until_warm(timeout=0.2) and not worker.stop.is_set():
                 pass
             state.set_phase("starting")

@@ -6,8 +6,8 @@ from gradacc.app.charts.cache import MAX_POINTS, FigureCache, FrozenFigure, free
 from gradacc.app.charts.checks import LOG_FLOOR, equivalence_figure, memory_plan_figure
 from gradacc.app.charts.demos import STORY_FIGURES, gradient_scale_figure, loss_difference_figure
 from gradacc.app.charts.runs import eval_figure, loss_figure, memory_breakdown_figure, memory_figure
-from gradacc.app.charts.style import TITLE_CHARS, WIDE_TITLE_CHARS, X_TITLES, unwrap, wrap
+from gradacc.app.charts.style import TITLE_CHARS, WIDE_TITLE_CHARS, X_TITLES, fit_legend, unwrap, wrap
 
 __all__ = ["FigureCache", "FrozenFigure", "LOG_FLOOR", "MAX_POINTS", "STORY_FIGURES", "TITLE_CHARS", "WIDE_TITLE_CHARS",
-           "X_TITLES", "equivalence_figure", "eval_figure", "freeze", "gradient_scale_figure", "loss_difference_figure",
+           "X_TITLES", "equivalence_figure", "eval_figure", "fit_legend", "freeze", "gradient_scale_figure", "loss_difference_figure",
            "loss_figure", "memory_breakdown_figure", "memory_figure", "memory_plan_figure", "thin", "unwrap", "wrap"]

@@ -124,7 +124,6 @@ def _memory_layout(title: str, x_title: str) -> dict:
     figure.update_xaxes(title_text=x_title, row=2, col=1)
     for row in (1, 2):
         figure.update_yaxes(title_text="MB", rangemode="tozero", row=row, col=1)  # from 0: honest sizes
-    figure.update_layout(legend_y=-0.2)  # two panels: the paper is taller than one plot, the legend nearer
     return figure.to_dict()["layout"]
 
 

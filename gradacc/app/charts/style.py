@@ -126,6 +126,31 @@ def styled(figure: go.Figure, title: str, x_title: str, y_title: str, title_char
     return figure
 
 
+# A drawn chart's legend (``fit_legend``): under the plot, one entry a line, a fixed number of pixels below it, and the
+# chart as tall as plot, axis and legend need. A legend placed at a share of the plot's height came over the x axis'
+# title once eight entries had shrunk the plot under it.
+PLOT_PX = 270  # one panel's plot area
+AXIS_PX = 86  # the x axis' tick labels and title, under the plot
+LEGEND_ROW_PX = 24
+
+
+def fit_legend(layout: dict, data: list[dict]) -> dict:
+    """``layout`` (a figure's, as a dict) with its legend and height fitted to ``data``'s legend entries (see
+    PLOT_PX); unchanged where plotly shows no legend (one trace, or showlegend off). The live charts and the
+    replay pages draw every figure through it."""
+    entries = [trace for trace in data if trace.get("showlegend", True) and trace.get("name")]
+    if layout.get("showlegend") is False or (len(entries) < 2 and not layout.get("showlegend")):
+        return layout
+    panels = len({tuple(axis.get("domain") or (0, 1)) for name, axis in layout.items()
+                  if name.startswith("yaxis") and isinstance(axis, dict) and "overlaying" not in axis}) or 1
+    plot = PLOT_PX * panels
+    margin = dict(layout.get("margin") or {})
+    margin["b"] = AXIS_PX + LEGEND_ROW_PX * len(entries) + 10
+    return {**layout, "height": margin.get("t", 80) + plot + margin["b"], "margin": margin,
+            "legend": {**(layout.get("legend") or {}), "orientation": "v", "yanchor": "top", "y": -AXIS_PX / plot,
+                       "xanchor": "left", "x": 0}}
+
+
 def empty_figure(title: str, x_title: str, y_title: str, message: str, title_chars: int | None = None) -> go.Figure:
     """A chart with nothing to draw yet: its frame, and ``message`` where the lines will be."""
     return assemble(empty_layout(title, x_title, y_title, message, title_chars))

@@ -79,6 +79,7 @@ def spec(figure: go.Figure) -> str:
         return cached
     as_dict = figure.to_dict()
     layout = {name: value for name, value in as_dict.get("layout", {}).items() if name != "template"}
+    layout = charts.fit_legend(layout, as_dict.get("data", []))
     text = plotly.io.to_json({"data": as_dict.get("data", []), "layout": layout}, validate=False)
     if isinstance(figure, charts.FrozenFigure):
         figure._live_spec = text

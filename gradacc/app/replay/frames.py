@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from gradacc import events as ev
-from gradacc.app import comparison, runview
+from gradacc.app import charts, comparison, runview
 from gradacc.app.replay import parts
 from gradacc.serving.run_state import RunState
 
@@ -86,9 +86,9 @@ def view(runs: list[RunState], labels: dict[str, str], pairs: list[tuple[int, in
 def plain_figure(figure) -> dict:
     """A figure as the browser's plotly takes it: lists of rounded numbers, without plotly's template (the page
     gives every chart the app's look, page_look.js)."""
-    as_dict = figure.to_plotly_json()
+    as_dict = _plain(figure.to_plotly_json())
     layout = {key: value for key, value in as_dict.get("layout", {}).items() if key != "template"}
-    return _plain({"data": as_dict.get("data", []), "layout": layout})
+    return {"data": as_dict.get("data", []), "layout": charts.fit_legend(layout, as_dict.get("data", []))}
 
 
 def _plain(value):

@@ -122,11 +122,13 @@ def demo_view():
                               pairs=[scenario.compares, *scenario.controls] if whole else None,
                               story=scenario.chart if whole else None)
     if figures is not None and wanted.get("headline"):
-        # The result, the moment it is written, and again once every run has ended: runs still training above it
-        # change their panels' heights meanwhile, which moves it under the page's header.
+        # The result, the moment it is written, once every run has ended, and again in the page's last full run:
+        # runs still training above it change their panels' heights meanwhile, and the end of polling changes them
+        # once more (the "result is written here" line goes), which moves it under the page's header.
         settled = not any(run.is_live for run in snapshots)
-        scroll.into_view("headline", nonce=f"headline {run_ids} {'settled' if settled else 'written'}")
-        if settled:
+        moment = "final" if not live else "settled" if settled else "written"
+        scroll.into_view("headline", nonce=f"headline {run_ids} {moment}")
+        if moment == "final":
             wanted.pop("headline")
     if not any(run.is_live for run in current) and whole:
         # Built when clicked, from the runs as stored: a speaker's offline copy, or a free static Space.

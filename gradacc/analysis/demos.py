@@ -347,12 +347,13 @@ if __name__ == "__main__":  # time a scenario as the app runs it: python -m grad
     from gradacc.training.run.engine import train
 
     for scenario in [SCENARIOS[n] for n in sys.argv[1:]] or SCENARIOS.values():
-        began, recorded = time.perf_counter(), []
+        began, recorded, load = time.perf_counter(), [], os.getloadavg()[0]
         for label, config in scenario.configs():
             recorder = Recorder()
             ended = train(config, recorder)
             recorded.append(recorder.events)
             print(f"{scenario.name} · {label}: {ended['status']} in {ended['wall_s']:.1f} s {ended['warnings']}")
         a, b = scenario.compares
-        print(f"{scenario.name}: {time.perf_counter() - began:.1f} s in all · "
-              f"{headline(recorded[a], recorded[b])['headline']}", flush=True)
+        # The load average (1 min) when the demo began and ended: a time measured on a busy machine says so.
+        print(f"{scenario.name}: {time.perf_counter() - began:.1f} s in all (load {load:.1f} → "
+              f"{os.getloadavg()[0]:.1f}) · {headline(recorded[a], recorded[b])['headline']}", flush=True)

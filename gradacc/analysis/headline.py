@@ -280,13 +280,18 @@ def _eval_claim(metrics: dict) -> str | None:
     parts = []
     for key, (value_a, value_b) in metrics.items():
         name = METRIC_NAMES.get(key, key.removeprefix("eval_").replace("_", " "))
-        if f"{value_a:.3f}" == f"{value_b:.3f}":
-            parts.append(f"{name} {value_a:.3f} both")
+        if _score(value_a) == _score(value_b):
+            parts.append(f"{name} {_score(value_a)} both")
         else:
-            parts.append(f"{name} {value_b:.3f} vs {value_a:.3f}")  # B's first: B is described against A
+            parts.append(f"{name} {_score(value_b)} vs {_score(value_a)}")  # B's first: B is described against A
     if not parts:
         return None
     return ", ".join(parts) + ("" if all(part.endswith(" both") for part in parts) else " (one seed each)")
+
+
+def _score(value: float) -> str:
+    """0.874 (a score on 0–1), 91.54 (a perplexity): four figures at most, enough to tell two runs apart."""
+    return f"{value:.3f}" if abs(value) < 10 else f"{value:.4g}"
 
 
 METRIC_NAMES = {"eval_f1": "F1", "eval_accuracy": "accuracy", "eval_loss": "eval loss"}

@@ -150,8 +150,9 @@ def draw(snapshots, key: str, x: str = "samples_seen", labels: dict[str, str] | 
     for index, row in enumerate(STORY_ROWS if story else ROWS):
         if index == 1:  # the table between the first row of charts and the rest
             rows, shown = table_rows(snapshots, labels)
-            st.dataframe(rows, hide_index=True, column_order=shown,
-                         column_config={"peak activation bytes": st.column_config.NumberColumn(format="compact")})
+            numbers = all(isinstance(row["peak activation bytes"], (int, float)) for row in rows)  # else text
+            st.dataframe(rows, hide_index=True, column_order=shown, column_config={
+                "peak activation bytes": st.column_config.NumberColumn(format="compact")} if numbers else None)
         for (name, _), column in zip(row, st.columns([share for _, share in row])):
             if name == "process":
                 with column.expander(PROCESS_NOTE):

@@ -4,6 +4,7 @@ memory per optimizer step; one run or several (Compare, the demos)."""
 from __future__ import annotations
 
 import functools
+import re
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -11,8 +12,7 @@ from plotly.subplots import make_subplots
 from gradacc import events as ev
 from gradacc.app.charts.cache import thin, thinned_title
 from gradacc.app.charts.style import (TEXT_SIZE, X_TITLES, as_runs, assemble, blank_figure, empty_figure, in_mb,
-                                      line_mode, line_trace, of_kind, plain_layout, run_color, run_line_style, styled,
-                                      wrap)
+                                      line_mode, line_trace, of_kind, plain_layout, run_color, run_line_style, styled)
 from gradacc.units import MB
 
 
@@ -138,10 +138,11 @@ STATIC_WHOLE = ("static_bytes", "parameters, gradients and optimizer state", "#b
 
 
 def memory_breakdown_figure(runs, title: str = "Memory per optimizer step: static + activations") -> go.Figure:
-    """One stacked bar per run: parameters, gradients and optimizer state (the same for any m and k), and the
-    peak activations of one micro-batch on top (what accumulation shrinks). Process RSS, mostly the Python
+    """One stacked bar per run, lying down with the run's name at its left (names stacked one above the other never
+    cover each other, however many runs): parameters, gradients and optimizer state (the same for any m and k), and
+    the peak activations of one micro-batch after them (what accumulation shrinks). Process RSS, mostly the Python
     and torch runtime, is in ``memory_figure``."""
-    figure = blank_figure(title, "", "Memory (MB)")
+    figure = blank_figure(title, "Memory (MB)", "")
     parts = (STATIC_WHOLE, *BREAKDOWN)
     labels, heights, budgets = [], {part: [] for part, _, _ in parts}, set()
     for label, rows in as_runs(runs):
@@ -167,21 +168,42 @@ def memory_breakdown_figure(runs, title: str = "Memory per optimizer step: stati
             value = max(activations) if part == "activation_bytes" and activations else static.get(part)
             heights[part].append(in_mb(value) or 0.0)
     if not labels:
-        return empty_figure(title, "", "Memory (MB)", "No memory measurements yet")
+        return empty_figure(title, "Memory (MB)", "", "No memory measurements yet")
     for part, name, color in parts:
         if part == STATIC_WHOLE[0] and not any(heights[part]):
             continue
-        figure.add_trace(go.Bar(x=labels, y=heights[part], name=name, marker_color=color,
+        figure.add_trace(go.Bar(y=labels, x=heights[part], name=name, marker_color=color, orientation="h",
                                 text=[f"{v:.1f} MB" for v in heights[part]] if part == "activation_bytes" else None,
-                                textposition="inside", hovertemplate="%{x}<br>%{y:.2f} MB<extra>" + name + "</extra>"))
+                                textposition="inside", hovertemplate="%{y}<br>%{x:.2f} MB<extra>" + name + "</extra>"))
     for budget in sorted(budgets):  # the wall: a run's memory budget, as a device's memory would be
-        figure.add_hline(y=budget, line=dict(color="#000000", dash="dash", width=3),
+        figure.add_vline(x=budget, line=dict(color="#000000", dash="dash", width=3),
                          annotation=dict(text=f"budget {budget:g} MB", font=dict(size=TEXT_SIZE)),
-                         annotation_position="top right")
-    # Run names under their bars, level and wrapped (rotated text does not read from a distance).
-    figure.update_xaxes(tickangle=0, tickvals=labels, ticktext=[wrap(label, 10) for label in labels])
+                         annotation_position="top")
+    # Run names at the left of their bars, level, wrapped, the first run on top (rotated text does not read from a
+    # distance).
+    figure.update_yaxes(tickvals=labels, ticktext=[wrap_label(label, BAR_LABEL_CHARS) for label in labels],
+                        autorange="reversed", automargin=True)
+    figure.update_xaxes(rangemode="tozero")
     figure.update_layout(barmode="stack", hovermode="closest")
     return figure
+
+
+# Characters of a run's name per line, at the left of its bar.
+BAR_LABEL_CHARS = 16
+
+
+def wrap_label(label: str, chars: int) -> str:
+    """``label`` in lines of at most ``chars`` characters (one longer word alone excepted), broken at spaces and
+    after hyphens ("broken: zero-grad-" / "per-micro-batch"), joined by " <br>" as ``wrap`` joins them."""
+    lines = [""]
+    for piece in re.findall(r"[^ -]+-?|-| ", label):
+        if piece == " ":
+            lines[-1] += " " if lines[-1] else ""
+            continue
+        if lines[-1].strip() and len(lines[-1]) + len(piece) > chars:
+            lines.append("")
+        lines[-1] += piece
+    return " <br>".join(line.strip() for line in lines)
 
 
 def _static_total(rows: list[dict]) -> float | None:

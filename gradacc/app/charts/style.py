@@ -132,6 +132,7 @@ def styled(figure: go.Figure, title: str, x_title: str, y_title: str, title_char
 PLOT_PX = 270  # one panel's plot area
 AXIS_PX = 86  # the x axis' tick labels and title, under the plot
 LEGEND_ROW_PX = 24
+TICK_LINE_PX = 20  # each further line of a tick label
 
 
 def fit_legend(layout: dict, data: list[dict]) -> dict:
@@ -144,10 +145,14 @@ def fit_legend(layout: dict, data: list[dict]) -> dict:
     panels = len({tuple(axis.get("domain") or (0, 1)) for name, axis in layout.items()
                   if name.startswith("yaxis") and isinstance(axis, dict) and "overlaying" not in axis}) or 1
     plot = PLOT_PX * panels
+    # Tick labels of several lines (run names under their bars) push the axis' title, and the legend, further down.
+    tick_lines = max((str(text).count("<br>") + 1 for text in (layout.get("xaxis") or {}).get("ticktext") or []),
+                     default=1)
+    axis = AXIS_PX + TICK_LINE_PX * (tick_lines - 1)
     margin = dict(layout.get("margin") or {})
-    margin["b"] = AXIS_PX + LEGEND_ROW_PX * len(entries) + 10
+    margin["b"] = axis + LEGEND_ROW_PX * len(entries) + 10
     return {**layout, "height": margin.get("t", 80) + plot + margin["b"], "margin": margin,
-            "legend": {**(layout.get("legend") or {}), "orientation": "v", "yanchor": "top", "y": -AXIS_PX / plot,
+            "legend": {**(layout.get("legend") or {}), "orientation": "v", "yanchor": "top", "y": -axis / plot,
                        "xanchor": "left", "x": 0}}
 
 

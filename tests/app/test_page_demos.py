@@ -96,9 +96,11 @@ def test_each_demo_button_runs_its_scenario_to_a_headline(demo_home, name):
     assert not at.button(key="demo.run").disabled  # ended: it can be run again
     # The chart that shows the page's claim, drawn first: one line per run it describes.
     story = story_chart_of(at)
-    if scenario.chart == "loss-difference":
-        assert [trace["name"] for trace in story["data"]] == [labels[b] for _, b in (scenario.compares,
-                                                                                       *scenario.controls)]
+    if scenario.chart == "loss-difference":  # B against A, for each pair the demo says (named by B alone if one A)
+        pairs = (scenario.compares, *scenario.controls)
+        one = len({a for a, _ in pairs}) == 1
+        assert [trace["name"] for trace in story["data"]] == [labels[b] if one else f"{labels[b]} against {labels[a]}"
+                                                              for a, b in pairs]
     elif scenario.chart == "gradient-scale":
         assert [trace["name"] for trace in story["data"]] == labels  # naive's dips, exact at 1×
         assert "steps at 0.25× their gradient" in charts_title(story)

@@ -173,8 +173,10 @@ def memory_breakdown_figure(runs, title: str = "Memory per optimizer step: stati
         if part == STATIC_WHOLE[0] and not any(heights[part]):
             continue
         figure.add_trace(go.Bar(y=labels, x=heights[part], name=name, marker_color=color, orientation="h",
-                                text=[f"{v:.1f} MB" for v in heights[part]] if part == "activation_bytes" else None,
-                                textposition="inside", hovertemplate="%{y}<br>%{x:.2f} MB<extra>" + name + "</extra>"))
+                                # Level, after the bar's end: a thin segment would turn its text on its side.
+                                text=[f"{v:.3g} MB" for v in heights[part]] if part == "activation_bytes" else None,
+                                textposition="outside", textangle=0, cliponaxis=False,
+                                hovertemplate="%{y}<br>%{x:.2f} MB<extra>" + name + "</extra>"))
     for budget in sorted(budgets):  # the wall: a run's memory budget, as a device's memory would be
         figure.add_vline(x=budget, line=dict(color="#000000", dash="dash", width=3),
                          annotation=dict(text=f"budget {budget:g} MB", font=dict(size=TEXT_SIZE)),
@@ -182,8 +184,10 @@ def memory_breakdown_figure(runs, title: str = "Memory per optimizer step: stati
     # Run names at the left of their bars, level, wrapped, the first run on top (rotated text does not read from a
     # distance).
     figure.update_yaxes(tickvals=labels, ticktext=[wrap_label(label, BAR_LABEL_CHARS) for label in labels],
-                        autorange="reversed", automargin=True)
-    figure.update_xaxes(rangemode="tozero")
+                        categoryorder="array", categoryarray=labels[::-1], automargin=True)  # the first on top
+    # Room after the longest bar (or the budget line) for the activations' figure written after it.
+    longest = max([sum(heights[part][i] for part, _, _ in parts) for i in range(len(labels))] + sorted(budgets))
+    figure.update_xaxes(range=[0, longest * 1.3])
     figure.update_layout(barmode="stack", hovermode="closest")
     return figure
 

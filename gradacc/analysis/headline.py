@@ -125,7 +125,7 @@ def headline(events_a: list[dict], events_b: list[dict], name_differences: bool 
     same_data = not set(differences) & set(DATA_FIELDS)
     same_batch = a["effective_batch"] == b["effective_batch"]
     shared_metrics = [key for key in a["eval"] if key in b["eval"]]
-    for main_metric in ("eval_f1", "eval_perplexity"):  # one score says it; more make the headline a paragraph
+    for main_metric in ("eval_f1", "eval_perplexity", "eval_mrr_at_10"):  # one score says it; more: a paragraph
         if main_metric in shared_metrics:
             shared_metrics = [main_metric]
             break
@@ -294,4 +294,5 @@ def _score(value: float) -> str:
     return f"{value:.3f}" if abs(value) < 10 else f"{value:.4g}"
 
 
-METRIC_NAMES = {"eval_f1": "F1", "eval_accuracy": "accuracy", "eval_loss": "eval loss"}
+METRIC_NAMES = {"eval_f1": "F1", "eval_accuracy": "accuracy", "eval_loss": "eval loss", "eval_mrr_at_10": "MRR@10",
+                "eval_recall_at_1": "recall@1"}

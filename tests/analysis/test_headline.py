@@ -90,6 +90,10 @@ def test_without_f1_perplexity_or_else_the_shared_eval_metrics_are_reported():
     without = {key: value for key, value in lm.items() if key != "eval_perplexity"}
     figures = headline.headline(run_events(eval_metrics=without), run_events(eval_metrics=other))
     assert "next token accuracy 0.430 vs 0.410 (one seed each)" in figures["headline"]
+    pairs = {"eval_loss": 0.2, "eval_mrr_at_10": 0.978, "eval_recall_at_1": 0.955}
+    figures = headline.headline(run_events(eval_metrics=pairs), run_events(eval_metrics={**pairs, "eval_mrr_at_10": 0.969}))
+    assert set(figures["eval"]) == {"eval_mrr_at_10"}  # contrastive: its ranking score alone
+    assert "MRR@10 0.969 vs 0.978 (one seed each)" in figures["headline"]
 
 
 def test_cli_compare_prints_the_headline_or_json(tmp_path, capsys):

@@ -45,7 +45,7 @@ def write_site(folder: Path, store, say: Callable[[str], None] = print, names: l
     scenarios = [demos.SCENARIOS[name] for name in (names or demos.SCENARIOS)]
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(_plotly_path(), folder / replay.PLOTLY_FILE)
-    recorded, cards = [], []
+    recorded, cards = [], {}
     for number, scenario in enumerate(scenarios, 1):
         where = f"[{number}/{len(scenarios)}] {scenario.name}"
         try:
@@ -59,9 +59,16 @@ def write_site(folder: Path, store, say: Callable[[str], None] = print, names: l
         page = web_page.demo_page(scenario, runs, checks, plotly_src=replay.PLOTLY_FILE,
                                   crumbs=f'<a href="{INDEX}">← every demo</a>')
         (folder / f"{scenario.name}.html").write_text(page, encoding="utf-8")
-        cards.append(_card(scenario, runs))
+        cards[scenario.name] = _card(scenario, runs)
         say(f"{where}: wrote {scenario.name}.html ({len(page) / 1e3:,.0f} kB)")
-    (folder / INDEX).write_text(_index(cards), encoding="utf-8")
+    written = {scenario.name for scenario in scenarios}
+    for scenario in demos.SCENARIOS.values():  # a page left by an earlier pass (--demo) keeps its card
+        if scenario.name not in written and (folder / f"{scenario.name}.html").is_file():
+            try:
+                cards[scenario.name] = _card(scenario, web_page.demo_runs(scenario, store.list_runs(), store.events))
+            except GradaccError:
+                continue  # its runs are gone from this store: its page stays, unlisted
+    (folder / INDEX).write_text(_index([cards[name] for name in demos.SCENARIOS if name in cards]), encoding="utf-8")
     (folder / "README.md").write_text(SPACE_README.format(count=len(scenarios), date=time.strftime("%Y-%m-%d")),
                                       encoding="utf-8")
     pages = [INDEX, *(f"{scenario.name}.html" for scenario in scenarios)]

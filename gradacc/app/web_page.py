@@ -9,6 +9,7 @@ it, nothing is fetched.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from gradacc import events as ev
@@ -47,19 +48,27 @@ def _described(events: list[dict]) -> str:
 # ---- what to export: a demo, stored runs, --metrics-out files (the CLI and the Demos page) --------------------
 
 def demo_runs(scenario: demos.Scenario, stored: list[dict], events_of) -> list[tuple[str, list[dict]]]:
-    """The newest ended run of each of the demo's runs (``stored``: RunStore.list_runs, newest first); a failed one
-    counts (memory-wall's first run fails on purpose)."""
+    """The newest ended run of each of the demo's runs (``stored``: RunStore.list_runs, newest first) made with the
+    demo's settings as they are now (a run of an older version of the demo, or at another GRADACC_DEMO_SCALE, is
+    not its run); a failed one counts (memory-wall's first run fails on purpose)."""
     from gradacc.serving.store import LIVE_STATUSES
 
+    settings = {label: _same_form(config.to_dict()) for label, config in scenario.configs()}
     found = []
     for run in scenario.runs:
         label = scenario.run_label(run.label)
-        match = next((r for r in stored if r.get("label") == label and r["status"] not in LIVE_STATUSES), None)
+        match = next((r for r in stored if r.get("label") == label and r["status"] not in LIVE_STATUSES
+                      and _same_form(r.get("config") or {}) == settings[run.label]), None)
         if match is None:
             raise GradaccError(f"RUN_OR_DEMO {scenario.name!r}: the demo has no finished run {run.label!r} here; "
                                "run it on the Demos page first.")
         found.append((run.label, events_of(match["run_id"])))
     return found
+
+
+def _same_form(config: dict) -> str:
+    """A config as stored (JSON), to compare one read back with one built now."""
+    return json.dumps(config, sort_keys=True, default=str)
 
 
 def resolve(sources: list[str], store) -> tuple[str, list[tuple[str, list[dict]]], demos.Scenario | None, tuple]:

@@ -74,11 +74,11 @@ def test_export_html_writes_one_page_with_plotly_inlined_the_runs_and_the_headli
     assert set(data["final"]) == {"loss", "memory", "eval", "process"}  # every chart the Compare page draws
 
 
-def test_a_demo_exports_its_last_completed_runs_with_its_explanation(store, tmp_path, capsys):
+def test_a_demo_exports_its_last_completed_runs_with_its_explanation(store, tmp_path, capsys, monkeypatch):
     scenario = demos.get("same-curve")
-    for index, run in enumerate(scenario.runs):
+    for index, (run, (_, config)) in enumerate(zip(scenario.runs, scenario.configs())):
         run_id = f"run{index}"
-        store.create_run(run_id, "someone", {}, label=scenario.run_label(run.label))
+        store.create_run(run_id, "someone", config.to_dict(), label=scenario.run_label(run.label))
         for event in recorded_run(m=8 * (index + 1), k=1, dropout=0.0):
             store.append_event(run_id, event)
     out = tmp_path / "same-curve.html"
@@ -87,6 +87,10 @@ def test_a_demo_exports_its_last_completed_runs_with_its_explanation(store, tmp_
     page = out.read_text()
     assert f"<h1>{scenario.title}</h1>" in page and "Expect: " in page
     assert [t["name"] for t in replay_data(page)["final"]["loss"]["data"]] == [r.label for r in scenario.runs]
+    # A run of another version of the demo (other sizes: another GRADACC_DEMO_SCALE) is not its run.
+    monkeypatch.setenv(demos.SCALE_ENV, "0.5")
+    assert_one_error_line(*cli(capsys, "export-html", "same-curve", "--out", str(out)), 2,
+                          "RUN_OR_DEMO 'same-curve': the demo has no finished run", "run it on the Demos page")
 
 
 def test_bad_input_is_one_line_naming_the_argument(store, tmp_path, capsys):

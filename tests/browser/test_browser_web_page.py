@@ -61,8 +61,8 @@ def test_the_exported_page_replays_its_curves_offline(browser, tmp_path):
 def test_the_gallery_opens_from_disk_and_plays_a_demo_to_its_headline(browser, store, tmp_path, artifacts):
     # Recorded runs of one demo in the store (no training here): the gallery records nothing.
     scenario = demos.get("naive-vs-exact")
-    for index, (run, normalization) in enumerate(zip(scenario.runs, ("exact", "naive"))):
-        store.create_run(f"run{index}", "someone", {}, label=scenario.run_label(run.label))
+    for index, ((label, config), normalization) in enumerate(zip(scenario.configs(), ("exact", "naive"))):
+        store.create_run(f"run{index}", "someone", config.to_dict(), label=scenario.run_label(label))
         for event in recorded_run(m=8, k=4, steps=12, seconds_per_step=0.2, dropout=0.0,
                                   loss_normalization=normalization, start=1000.0 + 100 * index):
             store.append_event(f"run{index}", event)

@@ -34,8 +34,10 @@ PROGRESS = """() => {
   const panel = document.querySelector("[class*='st-key-demo-run-'] [data-testid=stAlert]");
   return panel ? panel.innerText : '';
 }"""
+# Points on the loss chart (its y axis says "Loss"): a demo's first chart may need two runs before it draws any.
 FIRST_POINTS = """() => {
-  const chart = [...document.querySelectorAll('.gradacc-live-chart')].find((c) => c.offsetParent !== null && c.calcdata);
+  const chart = [...document.querySelectorAll('.gradacc-live-chart')]
+    .find((c) => c.offsetParent !== null && c.calcdata && c.layout.yaxis?.title?.text === 'Loss');
   return chart ? chart.calcdata.reduce((n, trace) => n + trace.length, 0) : 0;
 }"""
 

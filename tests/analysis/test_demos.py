@@ -31,7 +31,8 @@ def test_the_stories_the_issue_asks_for_are_there():
     assert {c.task for c in negatives} == {"contrastive"} and {c.effective_batch for c in negatives} == {64}
     norms = [c for _, c in demos.SCENARIOS["batchnorm"].configs(scale=1)]
     assert [(c.model, c.micro_batch_size, c.grad_accum_steps) for c in norms] == [
-        ("bow-batchnorm", 32, 1), ("bow-batchnorm", 4, 8), ("bow-layernorm", 32, 1), ("bow-layernorm", 4, 8)]
+        ("bow-layernorm", 32, 1), ("bow-layernorm", 4, 8), ("bow-batchnorm", 32, 1), ("bow-batchnorm", 4, 8)]
+    assert demos.SCENARIOS["batchnorm"].compares == (2, 3)  # the control first, the result about BatchNorm
     assert (demos.SCENARIOS["in-batch-negatives"].checks, demos.SCENARIOS["batchnorm"].checks) == (
         "in-batch-negatives", "norms")
     pitfall = [c for _, c in demos.SCENARIOS["trainer-pitfall"].configs(scale=1)]

@@ -235,6 +235,7 @@ def check_in_batch_negatives(text, drawn, page):
 def check_batchnorm(text, drawn, page):
     said, against = claims(text)
     assert said[0].startswith("Loss curves differ"), said
+    assert against.startswith("BatchNorm m=4, k=8 against BatchNorm m=32, k=1 · "), against
     assert re.search(r"LayerNorm m=4, k=8 against LayerNorm m=32, k=1: loss curves (identical|match)", against), against
     differences = story(drawn, demo_charts.DIFFERENCE_AXIS)
     assert max(abs(v) for v in differences["BatchNorm m=4, k=8 against BatchNorm m=32, k=1"].values()) > 1  # %

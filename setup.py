@@ -18,5 +18,6 @@ setup(
                   "gradacc.app": ["trainer_default_by_family.json"],
                   # gradacc audit -- python train.py: the folder put first on the script's PYTHONPATH
                   "gradacc.training.audit": ["site/sitecustomize.py"],
-                  "gradacc.app.live_chart": ["live_chart.js"]},
+                  "gradacc.app.live_chart": ["live_chart.js", "page_look.js"],
+                  "gradacc.app.replay": ["page.html", "replay.js", "replay.css"]},
 )

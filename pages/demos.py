@@ -4,11 +4,12 @@ states its result. ``?demo=NAME`` opens one, so a speaker can prepare links."""
 import streamlit as st
 
 from gradacc.analysis import demos
-from gradacc.app import comparison, coupled_view, inputs, pacing, runview, scroll, server, warmup_status, web_page
+from gradacc.app import (comparison, coupled_view, inputs, navigation, pacing, runview, scroll, server, warmup_status,
+                         web_page)
 from gradacc.app.charts import fsdp as fsdp_charts
 from gradacc.errors import GradaccError
 
-server.under_navigation()  # a page opened alone on a fresh server: run the app instead
+navigation.under_navigation()  # a page opened alone on a fresh server: run the app instead
 
 CHOICE = "demo.choice"
 SCROLL = "demo.scroll"
@@ -32,26 +33,25 @@ elif requested and st.session_state.get("demo.requested") != requested:
     st.session_state[CHOICE] = requested  # a link (or a reload) picks the demo; the picker follows
 st.session_state["demo.requested"] = requested
 inputs.defaults({CHOICE: names[0]})
-name = st.radio("Demo", names, key=CHOICE, horizontal=True, format_func=lambda n: demos.SCENARIOS[n].title,
-                label_visibility="collapsed")
+# One line, whatever the number of demos: the Run button stays in view at 1280×720.
+name = st.selectbox("Demo", names, key=CHOICE, format_func=lambda n: demos.SCENARIOS[n].title,
+                    label_visibility="collapsed")
 st.query_params["demo"] = name
 st.session_state["demo.requested"] = name
 scenario = demos.SCENARIOS[name]
-
-st.header(scenario.title)
-st.markdown(scenario.explanation)
 configs = scenario.configs()
-st.caption("Runs, in this order: " + " · ".join(
-    f"**{label}** ({inputs.BACKEND_NAMES[config.backend]}, m={config.micro_batch_size}, k={config.grad_accum_steps}, "
-    f"{config.train_samples} examples × {config.epochs} epoch{'s' if config.epochs > 1 else ''})"
-    for label, config in configs) + f". Expect: {scenario.expect}")
 
 runs_key = f"demo.runs.{name}"
-run_ids = st.session_state.get(runs_key) or runview.live_demo_run_ids(manager.runs(), scenario)
+run_ids = st.session_state.get(runs_key)
+if not run_ids:
+    run_ids = runview.live_demo_run_ids(manager.runs(), scenario)
+    if run_ids:  # someone else's demo, running: a viewer who opened its link lands on it, not on the page top
+        st.session_state[SCROLL] = {"runs": True, "headline": True}
 st.session_state[runs_key] = run_ids  # a demo someone else is running is watched here until it ends, and after
 runs = [run for run in (manager.get(run_id) for run_id in run_ids) if run is not None]
 live = any(run.is_live for run in runs)
 
+st.header(scenario.title)
 refused = {field: message for _, config in configs for field, message in limits.errors(config).items()}
 if refused:
     st.error("This deployment's limits refuse this demo: " + " ".join(dict.fromkeys(refused.values())))
@@ -59,28 +59,33 @@ if st.button("Run this demo", type="primary", key="demo.run", disabled=live or b
              help="Its runs are still going." if live else None):
     try:
         run_ids = [manager.submit(config, owner, label=scenario.run_label(label)) for label, config in configs]
-        if scenario.checks == "coupled":
-            coupled_view.submit(checks)
+        if scenario.checks:
+            coupled_view.submit(checks, scenario.checks)
     except GradaccError as error:
         st.error(error.message)
     else:
         st.session_state[runs_key] = run_ids
         st.session_state[SCROLL] = {"runs": True, "headline": True}  # bring each into view once it is drawn
         st.rerun()  # redraw with the live view polling
+st.markdown(scenario.explanation)
+st.caption("Runs, in this order: " + " · ".join(
+    f"**{label}** ({inputs.BACKEND_NAMES[config.backend]}, m={config.micro_batch_size}, k={config.grad_accum_steps}, "
+    f"{config.train_samples} examples × {config.epochs} epoch{'s' if config.epochs > 1 else ''})"
+    for label, config in configs) + f". Expect: {scenario.expect}")
 
 st.divider()
 
 
 poll_seconds = pacing.chart_poll_seconds(*(manager.get(run_id) for run_id in run_ids)) if live else None
-checking = scenario.checks == "coupled" and coupled_view.pending(checks)
+checking = bool(scenario.checks) and coupled_view.pending(checks, scenario.checks)
 
 
 @st.fragment(run_every=pacing.POLL_SECONDS if checking else None)
 def gradient_checks():
     st.subheader("Gradients against the big batch")
-    if checking and not coupled_view.pending(checks):
+    if checking and not coupled_view.pending(checks, scenario.checks):
         st.rerun()  # just finished: redraw once without polling
-    coupled_view.draw(checks, key="demo")
+    coupled_view.draw(checks, scenario.checks, key="demo")
 
 
 @st.fragment(run_every=poll_seconds)
@@ -96,13 +101,14 @@ def demo_view():
     pacing.keep_pace(poll_seconds, *current)
     wanted = st.session_state.get(SCROLL) or {}
     with st.container():  # a fixed slot: the charts below keep their place (comparison.draw says why)
-        if wanted.pop("runs", False):  # just clicked: the runs' status and charts, not the button, on screen
+        if wanted.pop("runs", False):  # just clicked (or a link to a running demo): its runs on screen
             scroll.into_view("demo-live", nonce=f"runs {run_ids}")
     columns = st.container(key="demo-live").columns(len(snapshots))
     # The scenario's own names ("naive ÷k", "GradCache batch 64"): what differs between five runs, spelt out, is no
     # name a room can read. A watched demo cut short (a run deleted) falls back to what differs.
+    whole = len(current) == len(scenario.runs)
     labels = ({run.run_id: demo_run.label for demo_run, run in zip(scenario.runs, current)}
-              if len(current) == len(scenario.runs) else comparison.names(snapshots))
+              if whole else comparison.names(snapshots))
     for column, run in zip(columns, snapshots):
         with column, st.container(key=f"demo-run-{run.run_id}"):
             st.markdown(f"**{labels[run.run_id]}**")
@@ -114,32 +120,34 @@ def demo_view():
     with st.container():
         if any(run.is_live for run in snapshots):
             st.caption("The result is written here when both runs are done.")
-    if len(snapshots) == len(scenario.runs):  # the headline describes the two runs the scenario compares
-        first, second = scenario.compares
-        snapshots = [snapshots[first], snapshots[second],
-                     *(run for index, run in enumerate(snapshots) if index not in scenario.compares)]
-    figures = comparison.draw(snapshots, key="demo", labels=labels)
+    figures = comparison.draw(snapshots, key="demo", labels=labels, toolbar=False,
+                              pairs=[scenario.compares, *scenario.controls] if whole else None,
+                              story=scenario.chart if whole else None)
     sharded = [(labels[run.run_id], run.events) for run in snapshots]
     if fsdp_charts.has_sharding(sharded):  # sharded runs: each rank's gradients held and sent, side by side
         st.plotly_chart(fsdp_charts.sharding_figure(sharded), key="demo_sharding")
     if figures is not None and wanted.get("headline"):
-        # The result, the moment it is written, and again once every run has ended: runs still training above it
-        # change their panels' heights meanwhile, which moves it under the page's header.
+        # The result, the moment it is written, once every run has ended, and again in the page's last full run:
+        # runs still training above it change their panels' heights meanwhile, and the end of polling changes them
+        # once more (the "result is written here" line goes), which moves it under the page's header.
         settled = not any(run.is_live for run in snapshots)
-        scroll.into_view("headline", nonce=f"headline {run_ids} {'settled' if settled else 'written'}")
-        if settled:
+        moment = "final" if not live else "settled" if settled else "written"
+        scroll.into_view("headline", nonce=f"headline {run_ids} {moment}")
+        if moment == "final":
             wanted.pop("headline")
-    if not any(run.is_live for run in current) and len(current) == len(scenario.runs):
+    if not any(run.is_live for run in current) and whole:
         # Built when clicked, from the runs as stored: a speaker's offline copy, or a free static Space.
-        runs = [(demo_run.label, run.events) for demo_run, run in zip(scenario.runs, current)]
-        st.download_button("Download as a web page", data=lambda: web_page.demo_page(scenario, runs),
+        recorded = [(demo_run.label, run.events) for demo_run, run in zip(scenario.runs, current)]
+        st.download_button("Download as a web page",
+                           data=lambda: web_page.demo_page(scenario, recorded,
+                                                           coupled_view.reports(checks, scenario.checks)),
                            file_name=f"gradacc-{name}.html", mime="text/html", on_click="ignore", key="demo.web_page",
-                           help="One HTML file that replays these runs at their pace with the explanation and the "
-                                "headline; it needs no network (plotly is inside).")
+                           help="One HTML file that replays these runs at their pace with the explanation, every "
+                                "chart, the table and the result; it needs no network (plotly is inside).")
 
 
 demo_view()
 # Below the runs: the checks' sentences and table arrive while the runs train, and above them they would push the
 # runs and the headline, already scrolled into view, down off the screen.
-if scenario.checks == "coupled":
+if scenario.checks:
     gradient_checks()

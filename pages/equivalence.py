@@ -4,12 +4,12 @@ import time
 
 import streamlit as st
 
-from gradacc.app import charts, coupled_view, equivalence_view, inputs, pacing, server
+from gradacc.app import charts, coupled_view, equivalence_view, inputs, navigation, pacing, server
 from gradacc.training.backends import DESCRIPTIONS
 from gradacc.errors import GradaccError
 from gradacc.serving import checks
 
-server.under_navigation()  # a page opened alone on a fresh server: run the app instead
+navigation.under_navigation()  # a page opened alone on a fresh server: run the app instead
 
 K = f"{inputs.FORM}equivalence."
 
@@ -100,7 +100,7 @@ if st.button("Run the coupled checks", key="run_coupled_checks", disabled=couple
 def coupled_result():
     if coupled_checking and not coupled_view.pending(runner):
         st.rerun()  # just finished: redraw once without polling
-    coupled_view.draw(runner, key="equivalence")
+    coupled_view.draw(runner, None, key="equivalence")
 
 
 coupled_result()

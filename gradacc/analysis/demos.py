@@ -8,9 +8,15 @@ How to add a scenario: append a ``Scenario`` to ``SCENARIOS``. Give it
 - ``runs``: one ``DemoRun(label, changes)`` per run, the RunConfig fields that run changes on top of ``base``;
   they are queued in this order;
 - ``compares``: which two runs the headline describes, ``(a, b)`` indices into ``runs`` (b is described
-  against a: "activations 4× smaller" means b's are); ``expect``: one sentence of what the headline shows;
+  against a: "activations 4× smaller" means b's are); ``controls``: further pairs said on the line under the
+  headline ("exact against the full batch: identical"); ``expect``: one sentence of what the headline shows;
+- ``chart``: the figure that shows the page's claim, drawn first (``STORY_CHARTS``): "gradient-scale" (what
+  each window's gradient was scaled by), "loss-difference" (each run's loss against the first run's); None: the
+  loss curves say it;
+- ``checks``: gradient checks run beside the runs and shown under them (``gradacc.serving.checks.CHECK_SETS``);
 - sizes (``train_samples``, ``eval_samples``, ``epochs``) for a speaker's pace: the whole scenario should take
-  about 20–60 s on a 2-vCPU machine (measure it with ``python -m gradacc.analysis.demos NAME``).
+  about 20–90 s on a 2-vCPU machine at load ≤ 2 (measure it with ``python -m gradacc.analysis.demos NAME``, and
+  put the figure in docs/demos.md's table).
 
 ``tests/analysis/test_demos.py`` checks every scenario builds valid configs; the tests shrink them with
 ``GRADACC_DEMO_SCALE`` (a fraction of the training samples, and of epochs past two; 1 on stage), so the same
@@ -49,7 +55,9 @@ class Scenario:
     runs: tuple[DemoRun, ...]
     expect: str
     compares: tuple[int, int] = (0, 1)
-    # Gradient checks shown beside the runs (``gradacc.serving.checks``): "coupled" runs the coupled-loss checks.
+    controls: tuple[tuple[int, int], ...] = ()
+    chart: str | None = None
+    # Gradient checks shown under the runs (``gradacc.serving.checks.CHECK_SETS``): "in-batch-negatives", "norms".
     checks: str | None = None
 
     def configs(self, scale: float | None = None) -> list[tuple[str, RunConfig]]:
@@ -72,6 +80,10 @@ def sized(config: RunConfig, effective_batch: int, scale: float) -> RunConfig:
     if config.epochs > 2:  # a story told over many epochs keeps two (each ends in its own short window)
         changes["epochs"] = max(2, math.ceil(config.epochs * scale))
     return config.replace(**changes)
+
+
+# The figures a scenario's ``chart`` may name (drawn by gradacc.app.charts.demos).
+STORY_CHARTS = ("gradient-scale", "loss-difference")
 
 
 def scaled(train_samples: int, effective_batch: int, scale: float) -> int:
@@ -98,7 +110,9 @@ SAME_CURVE = Scenario(
         "at a time through and adds up the gradients of 4 micro-batches before stepping (m=8, k=4). Dropout is "
         "off, so nothing random differs.\n\n"
         "**Look at:** the two loss curves lie on top of each other, and the second run holds about a quarter of "
-        "the activation memory. Time per step is measured too, and said only where it stands out of the noise."),
+        "the activation memory. Its time per step is in the table, not in the result: two runs made one after the "
+        "other on a shared machine do not measure a time difference (`python -m gradacc bench sweep` does, "
+        "paired)."),
     # A pretrained model at its recipe's gentle learning rate: the curves agree to ~1e-6 at every step. tiny-bert
     # from scratch at its lr 5e-3 has loss spikes (gradient norms past 30) that amplify the 1e-7 of float
     # summation order to 2e-3 by step 63: a true "match", not "identical".
@@ -116,16 +130,22 @@ NAIVE_VS_EXACT = Scenario(
         "The same accumulation run (m=8, k=4) twice: once with the textbook recipe (each micro-batch's mean "
         "loss ÷ k, Accelerate's default) and once weighting each micro-batch by its share of the window's "
         "examples. The training set is 8 examples past a whole number of windows, so every epoch ends with a "
-        "window of a single micro-batch: naive divides it by 4 anyway, and that step's gradient is 4× too "
-        "small. Texts have uneven lengths, but here the loss is per example, so the short window is where "
-        "the two differ (a token-level loss differs in every window: see the Equivalence page).\n\n"
-        "**Look at:** the curves agree until the last window of each epoch, where naive's loss drops to a "
-        "quarter: 24 epochs, 24 times."),
-    base={"backend": "pytorch", "dropout": 0.0, "epochs": 24, "train_samples": 968, "eval_samples": 200,
-          "micro_batch_size": 8, "grad_accum_steps": 4},
+        "window of a single micro-batch: naive divides it by 4 anyway, and that step applies a quarter of the "
+        "window's gradient. The loss is per example here, so the short window is the only place the two differ "
+        "(a token-level loss differs in every window: see the language-model demo).\n\n"
+        "**Look at:** the first chart, each step's gradient against its window's own: exact applies every window "
+        "whole (1×); naive applies the last window of each epoch at 0.25×: 6 epochs, 6 dips. The loss curves "
+        "are the same up to the first short window (step 122); from there the weights differ, and every later "
+        "loss a little (the result says by how much)."),
+    # 3,880 examples (121 windows of 32, then one micro-batch of 8) for 6 epochs: 732 steps. tiny-bert's recipe rate
+    # (5e-3) collapses to chance over that many (both runs ended below the majority's F1), and 24 epochs of 968
+    # examples memorise them (a loss spike warned in each run): at 1e-4 on more data both learn steadily.
+    base={"backend": "pytorch", "dropout": 0.0, "epochs": 6, "train_samples": 3880, "eval_samples": 200,
+          "micro_batch_size": 8, "grad_accum_steps": 4, "learning_rate": 1e-4},
     runs=(DemoRun("exact", {"loss_normalization": "exact"}),
           DemoRun("naive ÷k", {"loss_normalization": "naive"})),
-    expect="Loss curves differ (normalisation exact vs naive), in the short last window of each epoch.",
+    chart="gradient-scale",
+    expect="Naive ÷k applies the short last window of each epoch at 0.25× its gradient; the loss curves part there.",
 )
 
 TRAINER_PITFALL = Scenario(
@@ -160,7 +180,8 @@ NAIVE_VS_EXACT_LM = Scenario(
         "so a micro-batch of two short texts counts as much as one of two long ones: not the full-batch "
         "gradient, in every window. **Exact** weights each micro-batch by its share of the window's predicted "
         "tokens (what transformers' num_items_in_batch fix does).\n\n"
-        "**Look at:** naive's curve drifts away from the full batch's; exact's lies on it."),
+        "**Look at:** the first chart, each m=2, k=16 run's loss against the full batch's at the same step: "
+        "naive's drifts away from it; exact's stays at 0."),
     # m=2, k=16 and texts up to 128 tokens: micro-batches of two texts differ most in their token counts, so
     # naive's weighting is furthest from the full batch's and its drift shows on the chart.
     base={"backend": "pytorch", "model": "tiny-gpt", "dataset": "builtin-text", "task": "causal-lm",
@@ -170,7 +191,9 @@ NAIVE_VS_EXACT_LM = Scenario(
                                          "loss_normalization": "naive"}),
           DemoRun("exact m=2, k=16", {"micro_batch_size": 2, "grad_accum_steps": 16, "loss_normalization": "exact"})),
     compares=(0, 1),
-    expect="Naive's loss curve drifts from the full batch's; exact's stays on it (float rounding).",
+    controls=((0, 2),),
+    chart="loss-difference",
+    expect="Naive's loss drifts from the full batch's; exact's stays on it (float rounding).",
 )
 
 MEMORY_WALL = Scenario(
@@ -251,36 +274,58 @@ PITFALL_DROP_LAST = pitfall_scenario(
     "The broken run trains 56 examples fewer, in one optimizer step fewer.",
     train_samples=24056, micro_batch_size=8, grad_accum_steps=8)
 
-# The three contrastive runs of coupled-losses: 384 pairs, 6 optimizer steps of 64 on a 22M-parameter model each.
+# In-batch negatives: 384 pairs, 6 optimizer steps of 64 on a 22M-parameter model per run.
 PAIRS = {"task": "contrastive", "model": "all-MiniLM-L6-v2", "dataset": "builtin-pairs", "train_samples": 384,
          "eval_samples": 200, "max_seq_length": 32, "learning_rate": 5e-5}
 
-COUPLED_LOSSES = Scenario(
-    name="coupled-losses",
-    title="When accumulation is not a big batch: in-batch negatives and BatchNorm",
+IN_BATCH_NEGATIVES = Scenario(
+    name="in-batch-negatives",
+    title="In-batch negatives: accumulation is not the big batch",
     explanation=(
-        "Accumulation adds up per-example gradients. Where the loss couples the examples of a batch, a micro-batch "
-        "is a different loss. **In-batch negatives:** all-MiniLM-L6-v2 learns (query, positive) pairs with "
-        "MultipleNegativesRankingLoss, each query against every positive of its batch. One batch of 64 gives each "
-        "query 63 negatives; 16 accumulated 4 times give 15: not the same gradient. GradCache "
-        "(CachedMultipleNegativesRankingLoss) computes the batch-64 loss with the activations of 16. "
-        "**BatchNorm** normalises with the micro-batch's statistics: m=4, k=8 is not m=32 (LayerNorm would be).\n\n"
-        "**Look at:** the gradient table (accumulation far off, GradCache at rounding, BatchNorm off and LayerNorm "
-        "exact), MRR@10 of the three contrastive runs after one epoch, and the BatchNorm loss curves apart."),
-    base={"backend": "pytorch", "dropout": 0.0, "epochs": 1},
-    runs=(DemoRun("MNRL batch 64", {**PAIRS, "micro_batch_size": 64, "grad_accum_steps": 1}),
-          DemoRun("MNRL m=16, k=4", {**PAIRS, "micro_batch_size": 16, "grad_accum_steps": 4}),
-          DemoRun("GradCache batch 64, mini-batch 16", {**PAIRS, "micro_batch_size": 64, "grad_accum_steps": 1,
-                                                        "gradcache_mini_batch": 16}),
-          # Its recipe's 3 epochs: one epoch leaves F1 at the majority's.
-          DemoRun("BatchNorm m=32, k=1", {"model": "bow-batchnorm", "micro_batch_size": 32, "grad_accum_steps": 1,
-                                          "train_samples": 2560, "eval_samples": 200, "epochs": 3}),
-          DemoRun("BatchNorm m=4, k=8", {"model": "bow-batchnorm", "micro_batch_size": 4, "grad_accum_steps": 8,
-                                         "train_samples": 2560, "eval_samples": 200, "epochs": 3})),
+        "all-MiniLM-L6-v2 learns (query, positive) pairs with MultipleNegativesRankingLoss: each query is scored "
+        "against every positive of its batch, the others being its negatives. One batch of 64 gives each query 63 "
+        "negatives; 16 accumulated 4 times give 15: a different loss, so a different gradient, whatever the "
+        "normalisation. GradCache (CachedMultipleNegativesRankingLoss) computes the batch-64 loss with the "
+        "activations of 16.\n\n"
+        "**Look at:** the accumulated run's loss curve apart from the batch's, GradCache's on it; the gradient "
+        "table under the runs (accumulation far off, GradCache at rounding) and the activations each way holds."),
+    base={"backend": "pytorch", "dropout": 0.0, "epochs": 1, **PAIRS},
+    runs=(DemoRun("MNRL batch 64", {"micro_batch_size": 64, "grad_accum_steps": 1}),
+          DemoRun("MNRL m=16, k=4", {"micro_batch_size": 16, "grad_accum_steps": 4}),
+          DemoRun("GradCache batch 64, mini-batch 16", {"micro_batch_size": 64, "grad_accum_steps": 1,
+                                                        "gradcache_mini_batch": 16})),
     compares=(0, 1),
-    expect="Accumulated in-batch negatives: a different loss curve; GradCache's follows the batch's; BatchNorm's "
-           "curves apart.",
-    checks="coupled",
+    controls=((0, 2),),
+    expect="Accumulated in-batch negatives: a different loss curve; GradCache's is the batch's.",
+    checks="in-batch-negatives",
+)
+
+# bow models over 10,240 examples for 3 epochs (their recipe's): 960 optimizer steps of 32 per run, a few seconds
+# each (under the 1,000 points a chart draws per line, so the replay page sends each point once). LayerNorm, the
+# control, runs first: the result (BatchNorm's pair) is written once all four have run, 20-30 s in.
+BAGS = {"train_samples": 10240, "eval_samples": 200, "epochs": 3}
+
+BATCH_NORM = Scenario(
+    name="batchnorm",
+    title="BatchNorm: a micro-batch is not the batch",
+    explanation=(
+        "A bag-of-embeddings classifier learns the same examples two ways, 32 per optimizer step: m=32, k=1, then "
+        "m=4, k=8. First, as the control, with LayerNorm, which normalises each example alone: accumulation gives "
+        "the batch's gradient. Then with BatchNorm, which normalises each micro-batch with its own mean and "
+        "variance: 8 micro-batches of 4 are not one batch of 32, whatever the loss normalisation.\n\n"
+        "**Look at:** the first chart, each m=4, k=8 run's loss against its m=32 run's at the same step: "
+        "LayerNorm's at 0, BatchNorm's apart; the gradient table under the runs (BatchNorm off, the more the "
+        "smaller m; LayerNorm exact)."),
+    base={"backend": "pytorch", "dropout": 0.0, **BAGS},
+    runs=(DemoRun("LayerNorm m=32, k=1", {"model": "bow-layernorm", "micro_batch_size": 32, "grad_accum_steps": 1}),
+          DemoRun("LayerNorm m=4, k=8", {"model": "bow-layernorm", "micro_batch_size": 4, "grad_accum_steps": 8}),
+          DemoRun("BatchNorm m=32, k=1", {"model": "bow-batchnorm", "micro_batch_size": 32, "grad_accum_steps": 1}),
+          DemoRun("BatchNorm m=4, k=8", {"model": "bow-batchnorm", "micro_batch_size": 4, "grad_accum_steps": 8})),
+    compares=(2, 3),
+    controls=((0, 1),),
+    chart="loss-difference",
+    expect="LayerNorm's curves identical at the same effective batch; BatchNorm's apart.",
+    checks="norms",
 )
 
 FSDP_SYNC = Scenario(
@@ -305,7 +350,8 @@ FSDP_SYNC = Scenario(
 )
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (SAME_CURVE, NAIVE_VS_EXACT, TRAINER_PITFALL,
-                                                      NAIVE_VS_EXACT_LM, MEMORY_WALL, COUPLED_LOSSES, PITFALL_SCHEDULER,
+                                                      NAIVE_VS_EXACT_LM, MEMORY_WALL, IN_BATCH_NEGATIVES, BATCH_NORM,
+                                                      PITFALL_SCHEDULER,
                                                       PITFALL_CLIP, PITFALL_ZERO_GRAD, PITFALL_LOG_LOSS,
                                                       PITFALL_DROP_LAST, FSDP_SYNC)}
 
@@ -328,12 +374,13 @@ if __name__ == "__main__":  # time a scenario as the app runs it: python -m grad
     from gradacc.training.run.launch import train_for
 
     for scenario in [SCENARIOS[n] for n in sys.argv[1:]] or SCENARIOS.values():
-        began, recorded = time.perf_counter(), []
+        began, recorded, load = time.perf_counter(), [], os.getloadavg()[0]
         for label, config in scenario.configs():
             recorder = Recorder()
             ended = train_for(config)(config, recorder)  # several processes: through accelerate launch
             recorded.append(recorder.events)
             print(f"{scenario.name} · {label}: {ended['status']} in {ended['wall_s']:.1f} s {ended['warnings']}")
         a, b = scenario.compares
-        print(f"{scenario.name}: {time.perf_counter() - began:.1f} s in all · "
-              f"{headline(recorded[a], recorded[b])['headline']}", flush=True)
+        # The load average (1 min) when the demo began and ended: a time measured on a busy machine says so.
+        print(f"{scenario.name}: {time.perf_counter() - began:.1f} s in all (load {load:.1f} → "
+              f"{os.getloadavg()[0]:.1f}) · {headline(recorded[a], recorded[b])['headline']}", flush=True)

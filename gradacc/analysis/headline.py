@@ -8,6 +8,7 @@ import statistics
 
 from gradacc import events as ev
 from gradacc.choices import PITFALLS
+from gradacc.analysis import window_scale
 from gradacc.analysis.run_names import DATA_FIELDS, _value, config_differences, field_name
 
 
@@ -19,9 +20,9 @@ MATCH = 1e-2
 # A loss this many times the other's is said as a ratio ("570× larger"): a relative difference, bounded by 100 %,
 # would hide it.
 RATIO = 2.0
-# Medians of time per step closer than this share are not told apart: a ratio that would print as 1.0× or 1.1×
-# says less than the noise of runs made one after the other on a shared machine.
-TIME_NOISE = 0.15
+# A loss below this share of its run's first loss is near zero, where the ratio of two losses is noise (0.002 against
+# 0.0001 reads "20×"): ratios and differences are medians over the steps where both losses are above it.
+NOISE_SHARE = 0.05
 # Eval keys that are bookkeeping, not a metric.
 NOT_METRICS = {"event", "time", "epoch", "step", *ev.BASELINE_METRICS}
 
@@ -74,9 +75,23 @@ def quartiles(values: list[float]) -> tuple[float, float, float] | None:
     return at(0.25), at(0.5), at(0.75)
 
 
+def above_noise(curve_a: dict, curve_b: dict) -> list:
+    """The samples seen both runs logged where each loss is at least NOISE_SHARE of its own run's first loss."""
+    shared = sorted(set(curve_a) & set(curve_b))
+    if not shared:
+        return []
+    floor_a, floor_b = (NOISE_SHARE * abs(curve[min(curve)]) for curve in (curve_a, curve_b))
+    return [x for x in shared if abs(curve_a[x]) >= floor_a and abs(curve_b[x]) >= floor_b and curve_a[x] and curve_b[x]]
+
+
 def loss_ratios(curve_a: dict, curve_b: dict) -> list[float]:
-    """B's loss over A's at each samples seen both logged."""
-    return [curve_b[x] / curve_a[x] for x in sorted(set(curve_a) & set(curve_b)) if curve_a[x] and curve_b[x]]
+    """B's loss over A's at each samples seen where both are above noise (``above_noise``)."""
+    return [curve_b[x] / curve_a[x] for x in above_noise(curve_a, curve_b)]
+
+
+def relative_differences(curve_a: dict, curve_b: dict) -> list[float]:
+    """|B − A| over the larger of the two, at each samples seen where both are above noise."""
+    return [abs(curve_a[x] - curve_b[x]) / max(abs(curve_a[x]), abs(curve_b[x])) for x in above_noise(curve_a, curve_b)]
 
 
 def loss_difference(curve_a: dict, curve_b: dict) -> tuple[float | None, int]:
@@ -95,8 +110,10 @@ def loss_difference(curve_a: dict, curve_b: dict) -> tuple[float | None, int]:
 def headline(events_a: list[dict], events_b: list[dict], name_differences: bool = True) -> dict:
     """The result of two runs in figures and one sentence: run B described against run A.
 
-    Keys: ``loss_max_rel_diff`` and ``loss_points_compared``, ``activation_ratio`` (A's peak activation bytes
-    over B's: >1 means B holds fewer), ``time_per_step_ratio`` and ``samples_per_s_ratio`` (B over A),
+    Keys: ``loss_max_rel_diff`` and ``loss_points_compared`` (every shared point: what "identical" is judged on),
+    ``loss_points_above_noise``, ``loss_ratio_median`` and ``loss_rel_diff_median`` (over those points: what
+    "differ" is said with), ``activation_ratio`` (A's peak activation bytes over B's: >1 means B holds fewer),
+    ``time_per_step_ratio`` and ``samples_per_s_ratio`` (B over A; measured, never said: see ``_claims``),
     ``effective_batch`` [A, B], ``eval`` {metric: [A, B]} (F1 when both have it, else every eval metric both
     runs report), ``differences`` (config fields), ``same_data``, ``same_effective_batch``, and ``headline``.
     ``name_differences``: say which settings differ beside different curves (a page whose run names already say
@@ -108,7 +125,7 @@ def headline(events_a: list[dict], events_b: list[dict], name_differences: bool 
     same_data = not set(differences) & set(DATA_FIELDS)
     same_batch = a["effective_batch"] == b["effective_batch"]
     shared_metrics = [key for key in a["eval"] if key in b["eval"]]
-    for main_metric in ("eval_f1", "eval_perplexity"):  # one score says it; more make the headline a paragraph
+    for main_metric in ("eval_f1", "eval_perplexity", "eval_mrr_at_10"):  # one score says it; more: a paragraph
         if main_metric in shared_metrics:
             shared_metrics = [main_metric]
             break
@@ -128,18 +145,23 @@ def headline(events_a: list[dict], events_b: list[dict], name_differences: bool 
         "same_effective_batch": same_batch,
     }
     ratios = loss_ratios(a["curve"], b["curve"])
+    differences = relative_differences(a["curve"], b["curve"])
+    figures["loss_points_above_noise"] = len(ratios)
     figures["loss_ratio_median"] = statistics.median(ratios) if ratios else None
-    figures["loss_ratio_extreme"] = max(ratios, key=lambda r: max(r, 1 / r)) if ratios else None
-    # CPU time where both runs measured it: wall time also counts whatever else the machine did meanwhile, and the
-    # runs being compared ran one after the other.
+    figures["loss_rel_diff_median"] = statistics.median(differences) if differences else None
+    # Measured for --json and the table, never said: two runs made one after the other are not a paired measurement
+    # (the machine's load moves one and not the other; the same pair read "within noise", then "1.6× slower").
+    # ``python -m gradacc bench sweep`` times m and k paired, in rotating rounds.
     clock = "step_cpu_seconds" if a["step_cpu_seconds"] and b["step_cpu_seconds"] else "step_seconds"
-    spread_a, spread_b = quartiles(a[clock]), quartiles(b[clock])
-    figures["step_seconds_quartiles"] = [spread_a, spread_b]
+    figures["step_seconds_quartiles"] = [quartiles(a[clock]), quartiles(b[clock])]
     figures["step_seconds_clock"] = "cpu" if clock == "step_cpu_seconds" else "wall"
-    figures["loss_claim"] = _loss_claim(figures, a["config"], b["config"], name_differences)
+    claim, reason = _loss_claim(figures, a["config"], b["config"], name_differences)
+    figures["loss_claim"] = f"{claim}: {reason}" if reason else claim
+    figures["loss_title"] = claim  # a chart's title: the claim, its reason left to the headline
     figures["memory_claim"] = _memory_claim(figures["activation_ratio"])
-    parts = [_pitfall_claim(a["config"], b["config"]), figures["loss_claim"], figures["memory_claim"],
-             _time_claim(spread_a, spread_b, figures["step_seconds_clock"]), _eval_claim(figures["eval"])]
+    figures["scale_claim"] = _scale_claim(events_a, events_b, a["config"], b["config"])
+    parts = [_pitfall_claim(a["config"], b["config"]), figures["loss_claim"], figures["scale_claim"],
+             figures["memory_claim"], _eval_claim(figures["eval"])]
     figures["headline"] = " · ".join(part for part in parts if part)
     return figures
 
@@ -166,7 +188,27 @@ def _times(ratio: float) -> str:
         f"{factor:.0f}× {'larger' if ratio > 1 else 'smaller'}"
 
 
-def _loss_claim(figures: dict, config_a: dict, config_b: dict, name_differences: bool = True) -> str:
+def _differs(figures: dict) -> str:
+    """How far apart two curves are, as medians over the steps where both losses are above noise: ": loss 4.0×
+    larger" once one is twice the other (a percentage, bounded by 100 %, would hide it), else " by 12%"."""
+    median_ratio, median_diff = figures["loss_ratio_median"], figures["loss_rel_diff_median"]
+    steps = figures["loss_points_above_noise"]
+    if median_ratio is None:
+        return f" by up to {_size(figures['loss_max_rel_diff'])} (no step above noise to take a median over)"
+    if max(median_ratio, 1 / median_ratio) >= RATIO:
+        return f": loss {_times(median_ratio)} (median of {steps} steps)"
+    return f" by {_percent(median_diff)} (median of {steps} steps)"
+
+
+def _percent(share: float) -> str:
+    """12%, 2.1%, 4e-05 (a share below 0.1 % as a number: "0.0%" would say none)."""
+    if share == 0:
+        return "0%"
+    return f"{share:.0%}" if share >= 0.095 else f"{share:.1%}" if share >= 0.001 else f"{share:.0e}"
+
+
+def _loss_claim(figures: dict, config_a: dict, config_b: dict, name_differences: bool = True) -> tuple[str, str | None]:
+    """(what the loss curves show, why, where the headline knows it)."""
     rel_diff = figures["loss_max_rel_diff"]
     caveats = []
     if not figures["same_data"]:
@@ -176,16 +218,9 @@ def _loss_claim(figures: dict, config_a: dict, config_b: dict, name_differences:
         batch_a, batch_b = figures["effective_batch"]
         caveats.append(f"different effective batches ({batch_b} vs {batch_a})")
     if rel_diff is None:
-        return "; ".join(caveats + ["no loss at the same samples seen to compare"]).capitalize()
-    size = _size(rel_diff)
-    extreme = figures.get("loss_ratio_extreme")
-    if extreme is not None and max(extreme, 1 / extreme) >= RATIO:
-        size = f"{_times(extreme)}"  # e.g. "up to 570× larger": a percentage near 100 % would hide it
-        differs = f"loss up to {size} at the same samples seen"
-    else:
-        differs = f"loss differs by up to {size} at the same samples seen"
+        return "; ".join(caveats + ["no loss at the same samples seen to compare"]).capitalize(), None
     if caveats:  # honest: such curves are not expected to be equal, whatever the numbers say
-        return ("; ".join(caveats) + f": {differs}").capitalize()
+        return ("; ".join(caveats) + f": loss differs{_differs(figures).removeprefix(': loss')}").capitalize(), None
     if config_a.get("trainer_library_default") != config_b.get("trainer_library_default") and \
             figures.get("loss_ratio_median") and config_a.get("grad_accum_steps") == config_b.get("grad_accum_steps"):
         k = config_a.get("grad_accum_steps")
@@ -193,17 +228,16 @@ def _loss_claim(figures: dict, config_a: dict, config_b: dict, name_differences:
         default_is_b = bool(config_b.get("trainer_library_default"))
         side = "with Trainer's default" if default_is_b else "with gradacc's fix"
         return (f"Loss {_times(median)} {side} "
-                f"(median over {figures['loss_points_compared']} steps): Trainer's default did not divide the "
-                f"loss by k={k}")
-    if rel_diff < IDENTICAL:
-        return f"Loss curves identical (max difference {size})"
+                f"(median of {figures['loss_points_above_noise']} steps)",
+                f"Trainer's default did not divide the loss by k={k}")
+    if rel_diff < IDENTICAL:  # identity is judged on every shared step: the largest difference
+        return f"Loss curves identical (max difference {_size(rel_diff)})", None
     if rel_diff < MATCH:
-        return f"Loss curves match (max difference {size})"
+        return f"Loss curves match (max difference {_size(rel_diff)})", None
     what = ", ".join(_versus(n, config_a, config_b) for n in figures["differences"]) or "nothing in the config"
     # The charts' x axis says "samples seen": the headline stays short.
-    claim = f"Loss curves differ: {differs.removesuffix(' at the same samples seen')}" if \
-        differs.startswith("loss up to") else f"Loss curves differ by up to {size}"
-    return f"{claim} ({what} differ)" if name_differences else claim
+    claim = f"Loss curves differ{_differs(figures)}"
+    return (f"{claim} ({what} differ)" if name_differences else claim), None
 
 
 def _pitfall_claim(config_a: dict, config_b: dict) -> str | None:
@@ -220,6 +254,18 @@ def _pitfall_claim(config_a: dict, config_b: dict) -> str | None:
     return claim[:1].upper() + claim[1:] or None
 
 
+def _scale_claim(events_a: list[dict], events_b: list[dict], config_a: dict, config_b: dict) -> str | None:
+    """Where two runs differ in loss normalisation: the steps one of them applied off their gradient ("naive: 24 of
+    744 steps at 0.25× their gradient"), B's first; None when neither did or the events cannot tell."""
+    if config_a.get("loss_normalization") == config_b.get("loss_normalization"):
+        return None
+    for events, config in ((events_b, config_b), (events_a, config_a)):
+        said = window_scale.claim(events)
+        if said:
+            return f"{_value(config.get('loss_normalization'))}: {said}"
+    return None
+
+
 def _memory_claim(ratio: float | None) -> str | None:
     if ratio is None:
         return None
@@ -228,28 +274,25 @@ def _memory_claim(ratio: float | None) -> str | None:
     return f"activations {ratio:.1f}× smaller" if ratio > 1 else f"activations {1 / ratio:.1f}× larger"
 
 
-def _time_claim(spread_a, spread_b, clock: str = "wall") -> str | None:
-    """B's time per step against A's, from the median seconds per step (``clock``: "cpu", the training thread's CPU
-    time, or "wall"), said only when the middle halves of the two runs' steps do not overlap (a busy machine moves
-    single steps a lot) and the medians differ by TIME_NOISE or more; else 'within noise'."""
-    if spread_a is None or spread_b is None or not spread_a[1] or not spread_b[1]:
-        return None
-    ratio = spread_b[1] / spread_a[1]
-    if (spread_b[0] <= spread_a[2] and spread_a[0] <= spread_b[2]) or abs(math.log(ratio)) < math.log(1 + TIME_NOISE):
-        return "time per step within noise"
-    said = f"{ratio:.1f}× slower per step" if ratio > 1 else f"{1 / ratio:.1f}× faster per step"
-    return said + (" (CPU time)" if clock == "cpu" else " (median)")  # both medians; short: a headline is read aloud
-
-
 def _eval_claim(metrics: dict) -> str | None:
+    """The final scores, shown and never explained: one run of each setting cannot tell an effect from the spread
+    of the same setting over seeds, so a difference says "one seed each"."""
     parts = []
     for key, (value_a, value_b) in metrics.items():
         name = METRIC_NAMES.get(key, key.removeprefix("eval_").replace("_", " "))
-        if f"{value_a:.3f}" == f"{value_b:.3f}":
-            parts.append(f"{name} {value_a:.3f} both")
+        if _score(value_a) == _score(value_b):
+            parts.append(f"{name} {_score(value_a)} both")
         else:
-            parts.append(f"{name} {value_b:.3f} vs {value_a:.3f}")  # B's first: B is described against A
-    return ", ".join(parts) or None
+            parts.append(f"{name} {_score(value_b)} vs {_score(value_a)}")  # B's first: B is described against A
+    if not parts:
+        return None
+    return ", ".join(parts) + ("" if all(part.endswith(" both") for part in parts) else " (one seed each)")
 
 
-METRIC_NAMES = {"eval_f1": "F1", "eval_accuracy": "accuracy", "eval_loss": "eval loss"}
+def _score(value: float) -> str:
+    """0.874 (a score on 0–1), 91.54 (a perplexity): four figures at most, enough to tell two runs apart."""
+    return f"{value:.3f}" if abs(value) < 10 else f"{value:.4g}"
+
+
+METRIC_NAMES = {"eval_f1": "F1", "eval_accuracy": "accuracy", "eval_loss": "eval loss", "eval_mrr_at_10": "MRR@10",
+                "eval_recall_at_1": "recall@1"}

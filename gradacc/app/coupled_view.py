@@ -1,7 +1,8 @@
 """The coupled-loss checks on a page: in-batch negatives three ways, and BatchNorm against LayerNorm.
 
-Used by the Equivalence page's "When accumulation is *not* a big batch" and the ``coupled-losses`` demo. The
-checks run on the server's check queue (``gradacc.serving.checks``); this draws what they found.
+Used by the Equivalence page's "When accumulation is *not* a big batch" (every check) and the demos
+``in-batch-negatives`` and ``batchnorm`` (one set each, ``which``: ``serving.checks.CHECK_SETS``). The checks run
+on the server's check queue (``gradacc.serving.checks``); this draws what they found.
 """
 
 from __future__ import annotations
@@ -12,30 +13,45 @@ import streamlit as st
 
 from gradacc.app import equivalence_view
 
+# What each set checks, said while nothing has run yet.
+ABOUT = {"in-batch-negatives": "all-MiniLM-L6-v2 three ways at effective batch 64",
+         None: "all-MiniLM-L6-v2 three ways at effective batch 64, and the two norms at effective batch 16",
+         "norms": "BatchNorm and LayerNorm at effective batch 16, split into micro-batches of 2 to 16"}
 
-def submit(runner) -> None:
-    from gradacc.serving.checks import coupled_check_configs
 
-    for config in coupled_check_configs():
+def _configs(which: str | None):
+    from gradacc.serving.checks import coupled_check_configs  # lazy: RunConfig validation at the page's first need
+
+    return coupled_check_configs(which)
+
+
+def submit(runner, which: str | None = None) -> None:
+    for config in _configs(which):
         runner.submit(config)
 
 
-def pending(runner) -> bool:
+def pending(runner, which: str | None = None) -> bool:
     """Some coupled check is submitted and not done (the caller polls while it is)."""
-    from gradacc.serving.checks import coupled_check_configs
-
-    checks = [runner.get(config) for config in coupled_check_configs()]
+    checks = [runner.get(config) for config in _configs(which)]
     return any(check is not None and not check.done for check in checks)
 
 
-def draw(runner, key: str) -> None:
-    """The checks' state, then their sentences and table once all are done."""
-    from gradacc.serving.checks import coupled_check_configs
+def reports(runner, which: str | None) -> list[dict] | None:
+    """The checks' reports once every one of the set is done and none failed; else None."""
+    if not which:
+        return None
+    checks = [runner.get(config) for config in _configs(which)]
+    if any(check is None or not check.done or check.error for check in checks):
+        return None
+    return [check.report for check in checks]
 
-    checks = [runner.get(config) for config in coupled_check_configs()]
+
+def draw(runner, which: str | None, key: str) -> None:
+    """The checks' state, then their sentences and table once all are done."""
+    checks = [runner.get(config) for config in _configs(which)]
     if any(check is None for check in checks):
-        st.info("The gradient checks run with the button above: all-MiniLM-L6-v2 three ways at effective batch 64, "
-                "and the two norms at effective batch 16 (about half a minute on 2 vCPUs).")
+        st.info(f"The gradient checks run with the button above: {ABOUT[which]} (seconds to half a minute on 2 "
+                "vCPUs).")
         return
     waiting = [check for check in checks if not check.done]
     if waiting:
@@ -49,6 +65,6 @@ def draw(runner, key: str) -> None:
     sentences, rows = equivalence_view.coupled_summary([check.report for check in checks])
     for sentence in sentences:
         st.markdown(f"- {sentence}")
-    st.dataframe(rows, hide_index=True, key=f"{key}.coupled_table",
-                 column_config={"relative error": st.column_config.NumberColumn(format="%.2e"),
-                                "activations (MB)": st.column_config.NumberColumn(format="%.1f")})
+    shown = equivalence_view.coupled_columns(rows)
+    st.dataframe(rows, hide_index=True, key=f"{key}.coupled_table", column_order=shown,
+                 column_config={"relative error": st.column_config.NumberColumn(format="%.2e")})

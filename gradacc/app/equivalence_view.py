@@ -32,9 +32,10 @@ def coupled_summary(reports: list[dict]) -> tuple[list[str], list[dict]]:
             for name, way in report["ways"].items():
                 if name == "batch":
                     continue
+                activations = way.get("activation_bytes")
                 table_rows.append({"what": WAY_NAMES[name], "m": way["micro_batch_size"], "k": way["grad_accum_steps"],
                                    "relative error": way["rel_error"],
-                                   "activations (MB)": (way["activation_bytes"] or 0) / 1e6})
+                                   "activations (MB)": NOT_MEASURED if activations is None else f"{activations / 1e6:.1f}"})
         elif "by_micro_batch" in report:
             by_m = report["by_micro_batch"]
             worst = max(row["rel_error"] for row in by_m)
@@ -44,8 +45,18 @@ def coupled_summary(reports: list[dict]) -> tuple[list[str], list[dict]]:
             else:
                 sentences.append(f"LayerNorm: at most {worst:.1e} off for every m: it normalises each example alone.")
             table_rows += [{"what": report["model"], "m": row["micro_batch_size"], "k": row["grad_accum_steps"],
-                            "relative error": row["rel_error"], "activations (MB)": None} for row in by_m]
+                            "relative error": row["rel_error"], "activations (MB)": NOT_MEASURED} for row in by_m]
     return sentences, table_rows
+
+
+# A cell of the coupled table that the check does not measure (the norms' activations): a dash, not "None".
+NOT_MEASURED = "—"
+
+
+def coupled_columns(rows: list[dict]) -> list[str]:
+    """The coupled table's columns, without one that no row measured."""
+    columns = list(dict.fromkeys(column for row in rows for column in row))
+    return [column for column in columns if any(row.get(column) != NOT_MEASURED for row in rows)]
 
 
 def rows(report: dict) -> list[dict]:

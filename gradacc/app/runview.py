@@ -26,8 +26,8 @@ def status_message(run, queue: tuple[int, str] | None = None) -> tuple[str, str]
         return style, f"Queued: position {position} in the queue; {wait}."
     if status == "running":
         started = run.started
-        if started is None:
-            return style, "Running: loading the model and data…"
+        if started is None:  # the phase of preparing it is in, counting up: something moves from the first second
+            return style, f"Running: {_phase(run) or 'loading the model and data…'}"
         return style, (f"Running on {started.get('device', 'cpu')}: effective batch {started['effective_batch']} "
                        f"(m={run.config['micro_batch_size']} × k={run.config['grad_accum_steps']}).")
     ended = run.ended or {}
@@ -61,12 +61,17 @@ def progress(run) -> tuple[float, str] | None:
     if run.status == "queued" or (not total and not run.is_live):
         return None
     if not total:
-        return 0.0, "loading the model and data"
+        return 0.0, _phase(run) or "loading the model and data"
     text = f"optimizer step {done} of {total}"
     eta = run.eta_seconds()
     if eta is not None and done < total:
         text += f" · about {eta:.0f} s left"
     return min(1.0, done / total), text
+
+
+def _phase(run) -> str | None:
+    phase_text = getattr(run, "phase_text", None)  # a RunState; a stored run read back has no phase
+    return phase_text() if phase_text else None
 
 
 def queue(manager, run_id: str) -> tuple[int, str] | None:

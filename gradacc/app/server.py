@@ -75,14 +75,6 @@ def limits() -> Limits:
         st.stop()
 
 
-def under_navigation() -> None:
-    """Until pages/demos.py and pages/equivalence.py call ``navigation.under_navigation`` (the lead switches them
-    after the merge, then deletes this): the same, by way of the navigation module, which imports this one."""
-    from gradacc.app import navigation  # a known circle (tests/core/test_layout.py: KNOWN_CYCLES)
-
-    navigation.under_navigation()
-
-
 # What gradacc shows, in one sentence: the landing page says it to a first-time visitor.
 PITCH = ("gradacc trains a model live and shows that k micro-batches of m examples, accumulated, give the same "
          "loss curve as one batch of m × k, with a fraction of the memory, and what breaks when it is done wrong.")

@@ -1,117 +1,64 @@
-"""Finished runs (a demo's, stored ones, --metrics-out files) as one self-contained HTML page that replays them.
+"""Finished runs (a demo's, stored ones, --metrics-out files) as one self-contained HTML page that replays them:
+what to export (this module) and how a page replays (``gradacc.app.replay``).
 
-A speaker's fallback when the venue's machine fails, and what a free static Hugging Face Space serves: plotly.js
-is inlined, nothing is fetched. The page draws the same loss and eval charts as the app (``charts``), frame by
-frame at the pace the runs were recorded (queued runs one after the other, as the Demos page runs them), then
-shows the headline the app shows.
+A speaker's fallback when the venue's machine fails, and what a free static Hugging Face Space serves (one page,
+or a gallery: ``gradacc.app.gallery``). The page is the Demos page replayed: the runs' panels, the headline and
+the line under it, every chart in the app's look, the table, the gradient checks; plotly.js is inlined or beside
+it, nothing is fetched.
 """
 
 from __future__ import annotations
 
-import html
 import json
-import re
 from pathlib import Path
 
 from gradacc import events as ev
 from gradacc.analysis import demos
-from gradacc.analysis.headline import headline as two_run_headline
 from gradacc.analysis.run_names import differing_labels
+from gradacc.app import replay
 from gradacc.errors import GradaccError
-
-# Frames of the replay at most: enough for smooth curves, few enough to keep the page small.
-MAX_FRAMES = 60
-
-
-def replay_frames(runs: list[tuple[str, list[dict]]], loss_title: str) -> list[dict]:
-    """[{"t": seconds into the replay, "loss": figure JSON, "eval": figure JSON}]: the charts as they looked then.
-
-    Each run's clock starts at its run_started event and the next run starts when it ended, so the replay keeps
-    each run's recorded pace without the wait between recordings."""
-    from gradacc.app import charts
-
-    moments, offset = [], 0.0  # (replay second, run index, events shown of that run)
-    for index, (_, events) in enumerate(runs):
-        times = [e.get("time") for e in events]
-        start = next((t for e, t in zip(events, times) if e.get("event") == ev.RUN_STARTED and t is not None),
-                     next((t for t in times if t is not None), None))
-        if start is None:
-            continue
-        for count, (event, time) in enumerate(zip(events, times), 1):
-            if event.get("event") in (ev.STEP, ev.EVAL, ev.RUN_ENDED) and time is not None:
-                moments.append((offset + max(time - start, 0.0), index, count))
-        offset += max((t for t in times if t is not None), default=start) - start
-    if len(moments) > MAX_FRAMES:  # evenly through the replay, always with the end
-        keep = {round(i * (len(moments) - 1) / (MAX_FRAMES - 1)) for i in range(MAX_FRAMES)}
-        moments = [moment for i, moment in enumerate(moments) if i in keep]
-    frames = []
-    for second, index, count in moments:
-        shown = [(label, events if i < index else events[:count] if i == index else [])
-                 for i, (label, events) in enumerate(runs)]
-        last = (second, index, count) == moments[-1]
-        frames.append({"t": round(second, 3),
-                       "loss": charts.loss_figure(shown, x="samples_seen",
-                                                  title=loss_title if last else "Training loss against samples seen"
-                                                  ).to_plotly_json(),
-                       "eval": charts.eval_figure(shown).to_plotly_json()})
-    return frames
-
-
-def run_headline(runs: list[tuple[str, list[dict]]], compares: tuple[int, int] = (0, 1)) -> dict | None:
-    """The app's headline of the two compared runs (None with fewer than two runs that trained)."""
-    if len(runs) < 2:
-        return None
-    a, b = runs[compares[0]][1], runs[compares[1]][1]
-    try:
-        return two_run_headline(a, b)
-    except (GradaccError, KeyError, TypeError, ValueError):
-        return None  # a run that never trained has nothing to compare
 
 
 def page_html(title: str, runs: list[tuple[str, list[dict]]], explanation: str = "",
               compares: tuple[int, int] = (0, 1)) -> str:
-    """The whole page: ``explanation`` (Markdown: paragraphs, **bold**, `code`), the replayed charts, the headline."""
-    from plotly.offline import get_plotlyjs
-    from plotly.utils import PlotlyJSONEncoder
-
-    figures = run_headline(runs, compares)
-    loss_title = figures["loss_claim"] if figures else "Training loss against samples seen"
-    frames = replay_frames(runs, loss_title)
-    if not frames:
-        raise GradaccError("Nothing to replay: none of the runs logged a training step.")
-    warnings = [f"{label}: {w}" for label, events in runs for e in events if e.get("event") == ev.RUN_ENDED
-                for w in e.get("warnings") or []]
-    data = json.dumps({"frames": frames, "headline": figures["headline"] if figures else "",
-                       "warnings": warnings}, cls=PlotlyJSONEncoder)
-    return _TEMPLATE.format(
-        title=html.escape(title), explanation=_markdown(explanation),
-        runs=html.escape(" · ".join(label for label, _ in runs)),
-        plotly=get_plotlyjs(), data=data.replace("</", "<\\/"))  # no "</script>" inside the script
+    """Runs that are not a demo: the Compare page's view of them, replayed."""
+    return replay.page_html(title, runs, explanation, "Runs: " + " · ".join(label for label, _ in runs),
+                            pairs=[compares] if compares != (0, 1) else None)
 
 
-def _markdown(text: str) -> str:
-    """The little Markdown the demos' explanations use, escaped first so nothing else becomes HTML."""
-    paragraphs = [p.strip() for p in re.split(r"\n\s*\n", text or "") if p.strip()]
-    out = []
-    for paragraph in paragraphs:
-        escaped = html.escape(paragraph)
-        escaped = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", escaped)
-        escaped = re.sub(r"`(.+?)`", r"<code>\1</code>", escaped)
-        out.append(f"<p>{escaped}</p>")
-    return "\n".join(out)
+def demo_page(scenario: demos.Scenario, runs: list[tuple[str, list[dict]]], checks: list[dict] | None = None,
+              plotly_src: str | None = None, crumbs: str = "") -> str:
+    """A finished demo's page: its title, explanation, runs and expectation, its runs replayed as the Demos page
+    showed them, its headline; ``checks``: its gradient checks' reports, if it has them."""
+    caption = "Runs, in this order: " + " · ".join(
+        f"**{run.label}** ({_described(events)})" for run, (_, events) in zip(scenario.runs, runs)) + \
+        f". Expect: {scenario.expect}"
+    return replay.page_html(scenario.title, runs, scenario.explanation, caption,
+                            pairs=[scenario.compares, *scenario.controls], story=scenario.chart, checks=checks,
+                            plotly_src=plotly_src, crumbs=crumbs)
+
+
+def _described(events: list[dict]) -> str:
+    config = next((e.get("config") or {} for e in events if e.get("event") == ev.RUN_STARTED), {})
+    epochs = config.get("epochs")
+    return (f"{config.get('backend')}, m={config.get('micro_batch_size')}, k={config.get('grad_accum_steps')}, "
+            f"{config.get('train_samples')} examples × {epochs} epoch{'s' if epochs != 1 else ''}")
 
 
 # ---- what to export: a demo, stored runs, --metrics-out files (the CLI and the Demos page) --------------------
 
 def demo_runs(scenario: demos.Scenario, stored: list[dict], events_of) -> list[tuple[str, list[dict]]]:
-    """The newest ended run of each of the demo's runs (``stored``: RunStore.list_runs, newest first); a failed one
-    counts (memory-wall's first run fails on purpose)."""
+    """The newest ended run of each of the demo's runs (``stored``: RunStore.list_runs, newest first) made with the
+    demo's settings as they are now (a run of an older version of the demo, or at another GRADACC_DEMO_SCALE, is
+    not its run); a failed one counts (memory-wall's first run fails on purpose)."""
     from gradacc.serving.store import LIVE_STATUSES
 
+    settings = {label: _same_form(config.to_dict()) for label, config in scenario.configs()}
     found = []
     for run in scenario.runs:
         label = scenario.run_label(run.label)
-        match = next((r for r in stored if r.get("label") == label and r["status"] not in LIVE_STATUSES), None)
+        match = next((r for r in stored if r.get("label") == label and r["status"] not in LIVE_STATUSES
+                      and _same_form(r.get("config") or {}) == settings[run.label]), None)
         if match is None:
             raise GradaccError(f"RUN_OR_DEMO {scenario.name!r}: the demo has no finished run {run.label!r} here; "
                                "run it on the Demos page first.")
@@ -119,9 +66,9 @@ def demo_runs(scenario: demos.Scenario, stored: list[dict], events_of) -> list[t
     return found
 
 
-def demo_page(scenario: demos.Scenario, runs: list[tuple[str, list[dict]]]) -> str:
-    """A finished demo's page: its title, explanation and expectation, its runs replayed, its headline."""
-    return page_html(scenario.title, runs, f"{scenario.explanation}\n\nExpect: {scenario.expect}", scenario.compares)
+def _same_form(config: dict) -> str:
+    """A config as stored (JSON), to compare one read back with one built now."""
+    return json.dumps(config, sort_keys=True, default=str)
 
 
 def resolve(sources: list[str], store) -> tuple[str, list[tuple[str, list[dict]]], demos.Scenario | None, tuple]:
@@ -146,61 +93,3 @@ def resolve(sources: list[str], store) -> tuple[str, list[tuple[str, list[dict]]
         runs.append((source, events))
     labels = differing_labels(configs) if len(runs) > 1 else {source: Path(source).stem for source in configs}
     return "gradacc runs", [(labels.get(source) or source, events) for source, events in runs], None, (0, 1)
-
-
-_TEMPLATE = """<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{title} · gradacc</title>
-<style>
-body {{ font-family: system-ui, sans-serif; max-width: 1200px; margin: 2rem auto; padding: 0 1rem; color: #222; }}
-.charts {{ display: grid; grid-template-columns: 1fr 1fr; gap: 1rem; }}
-.chart {{ height: 420px; }}
-#headline {{ font-size: 1.3rem; font-weight: 600; padding: 0.8rem 1rem; background: #e8f5e9; border-radius: 6px; }}
-#headline:empty {{ display: none; }}
-.muted {{ color: #666; font-size: 0.9rem; }}
-code {{ background: #f3f3f3; padding: 0 0.2rem; }}
-</style>
-</head>
-<body>
-<h1>{title}</h1>
-{explanation}
-<p class="muted">Runs: {runs}. Replayed at the pace they were recorded, from recorded events (gradacc).
-<button id="replay" type="button">Replay</button> <span id="clock"></span></p>
-<div id="headline"></div>
-<ul id="warnings" class="muted"></ul>
-<div class="charts"><div id="loss" class="chart"></div><div id="eval" class="chart"></div></div>
-<script>{plotly}</script>
-<script>
-const REPLAY = {data};
-const config = {{displaylogo: false, responsive: true}};
-let timers = [];
-function draw(frame) {{
-  Plotly.react("loss", frame.loss.data, frame.loss.layout, config);
-  Plotly.react("eval", frame.eval.data, frame.eval.layout, config);
-}}
-function finish() {{
-  document.getElementById("headline").textContent = REPLAY.headline;
-  const list = document.getElementById("warnings");
-  list.replaceChildren(...REPLAY.warnings.map(w => {{ const li = document.createElement("li"); li.textContent = "⚠️ " + w; return li; }}));
-}}
-function replay() {{
-  timers.forEach(clearTimeout);
-  document.getElementById("headline").textContent = "";
-  document.getElementById("warnings").replaceChildren();
-  draw(REPLAY.frames[0]);
-  const end = REPLAY.frames[REPLAY.frames.length - 1].t;
-  timers = REPLAY.frames.map((frame, i) => setTimeout(() => {{
-    draw(frame);
-    document.getElementById("clock").textContent = frame.t.toFixed(1) + " s of " + end.toFixed(1) + " s";
-    if (i === REPLAY.frames.length - 1) finish();
-  }}, frame.t * 1000));
-}}
-document.getElementById("replay").addEventListener("click", replay);
-replay();
-</script>
-</body>
-</html>
-"""

@@ -6,6 +6,7 @@
     plan         every memory lever measured on a model, and m and k for a budget              (cli/plan.py)
     compare      the headline of two runs from their --metrics-out files                        (cli/compare.py)
     export-html  a demo or runs as one self-contained web page that replays them               (cli/export.py)
+    export-site  every demo as a static gallery for a free static Space                         (cli/export_site.py)
     bench        benchmark suites                                                               (gradacc/bench/)
     app          the Streamlit app (what follows goes to ``streamlit run``)                    (cli/app.py)
 
@@ -24,13 +25,13 @@ import os
 import sys
 
 from gradacc import __version__, bench
-from gradacc.cli import app, audit, check, compare, export, plan, train
+from gradacc.cli import app, audit, check, compare, export, export_site, plan, train
 from gradacc.cli.options import EXIT_BAD_INPUT, EXIT_FAILED, Parser
 from gradacc.errors import GradaccError
 from gradacc.labels import in_cli_words
 from gradacc.training import distributed
 
-COMMANDS = (train, plan, check, audit, compare, export, bench, app)
+COMMANDS = (train, plan, check, audit, compare, export, export_site, bench, app)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gradacc.app import web_page
 from gradacc.cli.options import EXIT_OK
 from gradacc.errors import GradaccError
 from gradacc.serving.store import RunStore
@@ -20,11 +19,17 @@ def add_parser(commands) -> None:
 
 
 def run(args) -> int:
+    # The replay builds the app's own view (Streamlit's modules): imported here so `gradacc --help` answers at once.
+    from gradacc.app import gallery, web_page
+
     out = Path(args.out)
     if out.is_dir() or not out.parent.is_dir():
         raise GradaccError(f"--out {args.out!r} must be a file in a folder that exists.")
     title, runs, scenario, compares = web_page.resolve(args.sources, RunStore())
-    page = web_page.demo_page(scenario, runs) if scenario else web_page.page_html(title, runs, compares=compares)
+    if scenario:
+        page = web_page.demo_page(scenario, runs, gallery.gradient_checks(scenario, lambda line: print(line, flush=True)))
+    else:
+        page = web_page.page_html(title, runs, compares=compares)
     try:
         out.write_text(page, encoding="utf-8")
     except OSError as error:

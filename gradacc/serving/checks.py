@@ -109,13 +109,19 @@ class CheckRunner:
         return check(config)
 
 
-def coupled_check_configs() -> list[ValidConfig]:
-    """The checks of "When accumulation is not a big batch": in-batch negatives (all-MiniLM-L6-v2, effective batch
-    64 three ways) and BatchNorm against LayerNorm (effective batch 16 split into m = 2 … 16)."""
-    return [RunConfig(task="contrastive", model="all-MiniLM-L6-v2", dataset="builtin-pairs", micro_batch_size=16,
-                      grad_accum_steps=4, max_seq_length=32).check(),
-            RunConfig(model="bow-batchnorm", micro_batch_size=4, grad_accum_steps=4, max_seq_length=32).check(),
-            RunConfig(model="bow-layernorm", micro_batch_size=4, grad_accum_steps=4, max_seq_length=32).check()]
+def coupled_check_configs(which: str | None = None) -> list[ValidConfig]:
+    """The checks of "When accumulation is not a big batch", by set (``CHECK_SETS``; None: every one):
+    "in-batch-negatives" (all-MiniLM-L6-v2, effective batch 64 three ways) and "norms" (BatchNorm against LayerNorm,
+    effective batch 16 split into m = 2 … 16)."""
+    sets = {"in-batch-negatives": [RunConfig(task="contrastive", model="all-MiniLM-L6-v2", dataset="builtin-pairs",
+                                             micro_batch_size=16, grad_accum_steps=4, max_seq_length=32).check()],
+            "norms": [RunConfig(model=model, micro_batch_size=4, grad_accum_steps=4, max_seq_length=32).check()
+                      for model in ("bow-batchnorm", "bow-layernorm")]}
+    return [config for name in CHECK_SETS if which in (None, name) for config in sets[name]]
+
+
+# The sets of gradient checks a demo can show beside its runs (``Scenario.checks``).
+CHECK_SETS = ("in-batch-negatives", "norms")
 
 
 def _key(config: RunConfig) -> tuple:

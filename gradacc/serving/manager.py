@@ -262,10 +262,14 @@ class RunManager:
         try:
             # While the app's warm-up imports torch, this thread must not import (see gradacc.serving.warmup); the
             # status meanwhile says "loading the model and data", and Stop still works.
+            state.set_phase("importing the training libraries")
             while not warmup.wait_until_warm(timeout=0.2) and not worker.stop.is_set():
                 pass
+            state.set_phase("starting")
             train = self._train_fn or train_for(config)
             limit = {"max_run_memory_mb": self.max_run_memory_mb} if self.max_run_memory_mb else {}
+            if self._train_fn is None:  # the engine (or a launch) says each phase of its preparing
+                limit["on_phase"] = state.set_phase
             result = train(config, lambda event: self._record(state, event), worker.stop, **limit)
             if state.ended is None:
                 ended = result if isinstance(result, dict) and result.get("event") == ev.RUN_ENDED else None

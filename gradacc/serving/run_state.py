@@ -49,6 +49,8 @@ class RunState:
         self._by_kind: dict[str, tuple[int, list[dict]]] = {}  # kind -> (events scanned, those of the kind)
         self._viewers: dict[str, float] = {}  # session id -> monotonic time of its latest snapshot
         self.clock = time.monotonic  # what "lately" and a snapshot's age are measured with (tests step their own)
+        # What the run is getting ready with before its first event (``RunOptions.on_phase``), and since when.
+        self.phase: tuple[str, float] | None = None
 
     def __repr__(self) -> str:
         return f"RunState({self.run_id!r}, status={self.status!r}, events={len(self.events)})"
@@ -111,6 +113,7 @@ class RunState:
             status, reason = self.status, self.reason
         fresh = RunState(self.run_id, self.owner, self.label, self.config, status, reason, self.created,
                          events=self.events)
+        fresh.phase, fresh.clock = self.phase, self.clock
         with self._lock:
             self._shared_snapshot = (now, fresh)
         return fresh
@@ -142,7 +145,17 @@ class RunState:
         elapsed = steps[-1].get("elapsed_s") or 0.0
         return max(0.0, elapsed / done * (total - done))
 
+    def phase_text(self) -> str | None:
+        """'tokenising 32,000 texts… 2 s' while the run prepares (it has no run_started yet); else None."""
+        if self.phase is None or self.started is not None or not self.is_live:
+            return None
+        text, since = self.phase
+        return f"{text}… {max(0.0, self.clock() - since):.0f} s"
+
     # --- written by the run manager only -------------------------------------------------------
+
+    def set_phase(self, text: str) -> None:
+        self.phase = (text, self.clock())
 
     def record(self, event: dict) -> dict:
         """Append ``event`` and update the status; return it as recorded.

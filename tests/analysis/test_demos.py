@@ -11,8 +11,12 @@ def test_every_scenario_builds_valid_runs_that_differ(scenario):
     configs = scenario.configs(scale=1)
     assert len(configs) == len(scenario.runs) >= 2
     assert all(isinstance(config, RunConfig) for _, config in configs)
-    a, b = scenario.compares
-    assert configs[a][1] != configs[b][1]  # the headline compares two different runs
+    for a, b in (scenario.compares, *scenario.controls):
+        assert configs[a][1] != configs[b][1]  # each pair said compares two different runs
+    assert scenario.chart in (None, *demos.STORY_CHARTS)
+    from gradacc.serving.checks import CHECK_SETS
+
+    assert scenario.checks in (None, *CHECK_SETS)
     assert scenario.name == scenario.name.strip().lower() and " " not in scenario.name  # ?demo=NAME
 
 
@@ -22,6 +26,15 @@ def test_the_stories_the_issue_asks_for_are_there():
     naive = [c for _, c in demos.SCENARIOS["naive-vs-exact"].configs(scale=1)]
     assert {c.loss_normalization for c in naive} == {"exact", "naive"}
     assert all(c.train_samples % c.effective_batch for c in naive)  # a short last window every epoch
+    # Accumulation is not a big batch: each coupled loss its own demo, on its own axes, with its own checks.
+    negatives = [c for _, c in demos.SCENARIOS["in-batch-negatives"].configs(scale=1)]
+    assert {c.task for c in negatives} == {"contrastive"} and {c.effective_batch for c in negatives} == {64}
+    norms = [c for _, c in demos.SCENARIOS["batchnorm"].configs(scale=1)]
+    assert [(c.model, c.micro_batch_size, c.grad_accum_steps) for c in norms] == [
+        ("bow-layernorm", 32, 1), ("bow-layernorm", 4, 8), ("bow-batchnorm", 32, 1), ("bow-batchnorm", 4, 8)]
+    assert demos.SCENARIOS["batchnorm"].compares == (2, 3)  # the control first, the result about BatchNorm
+    assert (demos.SCENARIOS["in-batch-negatives"].checks, demos.SCENARIOS["batchnorm"].checks) == (
+        "in-batch-negatives", "norms")
     pitfall = [c for _, c in demos.SCENARIOS["trainer-pitfall"].configs(scale=1)]
     assert [c.trainer_library_default for c in pitfall] == [True, False]
     assert {c.backend for c in pitfall} == {"trainer"} and pitfall[0].grad_accum_steps > 1
@@ -35,9 +48,9 @@ def test_the_stories_the_issue_asks_for_are_there():
 def test_shrinking_keeps_the_short_last_window(monkeypatch):
     monkeypatch.setenv(demos.SCALE_ENV, "0.05")
     for _, config in demos.SCENARIOS["naive-vs-exact"].configs():
-        assert config.train_samples < 968
-        assert config.train_samples % config.effective_batch == 968 % 32
-        assert config.epochs == 2  # of 24: still two short last windows
+        assert config.train_samples < 3880
+        assert config.train_samples % config.effective_batch == 3880 % 32
+        assert config.epochs == 2  # of 6: still two short last windows
     assert demos.scaled(1280, 32, 0.01) == 64  # never less than two windows
 
 

@@ -215,14 +215,14 @@ def test_the_memory_wall_shows_its_budget_and_the_refused_runs_need_above_it():
                                            "activation_bytes": 198e6, "device_bytes": 0.0, "cap_bytes": 450e6,
                                            "cap_source": "budget", "fit": None})]
     figure = charts.memory_breakdown_figure([("m=64, k=1, budget 450 MB", refused)], title="Memory per step")
-    assert sum(trace.y[0] for trace in figure.data) == pytest.approx(558)  # the need, above the wall
+    assert sum(trace.x[0] for trace in figure.data) == pytest.approx(558)  # the need, past the wall
     # Refused before it split its static bytes: they stand as one block under its activations.
     for unsplit in ([dict(refused[0], static_memory={}), refused[1]], [refused[1]]):  # (or no run_started at all)
         figure = charts.memory_breakdown_figure([("m=64, k=1, budget 450 MB", unsplit)], title="Memory per step")
-        assert sum(trace.y[0] for trace in figure.data) == pytest.approx(558)
-    assert figure.layout.xaxis.ticktext[0].replace(" <br>", " ").endswith("(out of memory)")
+        assert sum(trace.x[0] for trace in figure.data) == pytest.approx(558)
+    assert figure.layout.yaxis.ticktext[0].replace(" <br>", " ").endswith("(out of memory)")
     [wall] = figure.layout.shapes
-    assert wall.y0 == wall.y1 == 450 and figure.layout.annotations[0].text == "budget 450 MB"
+    assert wall.x0 == wall.x1 == 450 and figure.layout.annotations[0].text == "budget 450 MB"
 
 
 def test_long_titles_wrap_instead_of_being_cut():

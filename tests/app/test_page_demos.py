@@ -4,11 +4,14 @@ its scenario to a headline (shrunk with GRADACC_DEMO_SCALE so the suite stays fa
 import html
 
 import pytest
-from app_support import APP, SCRIPT_TIMEOUT_S, alerts, charts, run_until
+from app_support import APP, SCRIPT_TIMEOUT_S, alerts, chart, charts, run_until
 from streamlit.testing.v1 import AppTest
+from support import plotted
 
 from gradacc.analysis import demos
 from gradacc.app import server
+from gradacc.app.charts import demos as demo_charts
+from gradacc.app.charts import fsdp as fsdp_charts
 
 
 @pytest.fixture
@@ -29,19 +32,19 @@ def open_demos(query: str | None = None) -> AppTest:
 
 def test_the_page_lists_every_scenario_and_explains_the_chosen_one(demo_home):
     at = open_demos()
-    picker = at.radio(key="demo.choice")
+    picker = at.selectbox(key="demo.choice")
     assert list(picker.options) == [s.title for s in demos.SCENARIOS.values()]
     first = next(iter(demos.SCENARIOS.values()))
     assert at.header[0].value == first.title
     assert "Press **Run this demo**" in at.info[0].value
-    picker.set_value("trainer-pitfall").run()
+    picker.select("trainer-pitfall").run()
     assert at.header[0].value == demos.SCENARIOS["trainer-pitfall"].title
     assert at.query_params["demo"] == "trainer-pitfall"  # the address bar follows: a link to share
 
 
 def test_a_demo_link_opens_that_demo_and_a_bad_one_says_so(demo_home):
     at = open_demos("naive-vs-exact")
-    assert at.radio(key="demo.choice").value == "naive-vs-exact"
+    assert at.selectbox(key="demo.choice").value == "naive-vs-exact"
     assert at.header[0].value == demos.SCENARIOS["naive-vs-exact"].title
     at = open_demos("no-such-demo")
     assert "no demo called 'no-such-demo'" in at.warning[0].value
@@ -54,8 +57,17 @@ def headline(at: AppTest) -> str | None:
 
 
 def loss_chart_of(at: AppTest) -> dict:
-    return next((c for c in charts(at) if c["layout"]["xaxis"].get("title", {}).get("text") == "Samples seen"),
-                {"data": []})
+    return next((c for c in charts(at) if c["layout"]["yaxis"].get("title", {}).get("text") == "Loss"), {"data": []})
+
+
+def charts_title(chart: dict) -> str:
+    return chart["layout"]["title"]["text"].replace(" <br>", " ")
+
+
+def story_chart_of(at: AppTest) -> dict | None:
+    """The chart drawn first, where a scenario names one (Scenario.chart)."""
+    return next((c for c in charts(at) if c["layout"]["yaxis"].get("title", {}).get("text") in
+                 (demo_charts.SCALE_AXIS, demo_charts.DIFFERENCE_AXIS)), None)
 
 
 # The pitfall demos share one builder (demos.pitfall_scenario): one of them stands for the five here.
@@ -84,22 +96,37 @@ def test_each_demo_button_runs_its_scenario_to_a_headline(demo_home, name):
     assert len(loss_chart["data"]) == drawn
     assert len({str(trace.get("line", {}).get("dash")) for trace in loss_chart["data"]}) == drawn
     assert not at.button(key="demo.run").disabled  # ended: it can be run again
-    if scenario.checks == "coupled":  # the gradient checks beside the runs: in-batch negatives and the two norms
+    # The chart that shows the page's claim, drawn first: one line per run it describes.
+    story = story_chart_of(at)
+    if scenario.chart == "loss-difference":  # B against A, for each pair the demo says (named by B alone if one A)
+        pairs = (scenario.compares, *scenario.controls)
+        one = len({a for a, _ in pairs}) == 1
+        assert [trace["name"] for trace in story["data"]] == [labels[b] if one else f"{labels[b]} against {labels[a]}"
+                                                              for a, b in pairs]
+    elif scenario.chart == "gradient-scale":
+        assert [trace["name"] for trace in story["data"]] == labels  # naive's dips, exact at 1×
+        assert "steps at 0.25× their gradient" in charts_title(story)
+    else:
+        assert story is None
+    # No "None" in the table: a run that failed before its first step (memory-wall's first) shows dashes.
+    table = next(frame.value for frame in at.dataframe if "name" in frame.value)
+    assert not table.isna().any().any() and "None" not in table.astype(str).to_numpy()
+    if scenario.checks:  # the gradient checks under the runs: in-batch negatives, or the two norms
         at = run_until(at, lambda at: any(frame.value is not None and "relative error" in frame.value
-                                          for frame in at.dataframe), timeout=120, what="the coupled gradient checks")
+                                          for frame in at.dataframe), timeout=120, what="the gradient checks")
         table = next(frame.value for frame in at.dataframe if "relative error" in frame.value)
+        assert "None" not in table.astype(str).to_numpy()
         errors = dict(zip(table["what"] + " m=" + table["m"].astype(str), table["relative error"]))
-        assert errors["the same loss, accumulated m=16"] >= 0.1
-        assert errors["CachedMultipleNegativesRankingLoss (GradCache) m=64"] <= 1e-5
-        assert errors["bow-batchnorm m=2"] > errors["bow-batchnorm m=8"] > 0.01
-        assert errors["bow-layernorm m=2"] <= 1e-5
+        if scenario.checks == "in-batch-negatives":
+            assert set(errors) == {"the same loss, accumulated m=16", "CachedMultipleNegativesRankingLoss (GradCache) m=64"}
+            assert errors["the same loss, accumulated m=16"] >= 0.1
+            assert errors["CachedMultipleNegativesRankingLoss (GradCache) m=64"] <= 1e-5
+        else:
+            assert errors["bow-batchnorm m=2"] > errors["bow-batchnorm m=8"] > 0.01
+            assert errors["bow-layernorm m=2"] <= 1e-5
     if name == "fsdp-sync":  # each rank's measured gradients held and sent, the two runs side by side
-        from app_support import chart
-        from gradacc.app.charts.fsdp import TITLE
-        from support import plotted
-
         bars = {(trace["name"].split(" (")[0], trace["xaxis"]): plotted(trace["y"])
-                for trace in chart(at, TITLE)["data"]}
+                for trace in chart(at, fsdp_charts.TITLE)["data"]}
         held, sent = "x", "x2"
         assert bars[("per-window sync", held)] == pytest.approx([2 * v for v in bars[("per-micro-batch sync", held)]],
                                                                rel=0.01)

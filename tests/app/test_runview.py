@@ -65,3 +65,34 @@ def test_a_run_that_completed_badly_is_yellow_and_says_why():
                         "Likely cause: learning rate 0.001 is high for a pretrained model; its recipe uses 5e-05.")
     good = state("running", [ev.run_ended(status="completed", reason=None, steps=63, wall_s=3.5, warnings=[])])
     assert runview.status_message(good) == ("success", "Completed: 63 optimizer steps in 3.5 s.")
+
+
+def test_a_run_getting_ready_says_its_phase_and_counts_its_seconds():
+    # Something moves from the first second: the phase the engine said last (RunOptions.on_phase), counting up.
+    now = [100.0]
+    run = state("running")
+    run.clock = lambda: now[0]
+    run.set_phase("tokenising 32,200 texts")
+    now[0] = 102.4
+    assert runview.status_message(run) == ("info", "Running: tokenising 32,200 texts… 2 s")
+    assert runview.progress(run) == (0.0, "tokenising 32,200 texts… 2 s")
+    snapshot = run.snapshot()  # what the pages draw from
+    assert runview.status_message(snapshot)[1] == "Running: tokenising 32,200 texts… 2 s"
+    from gradacc import events as ev
+
+    run.record(ev.run_started(config={"backend": "pytorch", "micro_batch_size": 8, "grad_accum_steps": 4},
+                              effective_batch=32, total_steps=10, steps_per_epoch=10, train_examples=320,
+                              eval_examples=10, static_memory={"total": 1}, device="cpu"))
+    assert runview.status_message(run)[1].startswith("Running on cpu: effective batch 32")  # ready: its steps
+
+
+def test_the_engine_says_each_phase_of_getting_ready_before_its_first_event():
+    from gradacc.config import RunConfig
+    from gradacc.training.run.engine import train
+
+    said, first_event = [], []
+    config = RunConfig(model="tiny-bert", micro_batch_size=8, grad_accum_steps=1, train_samples=16, eval_samples=8,
+                       epochs=1, max_seq_length=16).check()
+    train(config, lambda event: first_event.append(len(said)) if not first_event else None, on_phase=said.append)
+    assert said[:3] == ["loading the data (builtin-sentiment)", "loading the model (tiny-bert)", "tokenising 24 texts"]
+    assert first_event == [len(said)]  # every phase said before run_started

@@ -60,13 +60,6 @@ def test_check_json_has_the_main_pair_and_every_case():
     assert all({"naive_rel_error", "exact_rel_error"} <= set(c) for c in report["cases"].values())
 
 
-def test_the_apps_launcher_keeps_a_visitors_run_confined():
-    """A multi-process run from the app goes through this CLI; --confine keeps the visitors' folders."""
-    from gradacc.training.run import launch
-
-    assert launch.command("run.json", 2, 29500)[-1] == "--confine"
-
-
 def test_task_flag_and_the_language_model_defaults():
     from gradacc.cli import build_parser
     from gradacc.cli.options import config_from_args

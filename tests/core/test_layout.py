@@ -228,16 +228,10 @@ def import_graph(planted: dict[str, str] | None = None) -> dict[str, set[str]]:
     return {name: imported_gradacc_modules(path, set(modules), planted.get(name)) for name, path in modules.items()}
 
 
-# Circles the lead breaks right after merging branch house2 (they run through files another branch was changing):
-# pages/demos.py and pages/equivalence.py still call server.under_navigation, a shim that imports the navigation,
-# which imports the server. Empty this when they call navigation.under_navigation and the shim is gone.
-KNOWN_CYCLES = [["gradacc.app.navigation", "gradacc.app.server"]]
-
-
 def test_no_module_of_gradacc_imports_itself_through_others_lazily_or_not():
     graph = import_graph()
     assert len(graph) > 100 and "gradacc.training.run.engine" in graph["gradacc.analysis.gradient_runs"]
-    assert [cycle for cycle in import_cycles(graph) if cycle not in KNOWN_CYCLES] == []
+    assert import_cycles(graph) == []
 
 
 @pytest.mark.parametrize("planted, caught", [
@@ -251,7 +245,7 @@ def test_no_module_of_gradacc_imports_itself_through_others_lazily_or_not():
     ({"gradacc.app.server": "from gradacc.app import scroll\n"}, None),
 ])
 def test_a_planted_import_cycle_is_caught(planted, caught):
-    cycles = [cycle for cycle in import_cycles(import_graph(planted)) if cycle not in KNOWN_CYCLES]
+    cycles = import_cycles(import_graph(planted))
     assert cycles == ([caught] if caught else [])
 
 

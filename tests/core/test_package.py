@@ -72,8 +72,11 @@ def test_the_wheel_holds_the_package_the_app_pages_and_the_app_settings(wheel):
     # builtin-pairs, the contrastive task's data (generated once by scripts/make_contrastive_pairs.py).
     pairs = "gradacc/training/sources/builtin_pairs.json"
     assert wheel.read(pairs) == (ROOT / pairs).read_bytes()
-    # The live charts' script: without it every chart on the Train, Compare and Demos pages stays empty.
-    assert wheel.read("gradacc/app/live_chart/live_chart.js") == (ROOT / "gradacc/app/live_chart/live_chart.js").read_bytes()
+    # The live charts' script and their look: without them every chart on the Train, Compare and Demos pages stays
+    # empty; the replay page's template, style and script: without them export-html and export-site fail.
+    for shipped in ("live_chart/live_chart.js", "live_chart/page_look.js", "replay/page.html", "replay/replay.css",
+                    "replay/replay.js"):
+        assert wheel.read(f"gradacc/app/{shipped}") == (ROOT / "gradacc/app" / shipped).read_bytes()
     # The Equivalence page's measured table, "Trainer's default, by model family".
     assert wheel.read("gradacc/app/trainer_default_by_family.json") == \
         (ROOT / "gradacc/app/trainer_default_by_family.json").read_bytes()

@@ -49,6 +49,19 @@ def test_a_bad_setting_ends_the_run_on_rank_0s_stdout_and_in_one_error_line(tmp_
     assert result.stderr == f"error: rank 0: {ended[0]['reason']}\n"
 
 
+def test_a_rank_keeps_a_visitors_local_paths_in_the_visitors_folders(tmp_path, gradacc_home):
+    """The app's runs are a visitor's: a model folder outside GRADACC_MODEL_DIRS is refused, as in the app."""
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(RunConfig(model=str(outside)).to_dict()))
+    result = run_rank(str(config), env={"GRADACC_MODEL_DIRS": str(tmp_path / "models")})
+    assert result.returncode == 2, result.stderr[-2000:]
+    ended = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(e["event"], e["field"]) for e in ended] == [("run_ended", "model")]
+    assert ended[0]["reason"] == f"Model '{outside}' is outside the allowed folders ({tmp_path / 'models'})."
+
+
 def test_the_deployments_memory_cap_reaches_the_rank(tmp_path, gradacc_home):
     """The launcher passes GRADACC_MAX_RUN_MEMORY_MB on; a bad value is refused in its name."""
     config = tmp_path / "config.json"
@@ -58,16 +71,7 @@ def test_the_deployments_memory_cap_reaches_the_rank(tmp_path, gradacc_home):
     assert result.stderr == "error: rank 0: GRADACC_MAX_RUN_MEMORY_MB must be a number greater than 0; got 'lots'.\n"
 
 
-def rank_command(config_file: str, processes: int, port: int) -> list[str]:
-    """The launcher's command with this module as what each rank runs (what launch.command gives once it starts
-    ranks here instead of through the command line)."""
-    words = LAUNCH_COMMAND(config_file, processes, port)
-    at = words.index("-m", words.index("--main_process_port"))
-    return [*words[:at], "-m", RANK, config_file]
-
-
-def test_two_sharded_ranks_through_the_launcher_complete_with_rank_0s_events(gradacc_home, monkeypatch):
-    monkeypatch.setattr(launch, "command", rank_command)
+def test_two_sharded_ranks_through_the_launcher_complete_with_rank_0s_events(gradacc_home):
     recorder = Recorder()
     config = RunConfig(fsdp=True, num_processes=2, train_samples=32, eval_samples=8, epochs=1, micro_batch_size=4,
                        grad_accum_steps=2, max_seq_length=32, dropout=0.0)
@@ -79,8 +83,6 @@ def test_two_sharded_ranks_through_the_launcher_complete_with_rank_0s_events(gra
     assert (started["config"]["num_processes"], started["config"]["fsdp"], started["effective_batch"]) == (2, True, 16)
 
 
-@pytest.mark.xfail(strict=True, reason="launch.py still starts ranks through the CLI; the lead changes its command "
-                                       "after the merge (then delete this mark)")
 def test_the_launcher_starts_its_ranks_in_the_training_layer_not_through_the_command_line():
     words = LAUNCH_COMMAND("run.json", 2, 29500)
     assert words[words.index("-m", words.index("--main_process_port")):] == ["-m", RANK, "run.json"]

@@ -4,6 +4,7 @@ memory per optimizer step; one run or several (Compare, the demos)."""
 from __future__ import annotations
 
 import functools
+import re
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -11,14 +12,14 @@ from plotly.subplots import make_subplots
 from gradacc import events as ev
 from gradacc.app.charts.cache import thin, thinned_title
 from gradacc.app.charts.style import (TEXT_SIZE, X_TITLES, as_runs, assemble, blank_figure, empty_figure, in_mb,
-                                      line_mode, line_trace, of_kind, plain_layout, run_color, run_line_style, styled,
-                                      wrap)
+                                      line_mode, line_trace, of_kind, plain_layout, run_color, run_line_style, styled)
 from gradacc.units import MB
 
 
-def loss_figure(runs, x: str = "step", title: str = "Training loss") -> go.Figure:
+def loss_figure(runs, x: str = "step", title: str = "Training loss", title_chars: int | None = None) -> go.Figure:
     """Training loss per optimizer step (or against samples seen), one line per run; ``title`` can state what
-    the curves show ("Loss curves identical ...")."""
+    the curves show ("Loss curves identical ..."); ``title_chars``: its line length (style.WIDE_TITLE_CHARS in a
+    wide slot)."""
     x_title = X_TITLES.get(x, x)
     runs = as_runs(runs)
     traces, most = [], 0
@@ -30,8 +31,8 @@ def loss_figure(runs, x: str = "step", title: str = "Training loss") -> go.Figur
             xs, ys = thin([r.get(x) for r in steps], [r["loss"] for r in steps])
             traces.append(line_trace(xs, ys, label, mode, **run_line_style(index, len(runs) > 1)))
     if not most:
-        return empty_figure(title, x_title, "Loss", "No training steps yet")
-    return assemble(plain_layout(title, x_title, "Loss"), traces, xaxis=thinned_title(x_title, most))
+        return empty_figure(title, x_title, "Loss", "No training steps yet", title_chars)
+    return assemble(plain_layout(title, x_title, "Loss", title_chars), traces, xaxis=thinned_title(x_title, most))
 
 
 def eval_figure(runs, title: str = "Evaluation after each epoch") -> go.Figure:
@@ -123,7 +124,6 @@ def _memory_layout(title: str, x_title: str) -> dict:
     figure.update_xaxes(title_text=x_title, row=2, col=1)
     for row in (1, 2):
         figure.update_yaxes(title_text="MB", rangemode="tozero", row=row, col=1)  # from 0: honest sizes
-    figure.update_layout(legend_y=-0.2)  # two panels: the paper is taller than one plot, the legend nearer
     return figure.to_dict()["layout"]
 
 
@@ -138,10 +138,11 @@ STATIC_WHOLE = ("static_bytes", "parameters, gradients and optimizer state", "#b
 
 
 def memory_breakdown_figure(runs, title: str = "Memory per optimizer step: static + activations") -> go.Figure:
-    """One stacked bar per run: parameters, gradients and optimizer state (the same for any m and k), and the
-    peak activations of one micro-batch on top (what accumulation shrinks). Process RSS, mostly the Python
+    """One stacked bar per run, lying down with the run's name at its left (names stacked one above the other never
+    cover each other, however many runs): parameters, gradients and optimizer state (the same for any m and k), and
+    the peak activations of one micro-batch after them (what accumulation shrinks). Process RSS, mostly the Python
     and torch runtime, is in ``memory_figure``."""
-    figure = blank_figure(title, "", "Memory (MB)")
+    figure = blank_figure(title, "Memory (MB)", "")
     parts = (STATIC_WHOLE, *BREAKDOWN)
     labels, heights, budgets = [], {part: [] for part, _, _ in parts}, set()
     for label, rows in as_runs(runs):
@@ -167,21 +168,46 @@ def memory_breakdown_figure(runs, title: str = "Memory per optimizer step: stati
             value = max(activations) if part == "activation_bytes" and activations else static.get(part)
             heights[part].append(in_mb(value) or 0.0)
     if not labels:
-        return empty_figure(title, "", "Memory (MB)", "No memory measurements yet")
+        return empty_figure(title, "Memory (MB)", "", "No memory measurements yet")
     for part, name, color in parts:
         if part == STATIC_WHOLE[0] and not any(heights[part]):
             continue
-        figure.add_trace(go.Bar(x=labels, y=heights[part], name=name, marker_color=color,
-                                text=[f"{v:.1f} MB" for v in heights[part]] if part == "activation_bytes" else None,
-                                textposition="inside", hovertemplate="%{x}<br>%{y:.2f} MB<extra>" + name + "</extra>"))
+        figure.add_trace(go.Bar(y=labels, x=heights[part], name=name, marker_color=color, orientation="h",
+                                # Level, after the bar's end: a thin segment would turn its text on its side.
+                                text=[f"{v:.3g} MB" for v in heights[part]] if part == "activation_bytes" else None,
+                                textposition="outside", textangle=0, cliponaxis=False,
+                                hovertemplate="%{y}<br>%{x:.2f} MB<extra>" + name + "</extra>"))
     for budget in sorted(budgets):  # the wall: a run's memory budget, as a device's memory would be
-        figure.add_hline(y=budget, line=dict(color="#000000", dash="dash", width=3),
+        figure.add_vline(x=budget, line=dict(color="#000000", dash="dash", width=3),
                          annotation=dict(text=f"budget {budget:g} MB", font=dict(size=TEXT_SIZE)),
-                         annotation_position="top right")
-    # Run names under their bars, level and wrapped (rotated text does not read from a distance).
-    figure.update_xaxes(tickangle=0, tickvals=labels, ticktext=[wrap(label, 10) for label in labels])
+                         annotation_position="top")
+    # Run names at the left of their bars, level, wrapped, the first run on top (rotated text does not read from a
+    # distance).
+    figure.update_yaxes(tickvals=labels, ticktext=[wrap_label(label, BAR_LABEL_CHARS) for label in labels],
+                        categoryorder="array", categoryarray=labels[::-1], automargin=True)  # the first on top
+    # Room after the longest bar (or the budget line) for the activations' figure written after it.
+    longest = max([sum(heights[part][i] for part, _, _ in parts) for i in range(len(labels))] + sorted(budgets))
+    figure.update_xaxes(range=[0, longest * 1.3])
     figure.update_layout(barmode="stack", hovermode="closest")
     return figure
+
+
+# Characters of a run's name per line, at the left of its bar.
+BAR_LABEL_CHARS = 16
+
+
+def wrap_label(label: str, chars: int) -> str:
+    """``label`` in lines of at most ``chars`` characters (one longer word alone excepted), broken at spaces and
+    after hyphens ("broken: zero-grad-" / "per-micro-batch"), joined by " <br>" as ``wrap`` joins them."""
+    lines = [""]
+    for piece in re.findall(r"[^ -]+-?|-| ", label):
+        if piece == " ":
+            lines[-1] += " " if lines[-1] else ""
+            continue
+        if lines[-1].strip() and len(lines[-1]) + len(piece) > chars:
+            lines.append("")
+        lines[-1] += piece
+    return " <br>".join(line.strip() for line in lines)
 
 
 def _static_total(rows: list[dict]) -> float | None:

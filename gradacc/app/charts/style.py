@@ -67,18 +67,20 @@ def assemble(layout: dict, traces: Iterable[dict] = (), **axis_titles: str) -> g
     return go.Figure(data=list(traces), layout=layout, _validate=False)
 
 
-def blank_figure(title: str, x_title: str, y_title: str) -> go.Figure:
-    return assemble(plain_layout(title, x_title, y_title))
+def blank_figure(title: str, x_title: str, y_title: str, title_chars: int | None = None) -> go.Figure:
+    return assemble(plain_layout(title, x_title, y_title, title_chars))
 
 
 @functools.lru_cache(maxsize=64)
-def plain_layout(title: str, x_title: str, y_title: str) -> dict:
-    return styled(go.Figure(), title, x_title, y_title).to_dict()["layout"]
+def plain_layout(title: str, x_title: str, y_title: str, title_chars: int | None = None) -> dict:
+    return styled(go.Figure(), title, x_title, y_title, title_chars).to_dict()["layout"]
 
 
 # Characters of a title per line: a chart in two fifths of a 1280-pixel page fits about this many at
 # TITLE_SIZE; a longer title is wrapped, never cut.
 TITLE_CHARS = 32
+# ... and in three fifths of it (the first chart of a row on the Demos and Compare pages).
+WIDE_TITLE_CHARS = 52
 TITLE_SIZE = 20
 TEXT_SIZE = 16  # ticks, axis titles and legends: readable from the back of a room
 # Pixels kept free above the title for plotly's toolbar (the modebar, shown on hover: on a Streamlit page from 2 to
@@ -104,10 +106,11 @@ def unwrap(text: str) -> str:
     return text.replace(" <br>", " ")
 
 
-def styled(figure: go.Figure, title: str, x_title: str, y_title: str) -> go.Figure:
+def styled(figure: go.Figure, title: str, x_title: str, y_title: str, title_chars: int | None = None) -> go.Figure:
+    """``title_chars``: characters of the title per line (TITLE_CHARS, or WIDE_TITLE_CHARS for a wide chart)."""
     # Legend under the plot: with several runs it wraps onto lines of its own instead of over the title.
     # Large type: these charts are shown on stage and must read from the back of a room.
-    title = wrap(title)
+    title = wrap(title, title_chars or TITLE_CHARS)
     lines = title.count("<br>") + 1
     # The title hangs from the top, under the toolbar's strip (pad), whatever the chart's height.
     pad = MODEBAR_STRIP + (MULTILINE_LIFT if lines > 1 else 0)
@@ -123,14 +126,44 @@ def styled(figure: go.Figure, title: str, x_title: str, y_title: str) -> go.Figu
     return figure
 
 
-def empty_figure(title: str, x_title: str, y_title: str, message: str) -> go.Figure:
+# A drawn chart's legend (``fit_legend``): under the plot, one entry a line, a fixed number of pixels below it, and the
+# chart as tall as plot, axis and legend need. A legend placed at a share of the plot's height came over the x axis'
+# title once eight entries had shrunk the plot under it.
+PLOT_PX = 270  # one panel's plot area
+AXIS_PX = 86  # the x axis' tick labels and title, under the plot
+LEGEND_ROW_PX = 24
+TICK_LINE_PX = 20  # each further line of a tick label
+
+
+def fit_legend(layout: dict, data: list[dict]) -> dict:
+    """``layout`` (a figure's, as a dict) with its legend and height fitted to ``data``'s legend entries (see
+    PLOT_PX); unchanged where plotly shows no legend (one trace, or showlegend off). The live charts and the
+    replay pages draw every figure through it."""
+    entries = [trace for trace in data if trace.get("showlegend", True) and trace.get("name")]
+    if layout.get("showlegend") is False or (len(entries) < 2 and not layout.get("showlegend")):
+        return layout
+    panels = len({tuple(axis.get("domain") or (0, 1)) for name, axis in layout.items()
+                  if name.startswith("yaxis") and isinstance(axis, dict) and "overlaying" not in axis}) or 1
+    plot = PLOT_PX * panels
+    # Tick labels of several lines (run names under their bars) push the axis' title, and the legend, further down.
+    tick_lines = max((str(text).count("<br>") + 1 for text in (layout.get("xaxis") or {}).get("ticktext") or []),
+                     default=1)
+    axis = AXIS_PX + TICK_LINE_PX * (tick_lines - 1)
+    margin = dict(layout.get("margin") or {})
+    margin["b"] = axis + LEGEND_ROW_PX * len(entries) + 10
+    return {**layout, "height": margin.get("t", 80) + plot + margin["b"], "margin": margin,
+            "legend": {**(layout.get("legend") or {}), "orientation": "v", "yanchor": "top", "y": -axis / plot,
+                       "xanchor": "left", "x": 0}}
+
+
+def empty_figure(title: str, x_title: str, y_title: str, message: str, title_chars: int | None = None) -> go.Figure:
     """A chart with nothing to draw yet: its frame, and ``message`` where the lines will be."""
-    return assemble(empty_layout(title, x_title, y_title, message))
+    return assemble(empty_layout(title, x_title, y_title, message, title_chars))
 
 
 @functools.lru_cache(maxsize=32)
-def empty_layout(title: str, x_title: str, y_title: str, message: str) -> dict:
-    figure = styled(go.Figure(), title, x_title, y_title)
+def empty_layout(title: str, x_title: str, y_title: str, message: str, title_chars: int | None = None) -> dict:
+    figure = styled(go.Figure(), title, x_title, y_title, title_chars)
     figure.add_annotation(text=message, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5,
                           font=dict(size=15))
     figure.update_xaxes(showticklabels=False, showgrid=False, zeroline=False)

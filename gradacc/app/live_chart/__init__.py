@@ -36,8 +36,10 @@ from gradacc.app import charts
 
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 PLOTLY_JS_GZ = f"{PLOTLY_JS.name}.gz"  # what the page loads; the plain copy beside it, for old browsers
-_mount = st.components.v2.component("gradacc.live_chart", js=(Path(__file__).with_name("live_chart.js")
-                                                              .read_text(encoding="utf-8")), isolate_styles=False)
+# The charts' look (page_look.js) is shared with the replay pages: one file, put in front of the component's code.
+PAGE_LOOK_JS = Path(__file__).with_name("page_look.js")
+_mount = st.components.v2.component("gradacc.live_chart", js=PAGE_LOOK_JS.read_text(encoding="utf-8") + "\n" + (
+    Path(__file__).with_name("live_chart.js").read_text(encoding="utf-8")), isolate_styles=False)
 
 
 @functools.cache
@@ -77,14 +79,17 @@ def spec(figure: go.Figure) -> str:
         return cached
     as_dict = figure.to_dict()
     layout = {name: value for name, value in as_dict.get("layout", {}).items() if name != "template"}
+    layout = charts.fit_legend(layout, as_dict.get("data", []))
     text = plotly.io.to_json({"data": as_dict.get("data", []), "layout": layout}, validate=False)
     if isinstance(figure, charts.FrozenFigure):
         figure._live_spec = text
     return text
 
 
-def live_chart(figure: go.Figure, key: str) -> None:
-    """Draw ``figure`` here; the chart with this ``key`` stays mounted across reruns and redraws in place."""
+def live_chart(figure: go.Figure, key: str, toolbar: bool = True) -> None:
+    """Draw ``figure`` here; the chart with this ``key`` stays mounted across reruns and redraws in place.
+    ``toolbar``: plotly's toolbar on hover; without it (a demo on a projector) nothing covers a chart that the page
+    scrolled under the pointer (a drag still zooms, a double click resets)."""
     text = spec(figure)
     _mount(key=key, data={"figure": text, "revision": hashlib.blake2b(text.encode(), digest_size=8).hexdigest(),
-                          "plotly_url": plotly_url()})
+                          "plotly_url": plotly_url(), "toolbar": toolbar})

@@ -27,22 +27,6 @@ async function scriptUrl(url) {
   return URL.createObjectURL(new Blob([code], { type: "text/javascript" }));
 }
 
-// The page's own type and colours, on a transparent background, so the chart reads in a light or a dark theme.
-function pageLook(element) {
-  const style = getComputedStyle(element);
-  const grid = "rgba(128, 128, 128, 0.25)";
-  const axis = { gridcolor: grid, zerolinecolor: grid, linecolor: grid };
-  return {
-    layout: {
-      font: { family: style.fontFamily, color: style.color },
-      title: { x: 0, xanchor: "left", font: { weight: 600 } },
-      paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
-      xaxis: axis, yaxis: axis, xaxis2: axis, yaxis2: axis,
-      hoverlabel: { font: { family: style.fontFamily } },
-    },
-  };
-}
-
 export default function (component) {
   const { data, parentElement } = component;
   let chart = parentElement.querySelector(".gradacc-live-chart");
@@ -60,14 +44,15 @@ export default function (component) {
       }
     }).observe(chart);
   }
-  if (!data || chart.dataset.revision === String(data.revision)) return;  // nothing new to draw
-  chart.dataset.revision = String(data.revision);
+  if (!data || chart.dataset.revision === `${data.revision} ${data.toolbar}`) return;  // nothing new to draw
+  chart.dataset.revision = `${data.revision} ${data.toolbar}`;
   const figure = JSON.parse(data.figure);
   figure.layout.template = pageLook(parentElement);
   figure.layout.uirevision ??= "kept";  // a zoom or a hidden line stays while points arrive; untouched axes still fit
   chart.style.height = `${figure.layout.height || 450}px`;
   loadPlotly(data.plotly_url).then((Plotly) => {
-    if (chart.dataset.revision !== String(data.revision)) return;  // a newer figure came while plotly loaded
-    Plotly.react(chart, figure.data, figure.layout, { displaylogo: false });
+    if (chart.dataset.revision !== `${data.revision} ${data.toolbar}`) return;  // a newer figure came meanwhile
+    Plotly.react(chart, figure.data, figure.layout,
+                 { displaylogo: false, displayModeBar: data.toolbar === false ? false : "hover" });
   }).catch((error) => { chart.textContent = `This chart cannot be drawn: ${error.message}.`; });
 }

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 from gradacc.training.sources import data as data_module
@@ -117,6 +118,7 @@ def prepare(config: ValidConfig, emit: EventSink, stop: threading.Event, options
     GradaccError on bad input (a data file, a model folder). ``options``: see ``RunOptions``.
     """
     token_level, collate, confinement = options.token_level, options.collate, options.confinement
+    phase = options.on_phase or (lambda text: None)
     if not isinstance(config, ValidConfig):  # a caller's slip, not bad input: check() it where it enters
         raise TypeError(f"prepare takes a ValidConfig (RunConfig.check()); got {type(config).__name__}")
     if config.task is None:  # the model's task, shown in run_started's config (a new ValidConfig: it is checked)
@@ -127,6 +129,7 @@ def prepare(config: ValidConfig, emit: EventSink, stop: threading.Event, options
                            "(the app does it through gradacc.training.run.launch).", "num_processes")
     _stop_requested(stop)  # e.g. the run's time ran out while torch was still importing
     pairs = None
+    phase(f"loading the data ({Path(str(config.dataset)).name})")
     if config.task == CONTRASTIVE:
         pairs = data_module.load_pairs(config)  # (train, held out): no labels, each query's positive is its label
         text_data = data_module.TextData([p["query"] for p in pairs[0]], [], [p["query"] for p in pairs[1]], [], [])
@@ -135,8 +138,10 @@ def prepare(config: ValidConfig, emit: EventSink, stop: threading.Event, options
     if options.whole_micro_batch and config.micro_batch_size > len(text_data.train_texts):
         raise GradaccError(too_few_examples(config.micro_batch_size, len(text_data.train_texts)), "micro_batch_size")
     _stop_requested(stop)
+    phase(f"loading the model ({Path(str(config.model)).name})")
     loaded = models.load(config, text_data.num_labels, text_data.label_names, token_level, confinement)
     _stop_requested(stop)
+    phase(f"tokenising {len(text_data.train_texts) + len(text_data.eval_texts):,} texts")
     if pairs is not None:
         from gradacc.training.contrastive import pair_collator, tokenize_pairs
 
@@ -182,6 +187,7 @@ def prepare(config: ValidConfig, emit: EventSink, stop: threading.Event, options
     from gradacc.training.backends.device import Precision, enable_gradient_checkpointing
 
     precision = Precision(config, device)  # refuses fp16 off CUDA before anything is moved to the device
+    phase("measuring memory" if config.memory_budget_mb or options.max_run_memory_mb else "checking dropout")
     if config.gradient_checkpointing:
         enable_gradient_checkpointing(loaded.model, config.model)
     model = loaded.model.to(device)

@@ -3,7 +3,7 @@
 The same signature and the same events as ``gradacc.training.run.engine.train``, but the training runs in
 ``config.num_processes`` processes started by ``accelerate launch``:
 
-    accelerate launch --multi_gpu --num_processes P -m gradacc train --config run.json --json
+    accelerate launch --multi_gpu --num_processes P -m gradacc.training.run.rank run.json
 
 (``--multi_gpu`` is Accelerate's torchrun launcher; on a machine without GPUs the ranks train on the CPU
 with gloo. ``--cpu`` would start a single process: Accelerate runs several CPU processes only through MPI.)
@@ -41,11 +41,14 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[3]  # the folder that holds grad
 
 
 def train(config: ValidConfig, on_event: EventSink | None = None, stop: threading.Event | None = None,
-          max_run_memory_mb: float | None = None) -> dict:
+          max_run_memory_mb: float | None = None, on_phase: Callable[[str], None] | None = None) -> dict:
     """Run ``config`` on ``config.num_processes`` processes; emit rank 0's events; return ``run_ended``.
 
-    ``max_run_memory_mb``: the deployment's cap on each process's memory (the ranks' CLI reads it back)."""
+    ``max_run_memory_mb``: the deployment's cap on each process's memory (each rank reads it back).
+    ``on_phase``: told that the processes are starting (what they prepare is theirs)."""
     on_event = on_event or (lambda event: None)
+    if on_phase is not None:
+        on_phase(f"starting {config.num_processes} processes")
     stop = stop or threading.Event()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gradacc-launch-") as folder:
@@ -108,7 +111,7 @@ def command(config_file: str, num_processes: int, port: int) -> list[str]:
     return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(num_processes),
             "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
             "--main_process_port", str(port),
-            "-m", "gradacc", "train", "--config", config_file, "--json", "--confine"]  # a visitor's run
+            "-m", "gradacc.training.run.rank", config_file]  # a visitor's run: rank.py confines its paths
 
 
 def free_port() -> int:
@@ -170,7 +173,7 @@ def _kill_group(process: subprocess.Popen, sig: int) -> None:
 
 class _StderrTail:
     """Reads stderr as it comes (a full pipe would block the ranks), keeps its last lines and its first
-    ``error:`` line (the CLI's one line per failed rank)."""
+    ``error:`` line (each failed rank's one line, from rank.py)."""
 
     def __init__(self, stream):
         self.lines: collections.deque[str] = collections.deque(maxlen=STDERR_LINES_KEPT)

@@ -30,6 +30,9 @@ class RunOptions:
     # The deployment's cap on a run's memory (``Limits.max_run_memory_mb``); a run that needs more, like one past
     # its own ``memory_budget_mb``, fails as out of memory before step 1.
     max_run_memory_mb: float | None = None
+    # Told each slow phase of preparing as it begins ("tokenising 32,000 examples"): the app shows it while a run
+    # has no step to show yet. Not an event: the stream says what a run did, not how it got ready.
+    on_phase: Callable[[str], None] | None = None
     # ---- what the backends do (kept on the ``Job``) ----
     # Called with the model right before each optimizer step (the equivalence check reads gradients here).
     before_optimizer_step: Callable | None = None

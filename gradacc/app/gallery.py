@@ -1,0 +1,160 @@
+"""Every demo as a static site (``python -m gradacc export-site DIR``): an index page and one replay page per demo,
+from runs recorded on this machine, that opens from disk with no network and deploys as a free static Hugging
+Face Space (DIR/README.md carries the Space's front matter, ``sdk: static``).
+
+A demo with no finished run in this machine's store is recorded first, as the Demos page runs it: its runs queued
+one after the other on a run manager over the same store, so the app's Demos page and ``export-html`` find them
+too. A demo with gradient checks (``Scenario.checks``) has them computed for its page.
+"""
+
+from __future__ import annotations
+
+import html
+import shutil
+import time
+from pathlib import Path
+from typing import Callable
+
+from gradacc.analysis import demos
+from gradacc.app import comparison, replay, runview, web_page
+from gradacc.app.replay import frames
+from gradacc.errors import GradaccError
+
+OWNER = "export-site"  # the owner of the runs it records
+INDEX = "index.html"
+# A static Space's front matter: its README.md says how the Space is built (here: the files as they are).
+SPACE_README = """---
+title: gradacc demos
+emoji: 🧮
+colorFrom: red
+colorTo: gray
+sdk: static
+app_file: index.html
+pinned: false
+---
+
+Recorded runs of gradacc's demos, replayed in the browser as the app showed them: {count} demos, recorded
+{date}. Made with `python -m gradacc export-site`.
+"""
+
+
+def write_site(folder: Path, store, say: Callable[[str], None] = print, names: list[str] | None = None) -> dict:
+    """Write the gallery into ``folder`` (created if missing), recording the demos ``store`` has no finished run
+    of; ``names``: these demos only (default every one). Returns {"pages": [file names], "recorded": [demo names],
+    "bytes": total size}."""
+    scenarios = [demos.SCENARIOS[name] for name in (names or demos.SCENARIOS)]
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(_plotly_path(), folder / replay.PLOTLY_FILE)
+    recorded, cards = [], {}
+    for number, scenario in enumerate(scenarios, 1):
+        where = f"[{number}/{len(scenarios)}] {scenario.name}"
+        try:
+            runs = web_page.demo_runs(scenario, store.list_runs(), store.events)
+        except GradaccError:
+            say(f"{where}: no finished run here; recording it ({len(scenario.runs)} runs, as the Demos page runs them)")
+            record(scenario, store, lambda line: say(f"{where} · {line}"))
+            runs = web_page.demo_runs(scenario, store.list_runs(), store.events)
+            recorded.append(scenario.name)
+        checks = gradient_checks(scenario, lambda line: say(f"{where} · {line}"))
+        page = web_page.demo_page(scenario, runs, checks, plotly_src=replay.PLOTLY_FILE,
+                                  crumbs=f'<a href="{INDEX}">← every demo</a>')
+        (folder / f"{scenario.name}.html").write_text(page, encoding="utf-8")
+        cards[scenario.name] = _card(scenario, runs)
+        say(f"{where}: wrote {scenario.name}.html ({len(page) / 1e3:,.0f} kB)")
+    written = {scenario.name for scenario in scenarios}
+    for scenario in demos.SCENARIOS.values():  # a page left by an earlier pass (--demo) keeps its card
+        if scenario.name not in written and (folder / f"{scenario.name}.html").is_file():
+            try:
+                cards[scenario.name] = _card(scenario, web_page.demo_runs(scenario, store.list_runs(), store.events))
+            except GradaccError:
+                continue  # its runs are gone from this store: its page stays, unlisted
+    (folder / INDEX).write_text(_index([cards[name] for name in demos.SCENARIOS if name in cards]), encoding="utf-8")
+    (folder / "README.md").write_text(SPACE_README.format(count=len(scenarios), date=time.strftime("%Y-%m-%d")),
+                                      encoding="utf-8")
+    pages = [INDEX, *(f"{scenario.name}.html" for scenario in scenarios)]
+    total = sum(path.stat().st_size for path in folder.iterdir() if path.is_file())
+    return {"pages": pages, "recorded": recorded, "bytes": total}
+
+
+def record(scenario: demos.Scenario, store, say: Callable[[str], None]) -> list[str]:
+    """Run the demo's runs one after the other into ``store``, as the Demos page does, saying each run's progress;
+    the run ids. A run that fails ends its line with its reason (memory-wall's first fails on purpose)."""
+    from gradacc.serving import warmup
+    from gradacc.serving.manager import RunManager
+
+    warmup.start()  # the runs import torch through the warm-up, as the app's do
+    # One slot, no time or memory limit of a deployment, and never touching runs of an app that shares the store.
+    manager = RunManager(store, max_concurrent=1, max_run_seconds=0, max_run_memory_mb=0, recover=False)
+    try:
+        run_ids = [manager.submit(config, OWNER, label=scenario.run_label(label)) for label, config in scenario.configs()]
+        for (label, _), run_id in zip(scenario.configs(), run_ids):
+            shown = None
+            while not manager.wait(run_id, timeout=1.0):
+                progress = runview.progress(manager.get(run_id))
+                line = f"{label}: {progress[1]}" if progress else f"{label}: queued"
+                if line != shown and _worth_saying(line, shown):
+                    say(line)
+                    shown = line
+            run = manager.get(run_id)
+            _, sentence = runview.status_message(run)
+            say(f"{label}: {sentence}")
+    finally:
+        manager.shutdown()
+    return run_ids
+
+
+def _worth_saying(line: str, said: str | None) -> bool:
+    """A new phase, or a tenth more of the run's steps: a progress line every few seconds, not every second."""
+    if said is None:
+        return True
+    if "optimizer step" not in line or "optimizer step" not in said:
+        return line.split("…")[0] != said.split("…")[0]  # a phase's seconds count up: said once
+    done = int(line.split("optimizer step ")[1].split(" of ")[0])
+    before, total = (int(part.split(" ")[0]) for part in said.split("optimizer step ")[1].split(" of "))
+    return done - before >= max(1, total // 10)
+
+
+def gradient_checks(scenario: demos.Scenario, say: Callable[[str], None]) -> list[dict] | None:
+    """The demo's gradient checks (``Scenario.checks``), computed here as the server's check queue would."""
+    if not scenario.checks:
+        return None
+    from gradacc.serving import warmup
+    from gradacc.serving.checks import coupled_check_configs
+
+    warmup.start()
+    warmup.wait_until_warm()
+    from gradacc.analysis.equivalence import check  # lazy: imports torch
+
+    reports = []
+    for config in coupled_check_configs(scenario.checks):
+        say(f"gradient check: {config.model}, m={config.micro_batch_size}, k={config.grad_accum_steps}")
+        reports.append(check(config))
+    return reports
+
+
+def _card(scenario: demos.Scenario, runs: list[tuple[str, list[dict]]]) -> str:
+    labels = {f"run-{index}": label for index, (label, _) in enumerate(runs)}
+    states = frames.runs_at(runs, len(runs), 0)
+    figures = comparison.headline(states, [scenario.compares, *scenario.controls])
+    said = html.escape(figures["headline"]) if figures else "No result: a compared run did not train."
+    moments = frames.moments(runs)
+    seconds = moments[-1][0] if moments else 0.0
+    return (f'<div class="card"><h3><a href="{scenario.name}.html">{html.escape(scenario.title)}</a></h3>'
+            f'<p>{said}</p><p class="caption">{len(runs)} runs, replayed in {seconds:.0f} s · '
+            f'{html.escape(" · ".join(labels.values()))}</p></div>')
+
+
+def _index(cards: list[str]) -> str:
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>gradacc demos</title>'
+            f"<style>{replay.CSS}</style></head><body><main><h1>gradacc demos</h1>"
+            f'<p>Gradient accumulation, seen and trusted: each demo below is a set of runs recorded on one machine, '
+            f"replayed at the pace they trained, with every chart, the table and the result the app showed.</p>"
+            f'<div class="gallery">{"".join(cards)}</div></main></body></html>')
+
+
+def _plotly_path() -> Path:
+    import plotly
+
+    return Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+

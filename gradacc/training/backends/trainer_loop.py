@@ -36,6 +36,7 @@ from gradacc.training.backends.optimizer import make_optimizer, warmup_steps
 from gradacc.training.backends.reporting import StepReporter, WindowTally, activation_meter, check_finite
 from gradacc.training.distributed import SyncProbe
 from gradacc.training.memory.measure import ActivationMeter
+from gradacc.training.sources import models
 from gradacc.training.backends.metrics import classification_metrics, language_model_metrics
 from gradacc.training.windows import loss_weight
 
@@ -250,29 +251,31 @@ def train(job) -> None:
             return {"token_loss": scores["eval_loss"], "perplexity": scores["eval_perplexity"],
                     "next_token_accuracy": scores["eval_next_token_accuracy"]}
 
-        trainer = GradaccTrainer(
-            model=job.model,
-            args=args,
-            train_dataset=_Samples(job.train_examples),
-            eval_dataset=_Samples(job.eval_examples),
-            data_collator=job.collate,
-            processing_class=job.tokenizer,
-            compute_metrics=compute_lm_metrics if job.causal_lm else compute_metrics,
-            # A causal LM's eval keeps each token's loss and prediction, not (examples × tokens × vocabulary) logits.
-            preprocess_logits_for_metrics=_per_token if job.causal_lm else None,
-            # The run's optimizer (the same groups and class the other backends build); Trainer adds its schedule.
-            # With FSDP Trainer asks GradaccTrainer.create_optimizer for it instead.
-            optimizers=(None, None) if config.fsdp else (make_optimizer(job.model, config, job.device), None),
-            # Contrastive: the model's own loss (the micro-batch's in-batch-negatives mean), which Trainer divides by k,
-            # as sentence-transformers' own Trainer subclass does.
-            compute_loss_func=None if job.trainer_library_default or job.contrastive else make_loss_function(
-                config.loss_normalization, config.grad_accum_steps, config.num_processes, job.causal_lm),
-            callbacks=[callback],
-            job=job,
-            meter=meter,
-            report=report,
-            window=window,
-        )
+        with models.RANDOM_INIT:  # Trainer reseeds torch's generator (set_seed): not under another thread's init
+            trainer = GradaccTrainer(
+                model=job.model,
+                args=args,
+                train_dataset=_Samples(job.train_examples),
+                eval_dataset=_Samples(job.eval_examples),
+                data_collator=job.collate,
+                processing_class=job.tokenizer,
+                compute_metrics=compute_lm_metrics if job.causal_lm else compute_metrics,
+                # A causal LM's eval keeps each token's loss and prediction, not (examples × tokens × vocabulary)
+                # logits.
+                preprocess_logits_for_metrics=_per_token if job.causal_lm else None,
+                # The run's optimizer (the same groups and class the other backends build); Trainer adds its schedule.
+                # With FSDP Trainer asks GradaccTrainer.create_optimizer for it instead.
+                optimizers=(None, None) if config.fsdp else (make_optimizer(job.model, config, job.device), None),
+                # Contrastive: the model's own loss (the micro-batch's in-batch-negatives mean), which Trainer
+                # divides by k, as sentence-transformers' own Trainer subclass does.
+                compute_loss_func=None if job.trainer_library_default or job.contrastive else make_loss_function(
+                    config.loss_normalization, config.grad_accum_steps, config.num_processes, job.causal_lm),
+                callbacks=[callback],
+                job=job,
+                meter=meter,
+                report=report,
+                window=window,
+            )
         callback.trainer = trainer
         trainer.remove_callback(PrinterCallback)  # with tqdm off, Trainer prints every log dict to stdout
         trainer.train()

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +48,12 @@ class LoadedModel:
     name: str
 
 
+# One random initialisation at a time: torch's default generator is the process's, and the app builds models on
+# several threads at once (a run, the gradient checks beside it, an audit). Interleaved draws gave a run another
+# init (4 of 30 builds beside a second thread building models): a demo's control pair then "differed by 10%".
+RANDOM_INIT = threading.Lock()
+
+
 def load(config: RunConfig, num_labels: int, label_names: list[str], token_level: bool = False,
          confinement: paths.Confinement | None = None) -> LoadedModel:
     """The model a config names, with a fresh head for ``num_labels`` classes.
@@ -56,8 +63,9 @@ def load(config: RunConfig, num_labels: int, label_names: list[str], token_level
     """
     import torch
 
-    torch.manual_seed(config.seed)  # a new classifier head is random: the same seed, the same head
-    loaded = _load(config, num_labels, label_names, token_level, confinement)
+    with RANDOM_INIT:
+        torch.manual_seed(config.seed)  # a new classifier head is random: the same seed, the same head
+        loaded = _load(config, num_labels, label_names, token_level, confinement)
     # Heads and layers that build nn.Dropout with a fixed p, whatever the config says, get the run's too.
     dropouts.set_in_modules(loaded.model, config.dropout)
     return loaded

@@ -1,8 +1,6 @@
 """Audit: is Trainer's default right for a model? The stock-Trainer verdict (``gradacc audit --model``), its fix, and
 the lines that audit one's own script. The audit trains in the background (gradacc.serving.audits)."""
 
-import time
-
 import streamlit as st
 
 from gradacc.app import audit_view, inputs, navigation, pacing, server
@@ -53,19 +51,9 @@ pending = current is not None and not current.done
 
 @st.fragment(run_every=pacing.POLL_SECONDS if pending else None)
 def result():
-    audit = runner.get(config) if config is not None else None
+    audit = pacing.finished_job(runner, config, pending, "audit", busy="training one step",
+                                press="Press **Audit a stock Trainer** to see what Trainer's defaults do on this model.")
     if audit is None:
-        st.info("Press **Audit a stock Trainer** to see what Trainer's defaults do on this model.")
-        return
-    if not audit.done:
-        ahead = runner.waiting_before(audit)
-        where = f"waiting for {ahead} other audit(s)" if ahead and not audit.running else "training one step"
-        st.status(f"Audit {where}… {time.monotonic() - audit.submitted:.0f} s so far.", state="running")
-        return
-    if pending:
-        st.rerun()  # it just finished: redraw once without polling
-    if audit.error:
-        st.error(f"The audit could not run: {audit.error}")
         return
     audit_view.draw(audit.report)
 

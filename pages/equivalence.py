@@ -1,7 +1,5 @@
 """Equivalence: is the accumulated gradient the full-batch gradient? Naive vs exact, three cases."""
 
-import time
-
 import streamlit as st
 
 from gradacc.app import charts, coupled_view, equivalence_view, inputs, navigation, pacing, server
@@ -46,20 +44,9 @@ pending = current is not None and not current.done
 
 @st.fragment(run_every=pacing.POLL_SECONDS if pending else None)
 def result():
-    check = runner.get(config) if config is not None else None
+    check = pacing.finished_job(runner, config, pending, "check", busy="running",
+                                press="Press **Run the check** to measure these settings.")
     if check is None:
-        st.info("Press **Run the check** to measure these settings.")
-        return
-    if not check.done:
-        ahead = runner.waiting_before(check)
-        waited = time.monotonic() - check.submitted
-        where = f"waiting for {ahead} other check(s) to finish" if ahead and not check.running else "running"
-        st.status(f"Equivalence check {where}… {waited:.0f} s so far.", state="running")
-        return
-    if pending:
-        st.rerun()  # it just finished: redraw once without polling
-    if check.error:
-        st.error(f"The check failed: {check.error}")
         return
     report = check.report
     for sentence in equivalence_view.explanation(report):

@@ -4,6 +4,7 @@ of watchers grows, so the pages do not take the core the training they show need
 from __future__ import annotations
 
 import math
+import time
 
 import streamlit as st
 
@@ -65,3 +66,24 @@ def keep_pace(poll_seconds: float | None, *runs) -> None:
 
 def needs_new_pace(page_seconds: float, room_seconds: float) -> bool:
     return room_seconds >= 1.5 * page_seconds
+
+
+def finished_job(runner, config, pending: bool, noun: str, press: str, busy: str):
+    """Inside a page's polling fragment: where the background job (a check, an audit) of ``config`` stands — the
+    line that says which button starts it, its wait with the seconds so far, or its error — and the job once it
+    ended well (None otherwise). ``pending``: the page polls for it; its end redraws the page once, unpolled."""
+    job = runner.get(config) if config is not None else None
+    if job is None:
+        st.info(press)
+        return None
+    if not job.done:
+        ahead = runner.waiting_before(job)
+        where = f"waiting for {ahead} other {noun}(s) to finish" if ahead and not job.running else busy
+        st.status(f"{noun.capitalize()} {where}… {time.monotonic() - job.submitted:.0f} s so far.", state="running")
+        return None
+    if pending:
+        st.rerun()  # it just finished: redraw once without polling
+    if job.error:
+        st.error(f"The {noun} could not run: {job.error}")
+        return None
+    return job

@@ -86,9 +86,13 @@ def padding_collator():
     return DataCollatorWithPadding(tokenizer=tokenizer())
 
 
+# Trainer's output_dir: the runs save nothing (save_strategy "no"), so one folder serves them all, removed at exit.
+OUTPUT_DIR = tempfile.TemporaryDirectory(prefix="gradacc-audit-test-")
+
+
 def trainer_args(k=K, steps=1, **extra) -> dict:
     """TrainingArguments' (and TRL configs') keywords for a short CPU run: m = 4, k micro-batches per step."""
-    return dict(output_dir=tempfile.mkdtemp(prefix="gradacc-audit-test-"), per_device_train_batch_size=4,
+    return dict(output_dir=OUTPUT_DIR.name, per_device_train_batch_size=4,
                 gradient_accumulation_steps=k, max_steps=steps, report_to="none", use_cpu=True, logging_steps=1,
                 save_strategy="no", disable_tqdm=True, **extra)
 

@@ -6,7 +6,6 @@ import streamlit as st
 from gradacc.analysis import demos
 from gradacc.app import (comparison, coupled_view, inputs, navigation, pacing, runview, scroll, server, warmup_status,
                          web_page)
-from gradacc.app.charts import fsdp as fsdp_charts
 from gradacc.errors import GradaccError
 
 navigation.under_navigation()  # a page opened alone on a fresh server: run the app instead
@@ -123,9 +122,6 @@ def demo_view():
     figures = comparison.draw(snapshots, key="demo", labels=labels, toolbar=False,
                               pairs=[scenario.compares, *scenario.controls] if whole else None,
                               story=scenario.chart if whole else None)
-    sharded = [(labels[run.run_id], run.events) for run in snapshots]
-    if fsdp_charts.has_sharding(sharded):  # sharded runs: each rank's gradients held and sent, side by side
-        st.plotly_chart(fsdp_charts.sharding_figure(sharded), key="demo_sharding")
     if figures is not None and wanted.get("headline"):
         # The result, the moment it is written, once every run has ended, and again in the page's last full run:
         # runs still training above it change their panels' heights meanwhile, and the end of polling changes them

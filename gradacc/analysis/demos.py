@@ -11,8 +11,8 @@ How to add a scenario: append a ``Scenario`` to ``SCENARIOS``. Give it
   against a: "activations 4× smaller" means b's are); ``controls``: further pairs said on the line under the
   headline ("exact against the full batch: identical"); ``expect``: one sentence of what the headline shows;
 - ``chart``: the figure that shows the page's claim, drawn first (``STORY_CHARTS``): "gradient-scale" (what
-  each window's gradient was scaled by), "loss-difference" (each run's loss against the first run's); None: the
-  loss curves say it;
+  each window's gradient was scaled by), "loss-difference" (each run's loss against the first run's), "sharding"
+  (what each rank of a sharded run held and sent); None: the loss curves say it;
 - ``checks``: gradient checks run beside the runs and shown under them (``gradacc.serving.checks.CHECK_SETS``);
 - sizes (``train_samples``, ``eval_samples``, ``epochs``) for a speaker's pace: the whole scenario should take
   about 20–90 s on a 2-vCPU machine at load ≤ 2 (measure it with ``python -m gradacc.analysis.demos NAME``, and
@@ -83,7 +83,7 @@ def sized(config: RunConfig, effective_batch: int, scale: float) -> RunConfig:
 
 
 # The figures a scenario's ``chart`` may name (drawn by gradacc.app.charts.demos).
-STORY_CHARTS = ("gradient-scale", "loss-difference")
+STORY_CHARTS = ("gradient-scale", "loss-difference", "sharding")
 
 
 def scaled(train_samples: int, effective_batch: int, scale: float) -> int:
@@ -345,6 +345,7 @@ FSDP_SYNC = Scenario(
           "epochs": 1, "train_samples": 640, "eval_samples": 100, "micro_batch_size": 8, "grad_accum_steps": 4},
     runs=(DemoRun("per-window sync", {"grad_sync": "per-window"}),
           DemoRun("per-micro-batch sync", {"grad_sync": "per-micro-batch"})),
+    chart="sharding",
     expect="Loss curves identical · per-window sync holds 2× the gradient memory per process, per-micro-batch sync "
            "sends 4× the bytes.",
 )

@@ -87,8 +87,8 @@ def warning_lines(runs, labels: dict[str, str]) -> list[str]:
 
 def build_figures(curves: list[tuple[str, list[dict]]], figures: dict | None, x: str = "samples_seen",
                   story: str | None = None, pairs: list[tuple[int, int]] | None = None) -> dict:
-    """{chart name: figure} for ``ROWS`` (or ``STORY_ROWS`` with a ``story`` chart, ``charts.STORY_FIGURES``, drawn
-    for ``pairs``): the same figures on a page and in its replay. ``curves``: [(name, events)] per run."""
+    """{chart name: figure} for ``ROWS`` (or ``STORY_ROWS`` with a ``story`` chart, one of
+    ``demos.STORY_CHARTS``, a loss difference drawn for ``pairs``): the same figures on a page and in its replay. ``curves``: [(name, events)] per run."""
     loss_title = figures["loss_title"] if figures else "Training loss against samples seen"
     memory_title = (f"Memory per step: {figures['memory_claim']}" if figures and figures["memory_claim"]
                     else "Memory per step: static + peak activations")
@@ -101,6 +101,8 @@ def build_figures(curves: list[tuple[str, list[dict]]], figures: dict | None, x:
         built["story"] = charts.loss_difference_figure(curves, pairs or [(0, 1)])
     elif story == "gradient-scale":
         built["story"] = charts.gradient_scale_figure(curves)
+    elif story == "sharding":
+        built["story"] = charts.sharding_figure(curves)
     return built
 
 

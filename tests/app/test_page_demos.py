@@ -66,8 +66,9 @@ def charts_title(chart: dict) -> str:
 
 def story_chart_of(at: AppTest) -> dict | None:
     """The chart drawn first, where a scenario names one (Scenario.chart)."""
-    return next((c for c in charts(at) if c["layout"]["yaxis"].get("title", {}).get("text") in
-                 (demo_charts.SCALE_AXIS, demo_charts.DIFFERENCE_AXIS)), None)
+    axes = (demo_charts.SCALE_AXIS, demo_charts.DIFFERENCE_AXIS)
+    return next((c for c in charts(at) if c["layout"]["yaxis"].get("title", {}).get("text") in axes
+                 or charts_title(c) == fsdp_charts.TITLE), None)
 
 
 # The pitfall demos share one builder (demos.pitfall_scenario): one of them stands for the five here.
@@ -106,6 +107,8 @@ def test_each_demo_button_runs_its_scenario_to_a_headline(demo_home, name):
     elif scenario.chart == "gradient-scale":
         assert [trace["name"] for trace in story["data"]] == labels  # naive's dips, exact at 1×
         assert "steps at 0.25× their gradient" in charts_title(story)
+    elif scenario.chart == "sharding":  # each rank's gradients held and sent, checked below
+        assert charts_title(story) == fsdp_charts.TITLE
     else:
         assert story is None
     # No "None" in the table: a run that failed before its first step (memory-wall's first) shows dashes.

@@ -16,6 +16,7 @@ from chromium import PROJECTOR, WIDE_PROJECTOR
 
 from gradacc.analysis import demos
 from gradacc.app.charts import demos as demo_charts
+from gradacc.app.charts import fsdp as fsdp_charts
 
 SCREENS = (PROJECTOR, WIDE_PROJECTOR)
 LIVE_CHARTS = ".gradacc-live-chart"
@@ -245,6 +246,26 @@ def check_batchnorm(text, drawn, page):
     assert errors["bow-batchnorm m=2"] > errors["bow-batchnorm m=8"] > 0.01 and errors["bow-layernorm m=2"] <= 1e-5
 
 
+# Each bar's label on the sharding chart, as the page drew it: [(trace name, x axis, [label per rank])].
+SHARDING_BARS = """(title) => [...document.querySelectorAll('.gradacc-live-chart')]
+  .filter((c) => c.offsetParent !== null && (c.layout.title?.text || '').replaceAll(' <br>', ' ') === title)
+  .flatMap((chart) => chart.data.map((trace) => [trace.name, trace.xaxis || 'x', [...trace.text]]))"""
+
+
+def check_fsdp_sync(text, drawn, page):
+    said, against = claims(text)
+    assert said[0].startswith("Loss curves identical (max difference"), said
+    assert against == "per-micro-batch sync against per-window sync", against
+    bars = {(name.split(" (")[0], axis): [float(label) for label in labels]
+            for name, axis, labels in page.evaluate(SHARDING_BARS, fsdp_charts.TITLE)}
+    held, sent = "x", "x2"  # the chart's two panels, as the headline's line and the page's explanation say
+    assert len(bars) == 4 and all(len(ranks) == 2 for ranks in bars.values()), bars
+    for window, micro in zip(bars[("per-window sync", held)], bars[("per-micro-batch sync", held)]):
+        assert window == pytest.approx(2 * micro, rel=0.05), bars  # labels have 2 decimals
+    for window, micro in zip(bars[("per-window sync", sent)], bars[("per-micro-batch sync", sent)]):
+        assert micro == pytest.approx(4 * window, rel=0.05), bars
+
+
 def check_pitfall(text, drawn, page):
     said, _ = claims(text)
     assert re.match(r"Broken on purpose: [a-z-]+ \(", said[0]), said
@@ -252,7 +273,7 @@ def check_pitfall(text, drawn, page):
 
 CHECKS = {"same-curve": check_same_curve, "naive-vs-exact": check_naive_vs_exact,
           "trainer-pitfall": check_trainer_pitfall, "naive-vs-exact-lm": check_lm, "memory-wall": check_memory_wall,
-          "in-batch-negatives": check_in_batch_negatives, "batchnorm": check_batchnorm,
+          "in-batch-negatives": check_in_batch_negatives, "batchnorm": check_batchnorm, "fsdp-sync": check_fsdp_sync,
           **{name: check_pitfall for name in demos.SCENARIOS if name.startswith("pitfall-")}}
 
 

@@ -76,5 +76,3 @@ def loss_difference_figure(runs, pairs, title: str | None = None, title_chars: i
 def _curve(rows: list[dict]) -> dict:
     return {e["samples_seen"]: e["loss"] for e in of_kind(rows, ev.STEP) if e.get("loss") is not None}
 
-
-STORY_FIGURES = {"gradient-scale": gradient_scale_figure, "loss-difference": loss_difference_figure}

@@ -51,19 +51,14 @@ def test_identical_curves_say_so_with_the_costs():
     assert figures["differences"] == ["micro_batch_size", "grad_accum_steps"]
 
 
-def test_equivalent_runs_that_drift_apart_near_zero_loss_are_identical_where_the_loss_is_above_noise():
-    """Two equivalent runs (batchnorm's LayerNorm control, 960 steps) drift by float rounding once the loss is near
-    zero: 2 % of a 2e-4 loss is noise, not a different curve; "identical" holds on every step above noise."""
-    start = (0.66, 0.5, 0.3, 0.1)
-    a = run_events(m=32, k=1, losses=(*start, 2e-4, 1e-4), dropout=0.0)
-    b = run_events(m=4, k=8, losses=(*(loss * (1 + 1e-6) for loss in start), 2.04e-4, 0.98e-4), dropout=0.0)
-    figures = headline.headline(a, b)
-    assert figures["loss_max_rel_diff"] == pytest.approx(0.02)  # at a near-zero step, measured and kept
-    assert figures["loss_points_above_noise"] == 4
-    assert figures["loss_claim"] == "Loss curves identical (max difference 1e-06)"
-    # A real difference above noise still differs, whatever happens near zero.
-    c = run_events(m=4, k=8, losses=(0.66, 0.55, 0.36, 0.12, 2e-4, 1e-4), dropout=0.0)
-    assert headline.headline(a, c)["loss_claim"].startswith("Loss curves differ by ")
+def test_curves_apart_at_a_few_steps_only_say_both_the_largest_and_the_median_difference():
+    """batchnorm's LayerNorm control over 960 steps: equivalent runs whose float rounding drifts them 2 % apart at a
+    few late steps, 1e-07 at the median. "Differ by 1e-07" contradicted itself."""
+    start = (0.66, 0.5, 0.3, 0.2, 0.1)
+    a = run_events(m=32, k=1, losses=(*start, 0.05), dropout=0.0)
+    b = run_events(m=4, k=8, losses=(*(loss * (1 + 1e-7) for loss in start), 0.051), dropout=0.0)
+    figures = headline.headline(a, b, name_differences=False)
+    assert figures["loss_claim"] == "Loss curves differ by up to 2.0% (1e-07 at the median of 6 steps)"
 
 
 def test_different_curves_name_what_differs():

@@ -201,8 +201,7 @@ def _differs(figures: dict) -> str:
         return f": loss {_times(median_ratio)} (median of {steps} steps)"
     largest = figures["loss_max_rel_diff_above_noise"]
     if median_diff < IDENTICAL <= MATCH <= largest:  # apart at a few steps only: "differ by 1e-07" contradicts itself
-        return f" by up to {_percent(largest)} ({_percent(median_diff)} at the " \
-               f"median of {steps} steps)"
+        return f" by up to {_percent(largest)} (median {_percent(median_diff)})"
     return f" by {_percent(median_diff)} (median of {steps} steps)"
 
 

@@ -16,15 +16,27 @@ import streamlit.components.v1 as components_v1
 # Streamlit's header covers the top of the view: stop this far below it.
 HEADER_MARGIN = "4.5rem"
 
+# The page may still settle after the scroll (a run's panel above changes height as it ends): the container is put
+# back at the top a few times over SETTLE_MS, unless the viewer scrolls (wheel, touch, a key) meanwhile.
+SETTLE_MS = (150, 400, 800, 1500, 2500)
+
 _SCRIPT = """<script>
 // {nonce}
 (function () {{
-  let tries = 0;
-  function go() {{
-    const target = window.parent.document.querySelector({selector});
-    if (!target) {{ if (++tries < 50) setTimeout(go, 100); return; }}
+  const page = window.parent;
+  let tries = 0, viewerMoved = false;
+  const stop = () => {{ viewerMoved = true; }};
+  for (const kind of ["wheel", "touchstart", "keydown"]) page.addEventListener(kind, stop, {{once: true}});
+  function place() {{
+    const target = page.document.querySelector({selector});
+    if (!target) return false;
     target.style.scrollMarginTop = {margin};
     target.scrollIntoView({{block: "start", behavior: "instant"}});
+    return true;
+  }}
+  function go() {{
+    if (!place()) {{ if (++tries < 50) setTimeout(go, 100); return; }}
+    for (const ms of {settle}) setTimeout(() => {{ if (!viewerMoved) place(); }}, ms);
   }}
   go();
 }})();
@@ -34,4 +46,5 @@ _SCRIPT = """<script>
 def into_view(key: str, nonce: str) -> None:
     """Scroll the container ``st.container(key=key)`` to the top of the view, once per ``nonce``."""
     components_v1.html(_SCRIPT.format(nonce=nonce.replace("\n", " "), selector=json.dumps(f".st-key-{key}"),
-                                      margin=json.dumps(HEADER_MARGIN)), height=0)
+                                      margin=json.dumps(HEADER_MARGIN), settle=json.dumps(list(SETTLE_MS))),
+                       height=0)

@@ -40,6 +40,9 @@ DRAWN = """() => [...document.querySelectorAll('.gradacc-live-chart')].filter((c
                    chart.data.map((trace, i) => [trace.name, chart.calcdata[i].map((point) => [point.x, point.y])])])"""
 # The cells of every table on the page (Streamlit's data grid keeps an accessible copy of them in the DOM).
 TABLE_CELLS = """() => [...document.querySelectorAll('[data-testid=stDataFrame] td')].map((cell) => cell.innerText.trim())"""
+# The headline's top is below the page's header (which covers the top of the view).
+BELOW_HEADER = """() => document.querySelector('.st-key-headline [data-testid=stAlert]').getBoundingClientRect().top
+  >= document.querySelector('[data-testid=stHeader]').getBoundingClientRect().bottom"""
 # Demos slow enough at the tests' scale that a second browser surely opens their link while they run.
 ONLOOKED = {"same-curve", "memory-wall", "in-batch-negatives"}
 # Runs longer than the tests' scale makes of the others: the whole demo, at the most.
@@ -110,8 +113,8 @@ def play(page, artifacts, name: str) -> tuple[str, list]:
     expect(st_ui.button(page, "Run this demo")).to_be_enabled(timeout=timeout_ms)
     headline_s = time.monotonic() - clicked
     expect(headline).to_be_in_viewport(ratio=1.0)  # the result, whole, where the room looks
-    header = page.get_by_test_id("stHeader").bounding_box()  # Streamlit's header covers the top of the view
-    assert headline.bounding_box()["y"] >= header["y"] + header["height"], (headline.bounding_box(), header)
+    # ... below Streamlit's header, which covers the top of the view, once the page has settled (scroll.SETTLE_MS)
+    page.wait_for_function(BELOW_HEADER, timeout=10_000)
     st_ui.expect_no_exception(page)
     page.screenshot(path=str(artifacts / f"demo-{name}-1280x720.png"))  # what the room sees, unscrolled
     readable(page, "1280x720")
@@ -168,7 +171,8 @@ def check_same_curve(text, drawn, page):
 
 def check_naive_vs_exact(text, drawn, page):
     said, against = claims(text)
-    assert said[0].startswith("Loss curves differ by ") and "(median of " in said[0], said
+    # At the tests' scale naive's curve leaves exact's at the short windows only: "by up to 75% (median 1e-07)".
+    assert said[0].startswith("Loss curves differ by ") and "median" in said[0], said
     assert re.fullmatch(r"naive: \d+ of \d+ steps at 0\.25× their gradient", said[1]), said
     assert against == "naive ÷k against exact", against
     scales = story(drawn, demo_charts.SCALE_AXIS)

@@ -16,8 +16,10 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
-    # `from gradacc import train` loads the engine only when asked for (it lives in the training layer).
     if name == "train":
+        # Only when asked for: the engine would add 50-57 ms to every `import gradacc` (27 ms without it; python
+        # -X importtime, 3 tries, 2 busy cores), e.g. to each script `gradacc audit` runs, whose sitecustomize
+        # needs none of it.
         from gradacc.training.run.engine import train
 
         return train

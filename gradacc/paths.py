@@ -62,6 +62,8 @@ def dataset_is_local(name: str) -> bool:
 
 def hub_id_problem(name: str) -> str | None:
     """Why ``name`` cannot be a hub id ("org/name", "name"), in huggingface_hub's own rules; None if it can."""
+    # here: huggingface_hub.errors imports httpx, 65-100 ms (python -X importtime, 3 tries, 2 busy cores), which every
+    # page and `gradacc --help` (~100-110 ms in all) would pay: this module is the ground floor
     from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import validate_repo_id
 

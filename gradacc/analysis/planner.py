@@ -130,6 +130,7 @@ def measure_levers(model: str, max_seq_length: int, grid=LEVER_GRID, seed: int =
     example = (the timed passes + the timed step) / 12. The model's recipe dropout is on, as in the run the plan is
     for (its masks are activations too). In the app, call it only once the warm-up's imports are done
     (``gradacc.serving.warmup``): it imports torch."""
+    # here: they import torch; the app and `gradacc --help` import this module before torch loads
     from gradacc.training.fsdp import group_sizes
     from gradacc.training.memory.levers import LeverRig, timed
 

@@ -40,6 +40,7 @@ def stock_examples(tokenizer, texts: list[str], labels: list[int] | None, max_le
 
 def stock_collator(tokenizer, task: str):
     """The collator a stock Trainer uses for the task (transformers' own)."""
+    # here: the app and `gradacc --help` import this module before transformers loads
     from transformers import DataCollatorForLanguageModeling, DataCollatorWithPadding
 
     if task == CAUSAL_LM:
@@ -55,7 +56,7 @@ def audit_stock_trainer(config: RunConfig, steps: int = 1, callbacks=(), confine
     data: ``steps`` steps of micro-batch m and k, the first audited (k = 1 too). ``callbacks``: TrainerCallbacks added
     beside the audit (the benchmark's clock). ``confinement``: where local paths may lie (None: the app's visitors'
     folders). ``audited=False``: the same run without the audit (the benchmark's baseline): returns None."""
-    import torch
+    import torch  # here: the app and `gradacc --help` import this module before torch loads
     from transformers import PrinterCallback, Trainer, TrainingArguments
 
     config = config.check()

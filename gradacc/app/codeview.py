@@ -12,6 +12,10 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
+from pygments import highlight
+from pygments.formatters import HtmlFormatter
+from pygments.lexers import PythonLexer
+
 from gradacc.serving import warmup
 from gradacc.training.backends import MODULES
 from gradacc.choices import PITFALLS
@@ -286,10 +290,6 @@ def highlighted_html(source: str, roles: list[str], right_rows=()) -> str:
     """The loop as HTML: Python colours from pygments, the three roles on a coloured band with their number,
     a pitfall's wrong line on red with ✗ and the ``right_rows`` it stands beside outlined with ✓,
     instrumentation dimmed, long lines wrapped (never cut off at the right edge)."""
-    from pygments import highlight
-    from pygments.formatters import HtmlFormatter
-    from pygments.lexers import PythonLexer
-
     lexer, formatter = PythonLexer(stripnl=False, ensurenl=False), HtmlFormatter(nowrap=True, style="friendly")
     numbers = {role: number for number, role in ROLES.items()}
     rows = []

@@ -12,6 +12,7 @@ import time
 import streamlit as st
 
 from gradacc.app import equivalence_view
+from gradacc.serving.checks import coupled_check_configs
 
 # What each set checks, said while nothing has run yet.
 ABOUT = {"in-batch-negatives": "all-MiniLM-L6-v2 three ways at effective batch 64",
@@ -19,20 +20,14 @@ ABOUT = {"in-batch-negatives": "all-MiniLM-L6-v2 three ways at effective batch 6
          "norms": "BatchNorm and LayerNorm at effective batch 16, split into micro-batches of 2 to 16"}
 
 
-def _configs(which: str | None):
-    from gradacc.serving.checks import coupled_check_configs  # lazy: RunConfig validation at the page's first need
-
-    return coupled_check_configs(which)
-
-
 def submit(runner, which: str | None = None) -> None:
-    for config in _configs(which):
+    for config in coupled_check_configs(which):
         runner.submit(config)
 
 
 def pending(runner, which: str | None = None) -> bool:
     """Some coupled check is submitted and not done (the caller polls while it is)."""
-    checks = [runner.get(config) for config in _configs(which)]
+    checks = [runner.get(config) for config in coupled_check_configs(which)]
     return any(check is not None and not check.done for check in checks)
 
 
@@ -40,7 +35,7 @@ def reports(runner, which: str | None) -> list[dict] | None:
     """The checks' reports once every one of the set is done and none failed; else None."""
     if not which:
         return None
-    checks = [runner.get(config) for config in _configs(which)]
+    checks = [runner.get(config) for config in coupled_check_configs(which)]
     if any(check is None or not check.done or check.error for check in checks):
         return None
     return [check.report for check in checks]
@@ -48,7 +43,7 @@ def reports(runner, which: str | None) -> list[dict] | None:
 
 def draw(runner, which: str | None, key: str) -> None:
     """The checks' state, then their sentences and table once all are done."""
-    checks = [runner.get(config) for config in _configs(which)]
+    checks = [runner.get(config) for config in coupled_check_configs(which)]
     if any(check is None for check in checks):
         st.info(f"The gradient checks run with the button above: {ABOUT[which]} (seconds to half a minute on 2 "
                 "vCPUs).")

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+# The module, not its names: this module has an explanation() of its own (the equivalence check's).
+from gradacc.analysis import contrastive
 from gradacc.analysis.equivalence import EXACT_LIMIT, library_default_verdict
 from gradacc.analysis.equivalence import rows as report_rows  # light: torch is imported only inside check()
 
@@ -26,14 +28,13 @@ def coupled_summary(reports: list[dict]) -> tuple[list[str], list[dict]]:
     sentences, table_rows = [], []
     for report in reports:
         if report.get("task") == "contrastive":
-            from gradacc.analysis.contrastive import WAY_NAMES, explanation
-
-            sentences += explanation(report)
+            sentences += contrastive.explanation(report)
             for name, way in report["ways"].items():
                 if name == "batch":
                     continue
                 activations = way.get("activation_bytes")
-                table_rows.append({"what": WAY_NAMES[name], "m": way["micro_batch_size"], "k": way["grad_accum_steps"],
+                table_rows.append({"what": contrastive.WAY_NAMES[name], "m": way["micro_batch_size"],
+                                   "k": way["grad_accum_steps"],
                                    "relative error": way["rel_error"],
                                    "activations (MB)": NOT_MEASURED if activations is None else f"{activations / 1e6:.1f}"})
         elif "by_micro_batch" in report:

@@ -15,10 +15,16 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import plotly
+
 from gradacc.analysis import demos
+from gradacc.analysis.equivalence import check
 from gradacc.app import comparison, replay, runview, web_page
 from gradacc.app.replay import frames
 from gradacc.errors import GradaccError
+from gradacc.serving import warmup
+from gradacc.serving.checks import coupled_check_configs
+from gradacc.serving.manager import RunManager
 
 OWNER = "export-site"  # the owner of the runs it records
 INDEX = "index.html"
@@ -79,9 +85,6 @@ def write_site(folder: Path, store, say: Callable[[str], None] = print, names: l
 def record(scenario: demos.Scenario, store, say: Callable[[str], None]) -> list[str]:
     """Run the demo's runs one after the other into ``store``, as the Demos page does, saying each run's progress;
     the run ids. A run that fails ends its line with its reason (memory-wall's first fails on purpose)."""
-    from gradacc.serving import warmup
-    from gradacc.serving.manager import RunManager
-
     warmup.start()  # the runs import torch through the warm-up, as the app's do
     # One slot, no time or memory limit of a deployment, and never touching runs of an app that shares the store.
     manager = RunManager(store, max_concurrent=1, max_run_seconds=0, max_run_memory_mb=0, recover=False)
@@ -118,13 +121,8 @@ def gradient_checks(scenario: demos.Scenario, say: Callable[[str], None]) -> lis
     """The demo's gradient checks (``Scenario.checks``), computed here as the server's check queue would."""
     if not scenario.checks:
         return None
-    from gradacc.serving import warmup
-    from gradacc.serving.checks import coupled_check_configs
-
     warmup.start()
     warmup.wait_until_warm()
-    from gradacc.analysis.equivalence import check  # lazy: imports torch
-
     reports = []
     for config in coupled_check_configs(scenario.checks):
         say(f"gradient check: {config.model}, m={config.micro_batch_size}, k={config.grad_accum_steps}")
@@ -154,7 +152,5 @@ def _index(cards: list[str]) -> str:
 
 
 def _plotly_path() -> Path:
-    import plotly
-
     return Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 

@@ -7,6 +7,7 @@ import statistics
 
 from gradacc import events as ev
 from gradacc.config import RunConfig
+from gradacc.export.trackers import tensorboard_zip as zip_events
 
 RECENT_RUNS = 10  # finished runs whose durations estimate a queued run's wait
 
@@ -155,8 +156,6 @@ def notes(run) -> list[str]:
 
 def tensorboard_zip(run) -> bytes:
     """The run's TensorBoard event files, zipped, written from its events (stored ones for an older run)."""
-    from gradacc.export.trackers import tensorboard_zip as zip_events
-
     return zip_events(run.events, run.run_id)
 
 

@@ -17,6 +17,7 @@ from gradacc.analysis import demos
 from gradacc.analysis.run_names import differing_labels
 from gradacc.app import replay
 from gradacc.errors import GradaccError
+from gradacc.serving.store import LIVE_STATUSES
 
 
 def page_html(title: str, runs: list[tuple[str, list[dict]]], explanation: str = "",
@@ -51,8 +52,6 @@ def demo_runs(scenario: demos.Scenario, stored: list[dict], events_of) -> list[t
     """The newest ended run of each of the demo's runs (``stored``: RunStore.list_runs, newest first) made with the
     demo's settings as they are now (a run of an older version of the demo, or at another GRADACC_DEMO_SCALE, is
     not its run); a failed one counts (memory-wall's first run fails on purpose)."""
-    from gradacc.serving.store import LIVE_STATUSES
-
     settings = {label: _same_form(config.to_dict()) for label, config in scenario.configs()}
     found = []
     for run in scenario.runs:

@@ -22,6 +22,9 @@ from __future__ import annotations
 import statistics
 import time
 
+import plotly.graph_objects as go
+from transformers import TrainerCallback
+
 from gradacc.analysis.stock_audit import audit_stock_trainer
 from gradacc.bench import report
 from gradacc.config import RunConfig
@@ -35,32 +38,27 @@ MODES = {"dropout on": 0.1, "dropout off": 0.0}
 GOAL = 1.0
 
 
-def _timer():
-    from transformers import TrainerCallback
+class WindowTimer(TrainerCallback):
+    """Seconds of each window's forward+backward, and of each whole optimizer step."""
 
-    class WindowTimer(TrainerCallback):
-        """Seconds of each window's forward+backward, and of each whole optimizer step."""
+    def __init__(self):
+        self.windows, self.steps, self.audits = [], [], 0
+        self._began = None
 
-        def __init__(self):
-            self.windows, self.steps, self.audits = [], [], 0
-            self._began = None
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._began = time.perf_counter()
 
-        def on_step_begin(self, args, state, control, **kwargs):
-            self._began = time.perf_counter()
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        # Before the audit's own callback: on step 1 the audit measures after this; windows 2.. are clean anyway.
+        self.windows.append(time.perf_counter() - self._began)
 
-        def on_pre_optimizer_step(self, args, state, control, **kwargs):
-            # Before the audit's own callback: on step 1 the audit measures after this; windows 2.. are clean anyway.
-            self.windows.append(time.perf_counter() - self._began)
-
-        def on_step_end(self, args, state, control, **kwargs):
-            self.steps.append(time.perf_counter() - self._began)
-            self.audits = sum("gradacc_audit" in entry for entry in state.log_history)
-
-    return WindowTimer()
+    def on_step_end(self, args, state, control, **kwargs):
+        self.steps.append(time.perf_counter() - self._began)
+        self.audits = sum("gradacc_audit" in entry for entry in state.log_history)
 
 
 def measure(config: RunConfig, steps: int, audited: bool) -> dict:
-    timer = _timer()
+    timer = WindowTimer()
     verdict = audit_stock_trainer(config, steps=steps, callbacks=[timer], audited=audited)
     window = statistics.median(timer.windows[1:])
     step = statistics.median(timer.steps[1:])
@@ -116,8 +114,6 @@ def run(quick: bool = False, threads: int = 1) -> dict:
 
 
 def figure(result: dict):
-    import plotly.graph_objects as go
-
     rows = result["rows"]
     figure = go.Figure()
     for key, name in (("reference_vs_window", "its forward+backward ÷ window"), ("audit_vs_window", "audit ÷ window"),

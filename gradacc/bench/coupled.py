@@ -17,6 +17,9 @@ from __future__ import annotations
 import threading
 import time
 
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
 from gradacc.analysis import contrastive
 from gradacc.analysis.equivalence import by_micro_batch
 from gradacc.bench import report, runs
@@ -97,9 +100,6 @@ def run(quick: bool = False, threads: int = 1) -> dict:
 
 
 def figure(result: dict):
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
     settings = result["settings"]
     figure = make_subplots(rows=1, cols=2, subplot_titles=(
         f"{settings['model']}, effective batch {settings['effective_batch']}: gradient error",

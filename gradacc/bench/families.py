@@ -29,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import plotly.graph_objects as go
 import torch
 import transformers
 
@@ -176,8 +177,6 @@ def page_table(result: dict) -> dict:
 
 
 def figure(result: dict):
-    import plotly.graph_objects as go
-
     rows = [r for r in result["rows"] if "exact" in r]
     figure = go.Figure()
     for name, colour in (("exact", "#2ca02c"), ("naive", "#d62728"), ("library_default", "#7f7f7f")):

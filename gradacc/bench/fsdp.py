@@ -20,6 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import plotly.colors
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 import torch
 
 from gradacc.analysis import sharding
@@ -116,10 +119,6 @@ def formula_check(points: list[dict], measured: dict) -> dict:
 
 
 def figure(result: dict):
-    import plotly.colors
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
     titles = ("Gradient bytes per rank<br>per-window ÷ per-micro-batch", "Bytes sent per window<br>per-micro-batch ÷ "
               "per-window", "Time per window (noisy here)<br>per-micro-batch ÷ per-window")
     fig = make_subplots(rows=1, cols=3, subplot_titles=titles, horizontal_spacing=0.08)

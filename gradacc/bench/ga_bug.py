@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 import time
 
+import plotly.graph_objects as go
+
 from gradacc.bench import report, runs
 from gradacc.config import RunConfig
 
@@ -92,8 +94,6 @@ def run(quick: bool = False, threads: int = 1) -> dict:
 
 
 def figure(result: dict):
-    import plotly.graph_objects as go
-
     rows = result["rows"]
     figure = go.Figure()
     for normalization, colour in (("naive", "#d62728"), ("exact", "#2ca02c")):

@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+import plotly.graph_objects as go
+
 from gradacc.bench import report, runs
 from gradacc.choices import BACKENDS
 from gradacc.config import RunConfig
@@ -124,8 +126,6 @@ def run(quick: bool = False, threads: int = 1, browser_times: str | None = None)
 
 
 def figure(result: dict):
-    import plotly.graph_objects as go
-
     fig = go.Figure()
     for kind, name in (("cold", "fresh process (imports count)"), ("warm", "in-process, libraries loaded")):
         shown = [b for b in BACKENDS if b in result[kind]]

@@ -19,6 +19,8 @@ import math
 import statistics
 import time
 
+from plotly.subplots import make_subplots
+
 from gradacc.bench import report, runs
 from gradacc.choices import BUILTIN_MODEL_TASKS, CAUSAL_LM
 from gradacc.config import RunConfig
@@ -133,8 +135,6 @@ def run(quick: bool = False, threads: int = 1) -> dict:
 
 
 def figure(result: dict):
-    from plotly.subplots import make_subplots
-
     models = list(result["chosen"])
     metric_names = {model: result["reference"][model]["metric"].replace("eval_", "") for model in models}
     fig = make_subplots(rows=1, cols=len(models), subplot_titles=[f"{m} ({metric_names[m]})" for m in models])

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import time
 
+import plotly.graph_objects as go
+
 from gradacc import recipes
 from gradacc.bench import report, runs
 from gradacc.config import RunConfig
@@ -99,8 +101,6 @@ def run(quick: bool = False, threads: int = 1) -> dict:
 
 
 def figure(result: dict):
-    import plotly.graph_objects as go
-
     fig = go.Figure()
     for model, by_batch in result["minimums"].items():
         for batch in by_batch:

@@ -31,6 +31,9 @@ from __future__ import annotations
 import statistics
 import time
 
+import torch
+from plotly.subplots import make_subplots
+
 from gradacc.bench import report
 from gradacc.training.memory import measure
 from gradacc.training.memory.levers import LeverRig, timed
@@ -56,8 +59,6 @@ ANCHOR = {"source": "transformers docs, single-GPU training: bert-large, V100, s
 
 
 def measure_model(model: str, effective_batch: int, length: int, rounds: int, steps: int, device) -> dict:
-    import torch
-
     rigs = []
     for name, k, levers in ROWS:
         report.progress(f"{model}: set up {name}")
@@ -144,8 +145,6 @@ def run(quick: bool = False, threads: int = 1) -> dict:
 
 
 def figure(result: dict):
-    from plotly.subplots import make_subplots
-
     fig = make_subplots(rows=1, cols=2, subplot_titles=("Peak training memory ÷ baseline (static + activations)",
                                                         "Time per effective batch ÷ baseline (median over rounds)"))
     colours = ("#1f77b4", "#ff7f0e")

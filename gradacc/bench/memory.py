@@ -15,6 +15,7 @@ import multiprocessing
 import statistics
 import time
 
+from plotly.subplots import make_subplots
 import torch
 import transformers.models.bert.modeling_bert  # noqa: F401 - imported before a point's RSS baseline, not in its growth
 
@@ -116,8 +117,6 @@ def run(quick: bool = False, threads: int = 1) -> dict:
 
 
 def figure(result: dict):
-    from plotly.subplots import make_subplots
-
     by_m, by_k = result["points"], result["points_by_k"]
     fig = make_subplots(rows=1, cols=2, column_widths=[0.62, 0.38], subplot_titles=(
         f"Effective batch {result['settings']['effective_batch']}: micro-batch m, k = E/m",

@@ -28,6 +28,7 @@ import threading
 import time
 import timeit
 
+from plotly.subplots import make_subplots
 import torch
 from torch.utils.data import DataLoader
 
@@ -250,8 +251,6 @@ def run(quick: bool = False, threads: int = 1) -> dict:
 
 
 def figure(result: dict):
-    from plotly.subplots import make_subplots
-
     fig = make_subplots(rows=1, cols=2, shared_yaxes=True, subplot_titles=(
         "by process CPU time (the claim)", "by wall time (includes other processes' load)"))
     for col, clock in enumerate(CLOCKS, start=1):

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import time
 
+import plotly.graph_objects as go
+
 from gradacc.bench import report, runs
 from gradacc.choices import PITFALLS
 from gradacc.config import RunConfig
@@ -82,8 +84,6 @@ def run(quick: bool = False, threads: int = 1) -> dict:
 
 
 def figure(result: dict):
-    import plotly.graph_objects as go
-
     rows = result["rows"]
     figure = go.Figure()
     for side, colour in (("right", "#2ca02c"), ("broken", "#d62728")):

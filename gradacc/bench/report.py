@@ -32,7 +32,7 @@ def progress(message: str) -> None:
 
 
 def machine(threads: int) -> dict:
-    import torch
+    import torch  # here: `gradacc --help` imports this module (through gradacc.bench) before torch loads
 
     return {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
             "cpu_count": os.cpu_count(), "torch_threads": threads, "device": str(pick_device()),

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+from transformers import DataCollatorWithPadding
+
 from gradacc import events
 from gradacc.config import RunConfig
 from gradacc.errors import RunFailed
@@ -47,8 +49,6 @@ def fixed_length_collator(model: str, length: int):
     """Pad every micro-batch to ``length`` tokens. The default collator pads to the longest text of each
     micro-batch, so micro-batches of different m would differ in length too and activation ratios would
     mix m with sequence length."""
-    from transformers import DataCollatorWithPadding
-
     if model != models.TINY_BERT:
         raise ValueError("the memory suite measures the built-in tiny-bert")
     return DataCollatorWithPadding(models.tiny_bert_tokenizer(), padding="max_length", max_length=length,

@@ -17,6 +17,8 @@ from __future__ import annotations
 import statistics
 import time
 
+from plotly.subplots import make_subplots
+
 from gradacc.bench import report, runs
 from gradacc.config import RunConfig
 
@@ -93,8 +95,6 @@ def run(quick: bool = False, threads: int = 1) -> dict:
 
 
 def figure(result: dict):
-    from plotly.subplots import make_subplots
-
     rows = result["pairs"]
     labels = [f"m={r['micro_batch_size']}, k={r['grad_accum_steps']}" for r in rows]
     fig = make_subplots(rows=1, cols=2, subplot_titles=("Seconds per optimizer step (one effective batch)",

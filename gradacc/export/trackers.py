@@ -186,6 +186,7 @@ class TensorBoardWriter:
         _require("tensorboard")
         folder = _writable_folder(log_dir or Path(DEFAULT_LOG_DIR)) / run_id
         try:
+            # here: the app and `gradacc --help` import this module before torch loads
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(log_dir=str(folder))
@@ -204,6 +205,7 @@ class TensorBoardWriter:
     def close(self) -> None:
         # Hyper-parameters last: the HParams dashboard lists the eval metrics, known once the run has evaluated.
         if self.config:
+            # here: the app and `gradacc --help` import this module before torch loads
             from torch.utils.tensorboard.summary import hparams
 
             for summary in hparams(hyperparameters(self.config), {tag: 0.0 for tag in self.metrics}):

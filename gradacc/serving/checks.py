@@ -12,6 +12,7 @@ import concurrent.futures
 import threading
 import time
 
+from gradacc.analysis import equivalence
 from gradacc.config import RunConfig, ValidConfig
 from gradacc.labels import field_label
 from gradacc.errors import GradaccError, one_line
@@ -104,9 +105,7 @@ class CheckRunner:
         if self._check_fn is not None:
             return self._check_fn(config)
         warmup.wait_until_warm()  # no import of torch beside the warm-up's (see gradacc.serving.warmup)
-        from gradacc.analysis.equivalence import check  # lazy: imports torch
-
-        return check(config)
+        return equivalence.check(config)
 
 
 def coupled_check_configs(which: str | None = None) -> list[ValidConfig]:

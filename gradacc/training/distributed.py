@@ -55,7 +55,7 @@ PROCESS_GROUP_TIMEOUT_S = 600
 
 def init_process_group(device) -> None:
     """Join the launch's process group (gloo on CPU, nccl on CUDA) unless Accelerate already did."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # here: the app and `gradacc --help` import this module before torch loads
 
     if world_size() > 1 and not dist.is_initialized():
         if device.type == "cuda":  # NCCL's own calls (a barrier, an object's broadcast) use the current device
@@ -90,13 +90,14 @@ def exit_rank(code: int) -> None:
 
 
 def is_distributed() -> bool:
-    import torch.distributed as dist
+    import torch.distributed as dist  # here: the app and `gradacc --help` import this module before torch loads
 
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def unwrap(model):
     """The module inside DistributedDataParallel (evaluation runs on it: no collectives in its forward)."""
+    # here: the app and `gradacc --help` import this module before torch loads
     from torch.nn.parallel import DistributedDataParallel
 
     return model.module if isinstance(model, DistributedDataParallel) else model
@@ -106,7 +107,7 @@ def sum_over_ranks(values: list[float], device) -> list[float]:
     """Element-wise sum of ``values`` over all ranks (one all-reduce); the values themselves on one process."""
     if not is_distributed():
         return list(values)
-    import torch
+    import torch  # here: the app and `gradacc --help` import this module before torch loads
     import torch.distributed as dist
 
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
@@ -119,7 +120,7 @@ def gather_from_ranks(values: list[float], device) -> list[list[float]]:
     byte counts exactly up to 2**53."""
     if not is_distributed():
         return [list(values)]
-    import torch
+    import torch  # here: the app and `gradacc --help` import this module before torch loads
     import torch.distributed as dist
 
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
@@ -132,7 +133,7 @@ def from_main_process(value):
     """Rank 0's ``value`` on every rank (a picklable object; one broadcast)."""
     if not is_distributed():
         return value
-    import torch.distributed as dist
+    import torch.distributed as dist  # here: the app and `gradacc --help` import this module before torch loads
 
     box = [value]
     dist.broadcast_object_list(box, src=0)
@@ -154,6 +155,7 @@ class SyncProbe:
     @classmethod
     def attach(cls, model) -> "SyncProbe | None":
         """A probe on ``model`` when it is DDP-wrapped; None otherwise (one process: nothing to count)."""
+        # here: the app and `gradacc --help` import this module before torch loads
         from torch.nn.parallel import DistributedDataParallel
 
         return cls(model) if isinstance(model, DistributedDataParallel) else None
@@ -165,6 +167,7 @@ class SyncProbe:
 
 
 def _counting_allreduce(probe: SyncProbe, bucket):
+    # here: the app and `gradacc --help` import this module before torch loads
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     probe.rounds += 1

@@ -20,7 +20,7 @@ CHUNK = 1 << 16
 def gradient_sums(gradient: dict, reference: dict, gradient_scale: float = 1.0) -> dict:
     """Sums over all parameters of g = ``gradient`` × ``gradient_scale`` and r = ``reference``, taken piece by
     piece (no copy of a whole gradient): ‖g − r‖², ‖r‖², g·r and ‖g‖², each piece's in float32, added in float64."""
-    import torch
+    import torch  # here: the app and `gradacc --help` import this module before torch loads
 
     if set(gradient) != set(reference):
         raise GradaccError("The accumulated and full-batch gradients cover different parameters.", "backend")
@@ -53,7 +53,7 @@ SAMPLED_PIECES = 64
 def _pieces(gradient: dict, reference: dict):
     """(g piece, r piece) pairs over every parameter, in float32, at most CHUNK values each; a parameter missing on
     one side counts as zeros there."""
-    import torch
+    import torch  # here: the app and `gradacc --help` import this module before torch loads
 
     for name in sorted(set(gradient) | set(reference)):
         r, g = reference.get(name), gradient.get(name)
@@ -74,7 +74,7 @@ def projection(gradient: dict, reference: dict, gradient_scale: float = 1.0, exp
     takes too (then ‖g − s·r‖² = ‖g − e·r‖² − (s − e)²·‖r‖², the two parts orthogonal); a second when it is not,
     which measures ‖g − s·r‖ itself: derived from a far e, (s − e)²·‖r‖² would drown it. The blocks come from every piece of a small model and from an even sample of
     ``SAMPLED_PIECES``-odd pieces of a large one (se ∝ 1/√(sampled fraction), corrected for)."""
-    import torch
+    import torch  # here: the app and `gradacc --help` import this module before torch loads
 
     pieces = list(_pieces(gradient, reference))
     stride = max(1, len(pieces) // SAMPLED_PIECES)

@@ -10,16 +10,21 @@
 - scripts/ and gradacc/ never import tests/ nor read what the tests write (test-artifacts/);
 - importing gradacc's shared modules, gradacc.serving, gradacc.app or the CLI does not import torch (pages paint
   before the seconds-long torch import; the serving layer hands training to a thread that imports it; ``gradacc
-  --help`` answers at once).
+  --help`` answers at once);
+- an import inside a function (a lazy import) says why it is lazy in a comment beside it: an optional dependency,
+  start-up time measured, torch kept out of a module the app or the CLI imports.
 
 Imports are read with ``ast``, inside functions too: a lazy import is still a dependency.
 """
 
 import ast
+import io
 import json
 import pkgutil
+import re
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -324,3 +329,78 @@ def test_the_user_facing_audit_imports_nothing_of_the_engine_nor_private_names_a
 ])
 def test_an_engine_import_a_private_name_or_a_stack_walk_in_the_audit_is_caught(planted, caught):
     assert audit_offences(PACKAGE / "training" / "audit" / "probe.py", planted) == caught
+
+
+# ---- a lazy import says why -------------------------------------------------------------------------------------
+
+LAZY_IMPORT_SCOPE = [PACKAGE, ROOT / "pages", ROOT / "app.py"]
+
+
+# What a linter reads in a comment (# noqa: F401, # type: ignore[...], # pragma: no cover) is no reason.
+LINTER_MARKERS = re.compile(r"noqa(:\s*[A-Z]+\d+(\s*,\s*[A-Z]+\d+)*)?|type:\s*ignore(\[[^]]*\])?|pragma:\s*no\s*cover",
+                            re.IGNORECASE)
+
+
+def lazy_import_groups(tree: ast.Module) -> list[list[ast.stmt]]:
+    """The imports inside functions (methods, async functions and the blocks within them), in groups of imports on
+    consecutive lines of one block."""
+    inside = {id(node) for function in ast.walk(tree) if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef))
+              for node in ast.walk(function) if isinstance(node, (ast.Import, ast.ImportFrom))}
+    groups: list[list[ast.stmt]] = []
+    for node in ast.walk(tree):
+        for block in (getattr(node, name, None) for name in ("body", "orelse", "finalbody")):
+            block = block if isinstance(block, list) else []
+            for before, statement in zip([None, *block], block):
+                if id(statement) not in inside:
+                    continue
+                if id(before) in inside and statement.lineno == before.end_lineno + 1:
+                    groups[-1].append(statement)  # the group ``before`` ended a moment ago
+                else:
+                    groups.append([statement])
+    return groups
+
+
+def reason_lines(source: str) -> set[int]:
+    """The lines with a comment that says something besides a linter's marker."""
+    return {token.start[0] for token in tokenize.generate_tokens(io.StringIO(source).readline)
+            if token.type == tokenize.COMMENT and any(c.isalpha() for c in LINTER_MARKERS.sub("", token.string[1:]))}
+
+
+def unexplained_lazy_imports(path: Path, source: str | None = None) -> list[str]:
+    """The lazy imports of ``path`` (or ``source``) with no reason beside them, as "line: the import". A group is
+    explained by a comment on one of its lines or on the line just above it."""
+    text = path.read_text(encoding="utf-8") if source is None else source
+    reasons = reason_lines(text)
+    return [f"{node.lineno}: {ast.unparse(node)}" for group in lazy_import_groups(ast.parse(text))
+            if not reasons & set(range(group[0].lineno - 1, group[-1].end_lineno + 1)) for node in group]
+
+
+def test_every_lazy_import_says_why():
+    modules = sources(*LAZY_IMPORT_SCOPE)
+    lazy = sum(len(group) for path in modules for group in lazy_import_groups(ast.parse(path.read_text("utf-8"))))
+    assert lazy > 50, "the walk found almost no import inside a function: it reads the wrong files or nodes"
+    offenders = {str(path.relative_to(ROOT)): unexplained_lazy_imports(path) for path in modules}
+    assert {path: found for path, found in offenders.items() if found} == {}
+
+
+@pytest.mark.parametrize("planted, caught", [
+    ("def later():\n    import torch\n    return torch\n", ["2: import torch"]),
+    ("def later():\n    import torch  # here: the app imports this module before torch loads\n", []),
+    # A comment on the line above covers the whole group of consecutive import lines.
+    ("def later():\n    # optional: not in requirements.txt\n    import bitsandbytes\n"
+     "    from peft import LoraConfig\n", []),
+    # A blank line ends a group; a comment two lines up explains nothing.
+    ("def later():\n    # here: it imports torch\n    import torch\n\n    from gradacc.training import fsdp\n",
+     ["5: from gradacc.training import fsdp"]),
+    ("def later():\n    # here: it imports torch\n\n    import torch\n", ["4: import torch"]),
+    # A linter's marker is not a reason, nor is a '#' inside a string; one after the marker is.
+    ("def later():\n    import torch  # noqa: F401\n", ["2: import torch"]),
+    ("def later():\n    note = '# lazy'\n    import torch\n", ["3: import torch"]),
+    ("def later():\n    import torch  # noqa: F401 - registers the ops before the first run\n", []),
+    # Methods, async functions and blocks inside them count; the module's top and a __main__ block do not.
+    ("class Probe:\n    async def later(self, ready):\n        if ready:\n            import plotly\n",
+     ["4: import plotly"]),
+    ("import torch\nif __name__ == '__main__':\n    import sys\n", []),
+])
+def test_an_unexplained_lazy_import_is_caught(planted, caught):
+    assert unexplained_lazy_imports(PACKAGE / "probe.py", planted) == caught

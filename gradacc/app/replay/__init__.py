@@ -14,6 +14,8 @@ import json
 import string
 from pathlib import Path
 
+from plotly.offline import get_plotlyjs
+
 from gradacc import __version__
 from gradacc.app import comparison
 from gradacc.app.live_chart import PAGE_LOOK_JS
@@ -68,6 +70,4 @@ def chart_rows(story: str | None) -> str:
 
 
 def _plotly_js() -> str:
-    from plotly.offline import get_plotlyjs
-
     return get_plotlyjs()

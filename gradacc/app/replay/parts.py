@@ -7,6 +7,8 @@ from __future__ import annotations
 import html
 import re
 
+from gradacc.app.equivalence_view import coupled_columns, coupled_summary
+
 # The app's alert kinds (st.success, st.info, ...) and their icons.
 ICONS = {"success": "✅", "info": "ℹ️", "warning": "⚠️", "error": "🚨"}
 
@@ -72,8 +74,6 @@ def _cell(value) -> str:
 
 def checks(reports: list[dict]) -> str:
     """The gradient checks' sentences and table, as the demo shows them under its runs."""
-    from gradacc.app.equivalence_view import coupled_columns, coupled_summary
-
     sentences, rows = coupled_summary(reports)
     shown = coupled_columns(rows)
     for row in rows:

@@ -53,6 +53,7 @@ def patch_accelerator(module) -> None:
         result = prepare(self, *args, **kwargs)
         if getattr(self, "_gradacc_trainer_owned", False) or getattr(self, "_gradacc_audit", None) is not None:
             return result
+        # here: sitecustomize imports this module at the start of every audited script, before it imports anything
         import torch
         from accelerate.optimizer import AcceleratedOptimizer
 

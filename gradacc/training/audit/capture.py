@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+import torch.nn.utils
+from torch.optim.lr_scheduler import LRScheduler
 
 # How many values of a forward's output the fingerprint keeps (beside its shape, dtype and exact sum): a replay
 # that reproduces the output bit for bit reproduces all of them; a full copy of an LM's logits would cost memory.
@@ -237,11 +239,8 @@ class WindowLog:
         return self.counting and threading.get_ident() == self._thread
 
     def attach(self) -> None:
-        import torch.nn.utils as utils
-        from torch.optim.lr_scheduler import LRScheduler
-
         for name in ("clip_grad_norm_", "clip_grads_with_norm_"):
-            self.patches.set(utils, name, self._clip(name, getattr(utils, name)))
+            self.patches.set(torch.nn.utils, name, self._clip(name, getattr(torch.nn.utils, name)))
         step = LRScheduler.step
         log = self
 

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from gradacc.training import distributed
 from gradacc.training.audit import causes, losses
@@ -121,8 +122,6 @@ def _sum_over_ranks(gradient: dict) -> dict:
     """Each process's share of the reference added up (one all-reduce); as it is on one process."""
     if not distributed.is_distributed():
         return gradient
-    import torch.distributed as dist
-
     names = sorted(gradient)
     flat = torch.cat([gradient[n].float() for n in names])
     dist.all_reduce(flat)

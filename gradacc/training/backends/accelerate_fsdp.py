@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import threading
 
+from accelerate.state import AcceleratorState, PartialState
+from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
 from gradacc.errors import RunFailed
 from gradacc.training import fsdp
 
@@ -13,8 +16,6 @@ from gradacc.training import fsdp
 def fsdp_plugin(model):
     """Accelerate's FSDP2 plugin: each of the model's repeated blocks its own group (as gradacc.training.fsdp.shard
     does), parameters resharded after forward."""
-    from accelerate.utils import FullyShardedDataParallelPlugin
-
     block_classes = sorted({type(block).__name__ for block in fsdp.blocks(model)})
     return FullyShardedDataParallelPlugin(fsdp_version=2, reshard_after_forward=True,
                                           auto_wrap_policy="transformer_based_wrap" if block_classes else "no_wrap",
@@ -26,9 +27,6 @@ def keep_fsdp_on_cpu(plugin) -> None:
     among the types that become FSDP): on the CPU it drops the plugin without a word and prepare() wraps the model in
     DDP. FSDP2 itself runs on the CPU with gloo, so the state is switched to FSDP here, before prepare(); prepare()
     then shards the model with fully_shard, and ``prepared_sharded`` checks that it did."""
-    from accelerate.state import AcceleratorState, PartialState
-    from accelerate.utils import DistributedType
-
     state = AcceleratorState()
     if state.distributed_type == DistributedType.MULTI_CPU:
         state.distributed_type = DistributedType.FSDP
@@ -45,9 +43,6 @@ def forget_fsdp_on_cpu() -> None:
     """The next run in this process (the equivalence check makes several) starts from the state Accelerate made:
     PartialState outlives a run, and a DDP run must not find it switched to FSDP."""
     if _SWITCHED_TO_FSDP.is_set():
-        from accelerate.state import PartialState
-        from accelerate.utils import DistributedType
-
         PartialState._shared_state["distributed_type"] = DistributedType.MULTI_CPU
         _SWITCHED_TO_FSDP.clear()
 

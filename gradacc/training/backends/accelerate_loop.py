@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import contextlib
 
+from accelerate import Accelerator
+from accelerate.state import AcceleratorState, GradientState
+from accelerate.utils import GradientAccumulationPlugin
 from torch.utils.data import DataLoader
 
 from gradacc.choices import PER_MICRO_BATCH
@@ -29,10 +32,6 @@ MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 
 
 def new_accelerator(job):
-    from accelerate import Accelerator
-    from accelerate.state import AcceleratorState, GradientState
-    from accelerate.utils import GradientAccumulationPlugin
-
     # A fresh accumulation state per run (these are process-wide singletons); the process group stays.
     accelerate_fsdp.forget_fsdp_on_cpu()
     AcceleratorState._reset_state(reset_partial_state=False)

@@ -10,6 +10,8 @@ import importlib.util
 import math
 
 import torch
+from transformers import get_linear_schedule_with_warmup
+from transformers.optimization import Adafactor
 
 from gradacc.errors import GradaccError, one_line
 
@@ -35,8 +37,6 @@ def optimizer_for(named_parameters, config, device=None) -> torch.optim.Optimize
     if name == "sgd":
         return torch.optim.SGD(groups, lr=lr, momentum=SGD_MOMENTUM)
     if name == "adafactor":
-        from transformers.optimization import Adafactor
-
         # A fixed learning rate (the schedule is gradacc's), as Trainer's optim="adafactor" sets it up.
         return Adafactor(groups, lr=lr, scale_parameter=False, relative_step=False, warmup_init=False)
     if name == "adamw-8bit":
@@ -45,7 +45,7 @@ def optimizer_for(named_parameters, config, device=None) -> torch.optim.Optimize
             raise GradaccError("Optimizer adamw-8bit needs bitsandbytes and a CUDA GPU; this run has "
                                f"{'no bitsandbytes' if importlib.util.find_spec('bitsandbytes') is None else 'no GPU'}.",
                                "optimizer")
-        import bitsandbytes
+        import bitsandbytes  # optional: not in requirements.txt (CUDA only), checked for just above
 
         return bitsandbytes.optim.AdamW8bit(groups, lr=lr)
     if name == "adamw-fused":
@@ -69,8 +69,6 @@ def warmup_steps(config, total_steps: int) -> int:
 def make_scheduler(optimizer, config, total_steps: int, calls_per_step: int = 1):
     """Linear warmup and decay over ``total_steps`` optimizer steps, for a scheduler whose ``step()`` is called
     ``calls_per_step`` times per optimizer step (Accelerate's prepared scheduler: once per process)."""
-    from transformers import get_linear_schedule_with_warmup
-
     return get_linear_schedule_with_warmup(optimizer, warmup_steps(config, total_steps) * calls_per_step,
                                            total_steps * calls_per_step)
 

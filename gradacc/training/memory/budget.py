@@ -173,7 +173,7 @@ class Guard:
 
     def cap_device(self) -> None:
         """On CUDA the budget is real: the caching allocator may not hand out more than the cap."""
-        import torch
+        import torch  # here: the app and `gradacc --help` import this module before torch loads
 
         if self.device.type != "cuda":
             return
@@ -183,7 +183,7 @@ class Guard:
         self._capped_cuda = True
 
     def release_device(self) -> None:
-        import torch
+        import torch  # here: the app and `gradacc --help` import this module before torch loads
 
         if self._capped_cuda:
             torch.cuda.set_per_process_memory_fraction(1.0, self._device_index())
@@ -191,7 +191,7 @@ class Guard:
 
     def _device_index(self) -> int:
         """set_per_process_memory_fraction wants an index: a plain "cuda" device means the current one."""
-        import torch
+        import torch  # here: the app and `gradacc --help` import this module before torch loads
 
         return self.device.index if self.device.index is not None else torch.cuda.current_device()
 
@@ -202,8 +202,8 @@ def static_need(model, config, device) -> dict:
     """Parameters + gradients from the model; optimizer state from a dry step of the run's optimizer class on
     meta-device stand-ins of the parameters (adamw-fused: torch's fused kernel refuses meta tensors, so the
     unfused AdamW is stepped; it keeps the same state)."""
+    # here: torch, and modules that import it; the app and `gradacc --help` import this one before torch loads
     import torch
-
     from gradacc.training.memory import measure
     from gradacc.training.backends.optimizer import optimizer_for
 
@@ -225,7 +225,7 @@ def static_need(model, config, device) -> dict:
 
 
 def _zero_copy(parameter, device):
-    import torch
+    import torch  # here: the app and `gradacc --help` import this module before torch loads
 
     copy = torch.zeros_like(parameter, device=device).requires_grad_(parameter.requires_grad)
     if parameter.requires_grad:
@@ -248,8 +248,8 @@ def guard_for(config, max_run_memory_mb: float | None, model, examples: list[dic
 
 def measure_need(model, examples: list[dict], collate, config, device, precision) -> Need:
     """Static bytes and the activation line at the run's longest sequence (see the module's docstring)."""
+    # here: torch, and modules that import it; the app and `gradacc --help` import this one before torch loads
     import torch
-
     from gradacc.training.backends.device import to_device
     from gradacc.training.memory.measure import ActivationMeter
 
@@ -285,7 +285,7 @@ def measure_need(model, examples: list[dict], collate, config, device, precision
 
 def _cuda_reserved(device) -> float:
     """What the caching allocator holds from the device, less blocks no tensor uses: the figure its cap limits."""
-    import torch
+    import torch  # here: the app and `gradacc --help` import this module before torch loads
 
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
@@ -297,8 +297,8 @@ def _cuda_share(model, batch, precision, device, activation_bytes: float, held_b
     the probe (``held_before``), less that pass's activations and gradients: the CUDA libraries' workspaces
     (allocated at the probe's first matrix product and kept), the backward pass's own buffers, and the allocator's
     rounding to whole segments (2 MB, 20 MB for blocks of 1-10 MB)."""
+    # here: torch, and modules that import it; the app and `gradacc --help` import this one before torch loads
     import torch
-
     from gradacc.training.memory import measure
 
     torch.cuda.synchronize(device)

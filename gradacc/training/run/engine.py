@@ -29,7 +29,7 @@ from gradacc.training.run.options import RunOptions
 
 def quiet_libraries() -> None:
     """transformers' load reports and progress bars are noise in a CLI, a log and a demo."""
-    import transformers
+    import transformers  # here: the app and `gradacc --help` import this module before transformers loads
 
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
@@ -42,7 +42,7 @@ def flush_denormals(on: bool) -> None:
     unflushed, the same run's speed swings from one window to the next (see docs/bench/watchers.md, linked from
     BENCHMARKS.md's watchers row). No figure gradacc shows comes near 1e-38.
     """
-    import torch
+    import torch  # here: the app and `gradacc --help` import this module before torch loads
 
     torch.set_flush_denormal(on)
 

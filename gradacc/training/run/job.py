@@ -85,7 +85,7 @@ def pick_device():
     A launched rank takes the GPU of its LOCAL_RANK; with fewer GPUs than processes on this machine every
     rank trains on the CPU (all ranks must agree: gloo on CPU, nccl on GPUs).
     """
-    import torch
+    import torch  # here: the app and `gradacc --help` import this module before torch loads
 
     wanted = os.environ.get("GRADACC_DEVICE", "").strip().lower()
     if wanted == "cpu" or not torch.cuda.is_available():
@@ -143,6 +143,7 @@ def prepare(config: ValidConfig, emit: EventSink, stop: threading.Event, options
     _stop_requested(stop)
     phase(f"tokenising {len(text_data.train_texts) + len(text_data.eval_texts):,} texts")
     if pairs is not None:
+        # here: it imports torch; the app and `gradacc --help` import this module before torch loads
         from gradacc.training.contrastive import pair_collator, tokenize_pairs
 
         train_examples, train_cut = tokenize_pairs(loaded.tokenizer, pairs[0], config.max_seq_length)
@@ -216,6 +217,7 @@ def prepare(config: ValidConfig, emit: EventSink, stop: threading.Event, options
 def _dropout_variation(model, collate, examples: list[dict], device, precision):
     """Whether the run's dropout took: ``examples`` through the model twice in training mode (see
     ``gradacc.training.sources.dropout``); nothing the run draws or trains on changes."""
+    # here: it imports torch; the app and `gradacc --help` import this module before torch loads
     from gradacc.training.backends.device import to_device
 
     return dropouts.variation(model, to_device(collate(examples), device), device, precision.autocast)

@@ -34,6 +34,7 @@ from gradacc.config import ValidConfig
 from gradacc.env import MAX_RUN_MEMORY_MB
 from gradacc.errors import one_line
 from gradacc.events import EventSink
+from gradacc.training.run.engine import train as train_here
 
 STOP_GRACE_S = 3.0
 STDERR_LINES_KEPT = 200
@@ -101,8 +102,6 @@ def train_for(config: ValidConfig) -> Callable[..., dict]:
     through accelerate launch) when it asks for several processes. Both take (config, on_event, stop)."""
     if config.num_processes > 1:
         return train
-    from gradacc.training.run.engine import train as train_here  # lazy: imports torch
-
     return train_here
 
 

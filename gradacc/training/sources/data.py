@@ -114,7 +114,7 @@ def _from_table(frame, config: RunConfig) -> TextData:
 
 def _from_saved(source: str, config: RunConfig, confinement: paths.Confinement) -> TextData:
     """A folder written by ``Dataset.save_to_disk`` or ``DatasetDict.save_to_disk``."""
-    import datasets
+    import datasets  # here: the app and `gradacc --help` import this module before datasets loads
 
     path = confinement.data_path(source)
     try:
@@ -126,7 +126,7 @@ def _from_saved(source: str, config: RunConfig, confinement: paths.Confinement) 
 
 
 def _from_hub(source: str, config: RunConfig) -> TextData:
-    import datasets
+    import datasets  # here: the app and `gradacc --help` import this module before datasets loads
 
     hub.require_online(source, "dataset")
     try:
@@ -138,7 +138,7 @@ def _from_hub(source: str, config: RunConfig) -> TextData:
 
 
 def _from_hf(loaded, config: RunConfig) -> TextData:
-    import datasets
+    import datasets  # here: the app and `gradacc --help` import this module before datasets loads
 
     if isinstance(loaded, datasets.DatasetDict):
         if "train" not in loaded:
@@ -244,6 +244,7 @@ def shuffled(examples: list, seed: int) -> list:
 
 def collator(tokenizer, token_labels: bool = False):
     """Dynamic padding per micro-batch (the collator Trainer itself would use)."""
+    # here: the app and `gradacc --help` import this module before transformers loads
     from transformers import DataCollatorForTokenClassification, DataCollatorWithPadding
 
     if token_labels:

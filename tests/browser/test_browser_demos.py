@@ -43,13 +43,13 @@ TABLE_CELLS = """() => [...document.querySelectorAll('[data-testid=stDataFrame] 
 # The headline's top is below the page's header (which covers the top of the view).
 BELOW_HEADER = """() => document.querySelector('.st-key-headline [data-testid=stAlert]').getBoundingClientRect().top
   >= document.querySelector('[data-testid=stHeader]').getBoundingClientRect().bottom"""
-# The demo's run panels as drawn now (not a stale copy a rerun left) and whether its Run button is disabled.
+# The demo's run panels as drawn now (not a stale copy a rerun left) and whether its Run button is disabled; null while
+# the button is not drawn (a rerun sends the page anew, element by element, and a message above it shifts the rest).
 WATCHED = """() => {
   const now = (selector) => [...document.querySelectorAll(selector)].filter((e) => !e.closest('[data-stale="true"]'));
   const statuses = now("[class*='st-key-demo-run-'] [data-testid=stAlert]").map((alert) => alert.innerText.trim());
-  const button = [...document.querySelectorAll('[data-testid=stMain] button')]
-    .find((b) => b.innerText.trim() === 'Run this demo');
-  return [statuses, button ? button.disabled : null];
+  const button = now('[data-testid=stMain] button').find((b) => b.innerText.trim() === 'Run this demo');
+  return button ? [statuses, button.disabled] : null;
 }"""
 # Demos slow enough at the tests' scale that a second browser surely opens their link while they run.
 ONLOOKED = {"same-curve", "memory-wall", "in-batch-negatives"}
@@ -82,8 +82,8 @@ def watch_as_an_onlooker(page, name: str) -> None:
     expect(watcher.locator("[class*='st-key-demo-run-']")).to_have_count(len(demos.SCENARIOS[name].runs))
     expect(watcher.locator(".st-key-demo-live")).to_be_in_viewport(timeout=20_000)
     # While a run is live it cannot be started again: read both in one look at what is drawn now (the demo may end
-    # between two looks, and then the button is enabled again, rightly).
-    statuses, disabled = watcher.evaluate(WATCHED)
+    # between two looks, and then the button is enabled again, rightly), once the button is drawn.
+    statuses, disabled = watcher.wait_for_function(WATCHED).json_value()
     if any(status.startswith(("Running", "Queued")) for status in statuses):
         assert disabled, statuses
     context.close()

@@ -23,6 +23,14 @@ for _name in LIMIT_VARIABLES:  # a test sets the limits it means (monkeypatch); 
     os.environ.pop(_name, None)
 
 
+def pytest_collection_modifyitems(items):
+    """Under pytest-xdist (-n 2 --dist loadgroup) the browser tests share one worker, hence one app server and one
+    Chromium; the other worker runs the rest beside them."""
+    for item in items:
+        if "browser" in item.path.parts:
+            item.add_marker(pytest.mark.xdist_group("browser"))
+
+
 @pytest.fixture(autouse=True, scope="session")
 def torch_threads_pinned():
     """Torch computes with TORCH_THREADS threads for the whole session, in every thread. torch is imported here,

@@ -24,11 +24,15 @@ for _name in LIMIT_VARIABLES:  # a test sets the limits it means (monkeypatch); 
 
 
 def pytest_collection_modifyitems(items):
-    """Under pytest-xdist (-n 2 --dist loadgroup) the browser tests share one worker, hence one app server and one
-    Chromium; the other worker runs the rest beside them."""
+    """How pytest-xdist shares the tests between its two workers (pytest.ini: -n 2 --dist loadgroup
+    --no-loadscope-reorder): a worker takes a group whole, in this order. Each browser demo, the longest tests, is a
+    group of its own and goes first, so that no worker ends with a long one while the other waits; every other test
+    goes with its module, whose fixtures then run once."""
+    demos = [item for item in items if item.path.name == "test_browser_demos.py"]
+    items[:] = demos + [item for item in items if item.path.name != "test_browser_demos.py"]
     for item in items:
-        if "browser" in item.path.parts:
-            item.add_marker(pytest.mark.xdist_group("browser"))
+        group = item.nodeid if item.path.name == "test_browser_demos.py" else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(autouse=True, scope="session")

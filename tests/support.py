@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import base64
 import math
+import os
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"  # gitignored: logs and screenshots of a test session, never the source tree
+# "gw0", "gw1": the pytest-xdist worker this process is (pytest.ini runs two); "" when pytest runs in one process.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 # What a deployment may set; a test that does not set them itself must not inherit a developer's values
 # (conftest clears them at start-up; the store and app_home fixtures again per test).
 LIMIT_VARIABLES = ("GRADACC_MAX_EPOCHS", "GRADACC_MAX_TRAIN_SAMPLES", "GRADACC_MAX_RUN_SECONDS",

@@ -1,7 +1,9 @@
-"""Browser tests: one real `streamlit run app.py` and one headless Chromium for the whole session.
+"""Browser tests: one real `streamlit run app.py` and one headless Chromium for the whole session (for each of
+pytest-xdist's workers).
 
 The server runs with its own GRADACC_HOME (a tmp dir), on the CPU and offline. Its log goes to
-test-artifacts/streamlit.log; a failing test leaves a screenshot in test-artifacts/failures/.
+test-artifacts/streamlit.log; a failing test leaves a screenshot in test-artifacts/failures/ (under two workers, in
+test-artifacts/gw0/ and gw1/).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from support import ARTIFACTS, StreamlitServer
+from support import ARTIFACTS, WORKER, StreamlitServer
 
 from chromium import CHROMIUM, VIEWPORT, launch  # scripts/browsing/, on the path through support
 
@@ -53,11 +55,14 @@ def missing(reason: str):
 
 @pytest.fixture(scope="session")
 def artifacts() -> Path:
-    ARTIFACTS.mkdir(exist_ok=True)
+    """test-artifacts/, or test-artifacts/gw0/ for the first of pytest-xdist's workers: each worker drives a server of
+    its own, whose log, timings, screenshots and failures stay together."""
+    folder = ARTIFACTS / WORKER
+    folder.mkdir(parents=True, exist_ok=True)
     # This session's timings and failures only.
-    (ARTIFACTS / "latency.json").unlink(missing_ok=True)
-    shutil.rmtree(ARTIFACTS / "failures", ignore_errors=True)
-    return ARTIFACTS
+    (folder / "latency.json").unlink(missing_ok=True)
+    shutil.rmtree(folder / "failures", ignore_errors=True)
+    return folder
 
 
 @pytest.fixture(scope="session")

@@ -1,11 +1,12 @@
 """Refresh the README's picture (docs/screenshot.png) from a PNG you choose, by hand.
 
 The browser tests never write into the source tree; test_browser_demos.py leaves the Demos page after the
-same-curve demo, headline and charts, in test-artifacts/demo-same-curve.png. Name that file (or any other
-screenshot) and this copies it over; the script itself never looks into the tests' output:
+same-curve demo, headline and charts, in test-artifacts/demo-same-curve-whole.png (run in one process, -n 0; under
+two workers the file is in test-artifacts/gw0/ or gw1/). Name that file (or any other screenshot) and this copies it
+over; the script itself never looks into the tests' output:
 
-    CI=true python3 -m pytest tests/browser/test_browser_demos.py
-    python3 scripts/update_screenshot.py test-artifacts/demo-same-curve.png
+    CI=true .venv/bin/python -m pytest -n 0 tests/browser/test_browser_demos.py -k same-curve
+    .venv/bin/python scripts/update_screenshot.py test-artifacts/demo-same-curve-whole.png
 """
 
 from __future__ import annotations

@@ -23,16 +23,26 @@ for _name in LIMIT_VARIABLES:  # a test sets the limits it means (monkeypatch); 
     os.environ.pop(_name, None)
 
 
+# The folders whose modules take longest go first, so the quick unit tests fill in at the end.
+HEAVY_FIRST = ("browser", "training", "bench", "attack", "app")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups
 def pytest_collection_modifyitems(items):
     """How pytest-xdist shares the tests between its two workers (pytest.ini: -n 2 --dist loadgroup
     --no-loadscope-reorder): a worker takes a group whole, in this order. Each browser demo, the longest tests, is a
     group of its own and goes first, so that no worker ends with a long one while the other waits; every other test
     goes with its module, whose fixtures then run once."""
-    demos = [item for item in items if item.path.name == "test_browser_demos.py"]
-    items[:] = demos + [item for item in items if item.path.name != "test_browser_demos.py"]
+    def rank(item) -> int:
+        if item.path.name == "test_browser_demos.py":
+            return 0
+        folder = item.path.parent.name
+        return 1 + (HEAVY_FIRST.index(folder) if folder in HEAVY_FIRST else len(HEAVY_FIRST))
+
+    items.sort(key=rank)  # stable: a module's tests keep their order
     for item in items:
-        group = item.nodeid if item.path.name == "test_browser_demos.py" else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+        demo = item.path.name == "test_browser_demos.py" and hasattr(item, "callspec")
+        item.add_marker(pytest.mark.xdist_group(f"demo-{item.callspec.id}" if demo else item.nodeid.split("::")[0]))
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -100,7 +100,9 @@ def demo_view():
     pacing.keep_pace(poll_seconds, *current)
     wanted = st.session_state.get(SCROLL) or {}
     with st.container():  # a fixed slot: the charts below keep their place (comparison.draw says why)
-        if wanted.pop("runs", False):  # just clicked (or a link to a running demo): its runs on screen
+        if wanted.get("runs"):  # just clicked (or a link to a running demo): its runs on screen
+            # The same frame on every poll until the result is written: it runs once, and stays mounted (a frame
+            # drawn once was gone at the next poll, on a busy machine before its script had run).
             scroll.into_view("demo-live", nonce=f"runs {run_ids}")
     columns = st.container(key="demo-live").columns(len(snapshots))
     # The scenario's own names ("naive ÷k", "GradCache batch 64"): what differs between five runs, spelt out, is no
@@ -122,6 +124,8 @@ def demo_view():
     figures = comparison.draw(snapshots, key="demo", labels=labels, toolbar=False,
                               pairs=[scenario.compares, *scenario.controls] if whole else None,
                               story=scenario.chart if whole else None)
+    if figures is not None:
+        wanted.pop("runs", None)  # the result's own scroll takes over
     if figures is not None and wanted.get("headline"):
         # The result, the moment it is written, once every run has ended, and again in the page's last full run:
         # runs still training above it change their panels' heights meanwhile, and the end of polling changes them

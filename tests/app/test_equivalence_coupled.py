@@ -1,6 +1,6 @@
 """The Equivalence page's "When accumulation is not a big batch": both coupled losses, and a button for their checks
-(the checks themselves run in the batchnorm demo's AppTest, tests/app/test_page_demos.py, and in every demo's browser
-test, tests/browser/test_browser_demos.py)."""
+(the checks themselves run in the batchnorm demo's AppTest, tests/app/test_page_demos.py, and in the browser tests of
+both demos, tests/browser/test_browser_demos.py)."""
 
 from app_support import open_app
 

@@ -75,27 +75,38 @@ st.caption("Runs, in this order: " + " · ".join(
 st.divider()
 
 
-poll_seconds = pacing.chart_poll_seconds(*(manager.get(run_id) for run_id in run_ids)) if live else None
 checking = bool(scenario.checks) and coupled_view.pending(checks, scenario.checks)
 
 
-@st.fragment(run_every=pacing.POLL_SECONDS if checking else None)
-def gradient_checks():
-    st.subheader("Gradients against the big batch")
-    if checking and not coupled_view.pending(checks, scenario.checks):
-        st.rerun()  # just finished: redraw once without polling
-    coupled_view.draw(checks, scenario.checks, key="demo")
+# One poller for the runs and the checks: a full rerun asked by one fragment while another fragment's run is under way
+# mounts the charts anew, a blink on the projector (warmup_status.py met it first; the checks' own fragment asked for
+# one when they ended: the likely cause of the batchnorm demo's charts mounted twice in one CI run).
+polling = pacing.CHART_POLL_SECONDS if checking else None
+if live:
+    polling = pacing.chart_poll_seconds(*(manager.get(run_id) for run_id in run_ids))
 
 
-@st.fragment(run_every=poll_seconds)
+@st.fragment(run_every=polling)
 def demo_view():
     current = [run for run in (manager.get(run_id) for run_id in run_ids) if run is not None]
+    if polling and not any(run.is_live for run in current) and not (
+            scenario.checks and coupled_view.pending(checks, scenario.checks)):
+        st.rerun()  # all ended: one full rerun turns polling off and enables the button again
+    runs_view(current)
+    # Below the runs: the checks' sentences and table arrive while the runs train, and above them they would push
+    # the runs and the headline, already scrolled into view, down off the screen.
+    if scenario.checks:
+        st.subheader("Gradients against the big batch")
+        coupled_view.draw(checks, scenario.checks, key="demo")
+
+
+def runs_view(current) -> None:
+    """The runs' panels, their charts and the headline (and their scrolls into view)."""
     if not current:
         st.info("Press **Run this demo**: its runs queue one after the other, train live here, and the result "
                 "is written above the charts when both are done.")
         return
-    if live and not any(run.is_live for run in current):
-        st.rerun()  # all ended: one full rerun turns polling off and enables the button again
+    poll_seconds = polling if live else None
     snapshots = [pacing.watch(run, poll_seconds) for run in current]
     pacing.keep_pace(poll_seconds, *current)
     wanted = st.session_state.get(SCROLL) or {}
@@ -147,7 +158,3 @@ def demo_view():
 
 
 demo_view()
-# Below the runs: the checks' sentences and table arrive while the runs train, and above them they would push the
-# runs and the headline, already scrolled into view, down off the screen.
-if scenario.checks:
-    gradient_checks()

@@ -1,7 +1,7 @@
 """Every demo as a speaker gives it: /demos?demo=NAME on a projector (1280×720) and a wider screen (1440×900), the Run
-button in view on load (on the wider screen, for the longest title), "Run this demo", the runs in view with a loading step on screen, the curves growing, the
-result written whole in view in true words, and charts a room can read (titles on two lines, no label over another,
-no legend over an axis title, no toolbar over a chart, no "None" in a table)."""
+button in view on load (on the wider screen, for the longest title), "Run this demo", the runs in view with a loading
+step on screen, the curves growing, the result written whole in view in true words, and charts a room can read (titles
+on two lines, no label over another, no legend over an axis title, no toolbar over a chart, no "None" in a table)."""
 
 import json
 import re

@@ -23,7 +23,9 @@ for _name in LIMIT_VARIABLES:  # a test sets the limits it means (monkeypatch); 
     os.environ.pop(_name, None)
 
 
-# The folders whose modules take longest go first, so the quick unit tests fill in at the end.
+# The browser demos, the longest tests, go first; then the folders whose modules take longest, so the quick unit tests
+# fill in at the end.
+BROWSER_DEMOS = "test_browser_demos.py"
 HEAVY_FIRST = ("browser", "training", "bench", "attack", "app")
 
 
@@ -34,14 +36,14 @@ def pytest_collection_modifyitems(items):
     group of its own and goes first, so that no worker ends with a long one while the other waits; every other test
     goes with its module, whose fixtures then run once."""
     def rank(item) -> int:
-        if item.path.name == "test_browser_demos.py":
+        if item.path.name == BROWSER_DEMOS:
             return 0
         folder = item.path.parent.name
         return 1 + (HEAVY_FIRST.index(folder) if folder in HEAVY_FIRST else len(HEAVY_FIRST))
 
     items.sort(key=rank)  # stable: a module's tests keep their order
     for item in items:
-        demo = item.path.name == "test_browser_demos.py" and hasattr(item, "callspec")
+        demo = item.path.name == BROWSER_DEMOS and hasattr(item, "callspec")
         item.add_marker(pytest.mark.xdist_group(f"demo-{item.callspec.id}" if demo else item.nodeid.split("::")[0]))
 
 

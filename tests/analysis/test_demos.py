@@ -54,6 +54,15 @@ def test_shrinking_keeps_the_short_last_window(monkeypatch):
     assert demos.scaled(1280, 32, 0.01) == 64  # never less than two windows
 
 
+def test_a_shrunken_demo_keeps_the_steps_its_story_needs():
+    lm = demos.SCENARIOS["naive-vs-exact-lm"]
+    assert lm.min_steps > 2  # naive's drift needs steps to grow: 10 of them keep it under 0.5 %
+    for scale in (0.01, 0.1):
+        assert {config.train_samples // config.effective_batch for _, config in lm.configs(scale)} == {lm.min_steps}
+    assert {config.train_samples for _, config in lm.configs(scale=1)} == {3200}  # on stage: all 100
+    assert demos.scaled(96, 32, 0.1, min_steps=25) == 96  # never more windows than the scenario has
+
+
 def test_a_bad_scale_is_refused_with_the_variable_name(monkeypatch):
     from gradacc.errors import GradaccError
 

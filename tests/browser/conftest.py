@@ -72,8 +72,9 @@ def app_url(artifacts, tmp_path_factory) -> str:
     log_path.unlink(missing_ok=True)  # this session's log only
     # A run left going by a failed test must not hold the only slot for long.
     server = StreamlitServer(tmp_path_factory.mktemp("browser-gradacc-home"), log_path,
-                             # Demos at a quarter of their stage size: the same story in seconds.
-                             {"GRADACC_MAX_RUN_SECONDS": "240", "GRADACC_DEMO_SCALE": "0.25"})
+                             # Demos at a tenth of their stage size (at least the steps each story needs,
+                             # Scenario.min_steps): the same story in seconds.
+                             {"GRADACC_MAX_RUN_SECONDS": "240", "GRADACC_DEMO_SCALE": "0.1"})
     try:
         yield server.url
     finally:

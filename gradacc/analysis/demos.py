@@ -228,7 +228,8 @@ MEMORY_WALL = Scenario(
 )
 
 
-def pitfall_scenario(pitfall: str, name: str, title: str, explanation: str, expect: str, **base) -> Scenario:
+def pitfall_scenario(pitfall: str, name: str, title: str, explanation: str, expect: str, min_steps: int = 2,
+                     **base) -> Scenario:
     """The right plain loop, then the same run with one deliberately wrong line (``pitfalls``); the broken run's
     warnings say what the line broke, measured against the right loop in that same run."""
     return Scenario(
@@ -241,7 +242,7 @@ def pitfall_scenario(pitfall: str, name: str, title: str, explanation: str, expe
         base={"backend": "pytorch", "dropout": 0.0, "epochs": 1, "train_samples": 32000, "eval_samples": 200,
               "micro_batch_size": 16, "grad_accum_steps": 4, "learning_rate": 3e-4, **base},
         runs=(DemoRun("right loop", {"pitfalls": []}), DemoRun(f"broken: {pitfall}", {"pitfalls": [pitfall]})),
-        expect=expect)
+        expect=expect, min_steps=min_steps)
 
 
 PITFALL_SCHEDULER = pitfall_scenario(
@@ -257,7 +258,10 @@ PITFALL_CLIP = pitfall_scenario(
     "The broken loop clips after every backward(), so each partial sum of the window is clipped, not the "
     "window's gradient once.\n\n**Look at:** the broken run's warning: the gradient each step used against the "
     "right one (the window's gradient clipped once), in norm and in direction.",
-    "The broken run steps with a gradient that points away from the right one.", max_grad_norm=0.1)
+    "The broken run steps with a gradient that points away from the right one.", max_grad_norm=0.1,
+    # tiny-bert's partial gradients stay under 0.1 until it starts learning: after 100 steps clipping had never
+    # engaged ("no effect in this run"), after 125 it had, in every micro-batch.
+    min_steps=125)
 PITFALL_ZERO_GRAD = pitfall_scenario(
     "zero-grad-per-micro-batch", "pitfall-zero-grad", "zero_grad() inside the accumulation window",
     "The same run twice. The broken loop calls `optimizer.zero_grad()` before every micro-batch, the habit of a "

@@ -277,6 +277,10 @@ def check_fsdp_sync(text, drawn, page):
 def check_pitfall(text, drawn, page):
     said, _ = claims(text)
     assert re.match(r"Broken on purpose: [a-z-]+ \(", said[0]), said
+    # The broken run measured what its wrong line did: a run too short for it to show says so instead.
+    pitfall = said[0].removeprefix("Broken on purpose: ").split(" (")[0]
+    effect = page.get_by_text(re.compile(rf"^⚠️ broken: {pitfall}: Pitfall {pitfall} \(")).inner_text()
+    assert not re.search(r"no (effect|short last window) in this run", effect), effect
 
 
 CHECKS = {"same-curve": check_same_curve, "naive-vs-exact": check_naive_vs_exact,

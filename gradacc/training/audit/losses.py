@@ -29,6 +29,11 @@ def base_model(model):
     return get() if callable(get) else model
 
 
+def model_name(model) -> str:
+    base = base_model(model)
+    return type(base).__name__ + (" (PEFT)" if base is not model else "")
+
+
 def model_kind(model, labels) -> str | None:
     """The loss a transformers head computes from ``labels``, as its forward decides; None: not one the audit knows."""
     model = base_model(model)

@@ -9,7 +9,7 @@ import pytest
 from gradacc import cli
 from gradacc.cli import options as cli_options
 from gradacc import events as ev
-from gradacc.analysis import headline, run_names
+from gradacc.analysis import divergence, headline, run_names
 from gradacc.config import RunConfig
 
 
@@ -58,7 +58,9 @@ def test_curves_apart_at_a_few_steps_only_say_both_the_largest_and_the_median_di
     a = run_events(m=32, k=1, losses=(*start, 0.05), dropout=0.0)
     b = run_events(m=4, k=8, losses=(*(loss * (1 + 1e-7) for loss in start), 0.051), dropout=0.0)
     figures = headline.headline(a, b, name_differences=False)
-    assert figures["loss_claim"] == "Loss curves differ by up to 2.0% (median 1e-07)"
+    assert figures["loss_claim"] == ("Loss curves differ by up to 2.0% (median 1e-07): identical to 1e-07 for steps "
+                                     f"1–5, apart from step 6 — {divergence.ROUNDING}")
+    assert figures["verdict"] == divergence.EXPLAINED
 
 
 def test_different_curves_name_what_differs():
@@ -68,8 +70,9 @@ def test_different_curves_name_what_differs():
     assert figures["loss_max_rel_diff"] == pytest.approx(0.3)
     # naive described against exact: naive's values first, as the names are said; the median over the three steps
     # (0, 10 and 30 % apart), not the largest.
-    assert figures["headline"].startswith("Loss curves differ by 10% (median of 3 steps) "
-                                          "(normalisation naive vs exact differ)")
+    assert figures["headline"].startswith("Loss curves differ by 10% (median of 3 steps): identical to the bit for "
+                                          "step 1, apart from step 2 — normalisation naive vs exact differ · ")
+    assert figures["verdict"] == divergence.EXPLAINED
     assert "activations the same" in figures["headline"]
     # One run of each cannot tell an effect from seed noise: the scores are shown, not explained.
     assert "F1 0.800 vs 0.900 (one seed each)" in figures["headline"]
@@ -124,7 +127,8 @@ def test_cli_compare_prints_the_headline_or_json(tmp_path, capsys):
 def test_a_loss_hundreds_of_times_larger_is_said_as_a_ratio_not_a_bounded_percentage():
     figures = headline.headline(run_events(losses=(0.7, 0.5, 0.3), learning_rate=0.005),
                                 run_events(losses=(140.0, 150.0, 171.0), learning_rate=5.0))
-    assert figures["loss_claim"] == "Loss curves differ: loss 300× larger (median of 3 steps) (lr 5 vs 0.005 differ)"
+    assert figures["loss_claim"] == ("Loss curves differ: loss 300× larger (median of 3 steps): apart from step 1 — "
+                                     "lr 5 vs 0.005 differ")
 
 
 def test_a_loss_ratio_is_the_median_over_the_steps_above_noise_not_a_maximum_over_near_zero_losses():

@@ -1,29 +1,22 @@
 """Why two loss curves differ, as the headline and ``gradacc compare`` say it: on runs that part by float rounding
 (recorded real runs) and by dropout (real short runs), with the figures checked against a truth computed here."""
 
-import gzip
-import json
 import statistics
 from pathlib import Path
 
 import pytest
-from support import write_events
+from support import real_run_events, write_events
 
 from gradacc import cli
 from gradacc import events as ev
 from gradacc.analysis import divergence, headline
 
 # Two real runs of Train's defaults at dropout 0 (tiny-bert, the PyTorch loop, 2000 examples, 2 epochs, 126 steps),
-# m=8, k=4 and m=4, k=8, recorded on the CPU by
+# m=8, k=4 and m=4, k=8, recorded on the CPU (support.REAL_RUNS) by
 #   python -m gradacc train -m 8 -k 4 --dropout 0 --metrics-out tiny-bert-m8k4-dropout0.jsonl
 #   python -m gradacc train -m 4 -k 8 --dropout 0 --metrics-out tiny-bert-m4k8-dropout0.jsonl
 # They agree to 2e-06 for 42 steps, then part: another summation order, amplified by training.
-RUNS = Path(__file__).parent / "runs"
-
-
-def recorded(name: str) -> list[dict]:
-    with gzip.open(RUNS / f"{name}.jsonl.gz", "rt", encoding="utf-8") as lines:
-        return [json.loads(line) for line in lines if line.strip()]
+ROUNDING_PAIR = ("tiny-bert-m8k4-dropout0", "tiny-bert-m4k8-dropout0")
 
 
 def losses(run_events: list[dict]) -> list[float]:
@@ -44,7 +37,7 @@ def rounding_truth(a: list[float], b: list[float]) -> dict:
 
 @pytest.fixture(scope="module")
 def rounding_pair() -> tuple[list[dict], list[dict]]:
-    return recorded("tiny-bert-m8k4-dropout0"), recorded("tiny-bert-m4k8-dropout0")
+    return real_run_events(ROUNDING_PAIR[0]), real_run_events(ROUNDING_PAIR[1])
 
 
 def test_runs_parted_by_rounding_are_explained_as_rounding_never_as_accumulation(rounding_pair):

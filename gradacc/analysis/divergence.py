@@ -65,7 +65,7 @@ def cause(found: dict, differences: list[str], config_a: dict, config_b: dict, e
     if computed:
         named = (", ".join(f"{field_name(n)} {_value(config_b.get(n))} vs {_value(config_a.get(n))}" for n in computed)
                  if name_differences else ", ".join(field_name(n) for n in computed))
-        reasons.append(f"{named} differ")
+        reasons.append(f"{named} differ{'s' if len(computed) == 1 else ''}")
     if (dropout_a or dropout_b) and (set(differences) - set(computed)):
         said = (f"dropout {dropout_b:g} in both runs" if dropout_a == dropout_b
                 else f"dropout {dropout_b:g} vs {dropout_a:g}")

@@ -9,6 +9,7 @@ from support import real_run_events, write_events
 
 from gradacc import cli
 from gradacc import events as ev
+from gradacc.cli.options import EXIT_BAD_INPUT
 from gradacc.analysis import divergence, headline
 
 # Two real runs of Train's defaults at dropout 0 (tiny-bert, the PyTorch loop, 2000 examples, 2 epochs, 126 steps),
@@ -116,3 +117,12 @@ def test_a_run_that_failed_before_its_first_step_is_said_so_with_its_reason_neve
                                    "model 'no/such-model': not found on the hub.)")
     assert figures["verdict"] == divergence.FAILED and "none" not in figures["headline"]
     assert headline.headline(failed, rounding_pair[0])["headline"].startswith("No loss to compare: the first run failed")
+
+
+def test_cli_compare_says_a_file_of_a_failed_run_failed_and_why(rounding_pair, tmp_path, capsys):
+    good = write_events(tmp_path / "a.jsonl", rounding_pair[0])
+    failed = write_events(tmp_path / "b.jsonl", [ev.run_ended(status=ev.FAILED, reason="Could not load model 'x'.",
+                                                               steps=0, wall_s=1.0, field="model")])
+    assert cli.main(["compare", good, failed]) == EXIT_BAD_INPUT
+    assert capsys.readouterr().err.strip() == ("error: 'b.jsonl' is a run that failed before its first step (Could "
+                                               "not load model 'x'.): it has no loss to compare.")

@@ -71,7 +71,7 @@ def test_different_curves_name_what_differs():
     # naive described against exact: naive's values first, as the names are said; the median over the three steps
     # (0, 10 and 30 % apart), not the largest.
     assert figures["headline"].startswith("Loss curves differ by 10% (median of 3 steps): identical to the bit for "
-                                          "step 1, apart from step 2 — normalisation naive vs exact differ · ")
+                                          "step 1, apart from step 2 — normalisation naive vs exact differs · ")
     assert figures["verdict"] == divergence.EXPLAINED
     assert "activations the same" in figures["headline"]
     # One run of each cannot tell an effect from seed noise: the scores are shown, not explained.
@@ -128,7 +128,7 @@ def test_a_loss_hundreds_of_times_larger_is_said_as_a_ratio_not_a_bounded_percen
     figures = headline.headline(run_events(losses=(0.7, 0.5, 0.3), learning_rate=0.005),
                                 run_events(losses=(140.0, 150.0, 171.0), learning_rate=5.0))
     assert figures["loss_claim"] == ("Loss curves differ: loss 300× larger (median of 3 steps): apart from step 1 — "
-                                     "lr 5 vs 0.005 differ")
+                                     "lr 5 vs 0.005 differs")
 
 
 def test_a_loss_ratio_is_the_median_over_the_steps_above_noise_not_a_maximum_over_near_zero_losses():

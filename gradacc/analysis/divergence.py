@@ -62,7 +62,9 @@ def cause(found: dict, differences: list[str], config_a: dict, config_b: dict, e
     computed = [name for name in differences if name not in SUMMATION_ONLY and name != "dropout"]
     dropout_a, dropout_b = (config.get("dropout") or 0 for config in (config_a, config_b))
     reasons = []
-    if computed:
+    if computed == ["pitfalls"] and not name_differences:  # the headline opens with the line broken on purpose
+        reasons.append("the line broken on purpose")
+    elif computed:
         named = (", ".join(f"{field_name(n)} {_value(config_b.get(n))} vs {_value(config_a.get(n))}" for n in computed)
                  if name_differences else ", ".join(field_name(n) for n in computed))
         reasons.append(f"{named} differ{'s' if len(computed) == 1 else ''}")

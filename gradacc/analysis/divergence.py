@@ -55,25 +55,23 @@ def where(found: dict) -> str:
 
 
 def cause(found: dict, differences: list[str], config_a: dict, config_b: dict, events_a: list[dict],
-          events_b: list[dict], name_differences: bool = True) -> tuple[str, str]:
+          events_b: list[dict], name_differences: bool = True) -> tuple[str | None, str]:
     """(why two curves of the same data and effective batch part, the verdict): the settings that change what is
     computed first, then dropout, then float rounding, else the place where only m, k (and what sums in another order)
-    differ."""
+    differ. ``name_differences`` False: a page names each run by what differs, so a different setting is left to the
+    names (None: nothing to add), and the headline stays short; what the names cannot say is said."""
     computed = [name for name in differences if name not in SUMMATION_ONLY and name != "dropout"]
     dropout_a, dropout_b = (config.get("dropout") or 0 for config in (config_a, config_b))
     reasons = []
-    if computed == ["pitfalls"] and not name_differences:  # the headline opens with the line broken on purpose
-        reasons.append("the line broken on purpose")
-    elif computed:
-        named = (", ".join(f"{field_name(n)} {_value(config_b.get(n))} vs {_value(config_a.get(n))}" for n in computed)
-                 if name_differences else ", ".join(field_name(n) for n in computed))
+    if computed and name_differences:  # else the runs' names say it (a page names each run by what differs)
+        named = ", ".join(f"{field_name(n)} {_value(config_b.get(n))} vs {_value(config_a.get(n))}" for n in computed)
         reasons.append(f"{named} differ{'s' if len(computed) == 1 else ''}")
     if (dropout_a or dropout_b) and (set(differences) - set(computed)):
         said = (f"dropout {dropout_b:g} in both runs" if dropout_a == dropout_b
                 else f"dropout {dropout_b:g} vs {dropout_a:g}")
         reasons.append(f"{said}: {DROPOUT}")
-    if reasons:
-        return "; ".join(reasons), EXPLAINED
+    if reasons or computed:
+        return "; ".join(reasons) or None, EXPLAINED
     off = _off_gradient(events_a, events_b)
     if off:
         return off, DIFFERS

@@ -254,7 +254,7 @@ def _loss_claim(figures: dict, config_a: dict, config_b: dict, name_differences:
     # The charts' x axis says "samples seen": the headline stays short.
     why, verdict = divergence.cause(figures, figures["differences"], config_a, config_b, list(events_a),
                                     list(events_b), name_differences)
-    return f"Loss curves differ{_differs(figures)}", f"{divergence.where(figures)} — {why}", verdict
+    return f"Loss curves differ{_differs(figures)}", why and f"{divergence.where(figures)} — {why}", verdict
 
 
 def _pitfall_claim(config_a: dict, config_b: dict) -> str | None:

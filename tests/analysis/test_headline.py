@@ -73,6 +73,11 @@ def test_different_curves_name_what_differs():
     assert figures["headline"].startswith("Loss curves differ by 10% (median of 3 steps): identical to the bit for "
                                           "step 1, apart from step 2 — normalisation naive vs exact differs · ")
     assert figures["verdict"] == divergence.EXPLAINED
+    # A page naming each run by what differs ("naive", "exact") leaves the setting to the names: the headline stays
+    # short (a demo's on a projector), and blue, not green.
+    short = headline.headline(exact, naive, name_differences=False)
+    assert short["loss_claim"] == "Loss curves differ by 10% (median of 3 steps)"
+    assert short["verdict"] == divergence.EXPLAINED
     assert "activations the same" in figures["headline"]
     # One run of each cannot tell an effect from seed noise: the scores are shown, not explained.
     assert "F1 0.800 vs 0.900 (one seed each)" in figures["headline"]

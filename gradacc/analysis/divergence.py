@@ -81,9 +81,12 @@ def cause(found: dict, differences: list[str], config_a: dict, config_b: dict, e
                 "curves; the Equivalence page's gradient check tells accumulation apart"), DIFFERS
     if found["agree_steps"] >= ROUNDING_AFTER:
         return ROUNDING, EXPLAINED
-    only = ", ".join(field_name(n) for n in differences) or "nothing in the config"
+    names = [field_name(n) for n in differences]
+    if not names:
+        return "where nothing in the config differs", DIFFERS
+    only = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
     alone = ": accumulation is not the big batch here" if set(differences) == set(ACCUMULATION) else ""
-    return f"where only {only} differ{alone}", DIFFERS
+    return f"where only {only} differ{'s' if len(names) == 1 else ''}{alone}", DIFFERS
 
 
 def _off_gradient(events_a: list[dict], events_b: list[dict]) -> str | None:

@@ -66,8 +66,8 @@ def test_the_same_runs_parted_at_step_2_are_laid_at_m_and_k_where_only_they_diff
     figures = headline.headline(a, moved, name_differences=False)
     assert figures["part_step"] == 2 and figures["agree_steps"] == 1
     first = abs(losses(a)[0] - losses(b)[0]) / max(losses(a)[0], losses(b)[0])
-    assert figures["loss_claim"].endswith(f"identical to {first:.0e} for step 1, apart from step 2 — where only m, k "
-                                          "differ: accumulation is not the big batch here"), figures["loss_claim"]
+    assert figures["loss_claim"].endswith(f"identical to {first:.0e} for step 1, apart from step 2 — where only m "
+                                          "and k differ: accumulation is not the big batch here"), figures["loss_claim"]
     assert figures["verdict"] == divergence.DIFFERS
 
 
@@ -76,7 +76,8 @@ def test_cli_compare_explains_the_rounding_in_the_headlines_words(rounding_pair,
     assert cli.main(["compare", a, b]) == 0
     said = capsys.readouterr().out.splitlines()
     assert said[0] == headline.headline(*rounding_pair)["headline"]
-    assert said[0].startswith("Loss curves differ by ") and f"apart from step 43 — {divergence.ROUNDING} · " in said[0]
+    assert said[0].startswith("Loss curves differ by ")
+    assert f"apart from step 43 — {divergence.ROUNDING} · " in said[0]
     assert said[1] == "(b.jsonl against a.jsonl)"
 
 
@@ -116,7 +117,8 @@ def test_a_run_that_failed_before_its_first_step_is_said_so_with_its_reason_neve
     assert figures["headline"] == ("No loss to compare: the second run failed before its first step (Could not load "
                                    "model 'no/such-model': not found on the hub.)")
     assert figures["verdict"] == divergence.FAILED and "none" not in figures["headline"]
-    assert headline.headline(failed, rounding_pair[0])["headline"].startswith("No loss to compare: the first run failed")
+    first_failed = headline.headline(failed, rounding_pair[0])["headline"]
+    assert first_failed.startswith("No loss to compare: the first run failed")
 
 
 def test_cli_compare_says_a_file_of_a_failed_run_failed_and_why(rounding_pair, tmp_path, capsys):

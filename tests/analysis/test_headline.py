@@ -208,3 +208,30 @@ def test_a_run_without_a_memory_budget_is_named_so():
                "free": RunConfig(micro_batch_size=64, grad_accum_steps=1).check().to_dict()}
     assert run_names.differing_labels(configs) == {"wall": "m=64, k=1, budget 450 MB",
                                                  "free": "m=64, k=1, no memory budget"}
+
+
+def test_curves_that_part_after_naive_stepped_a_short_window_at_another_scale_are_not_called_rounding():
+    """Both runs naive ÷k, 204 examples an epoch: six windows of 32, then 12 left. m=8, k=4 steps them as 8 + 4
+    (0.375× and 0.75× their due), m=4, k=8 as 4 + 4 + 4 (0.375×): another update, measured, not float rounding,
+    though the curves agreed for the 7 steps before."""
+    def short_window_run(m, k, last_micro_batches, losses, normalization):
+        found = run_events(m=m, k=k, losses=losses, loss_normalization=normalization, dropout=0.0)
+        seen = [32 * n for n in range(1, 7)] + [204] + [204 + 32 * n for n in range(1, 4)]
+        for event, samples in zip([e for e in found if e["event"] == ev.STEP], seen):
+            event.update(samples_seen=samples, micro_batches=last_micro_batches if samples == 204 else k)
+        return found
+
+    agreed = (0.7, 0.65, 0.6, 0.55, 0.5, 0.45, 0.4)
+
+    def pair(normalization):
+        return (short_window_run(8, 4, 2, (*agreed, 0.38, 0.36, 0.34), normalization),
+                short_window_run(4, 8, 3, (*agreed, 0.39, 0.37, 0.35), normalization))
+
+    figures = headline.headline(*pair("naive"), name_differences=False)
+    assert figures["agree_steps"] == 7 and figures["part_step"] == 8
+    assert figures["loss_claim"].endswith("identical to the bit for steps 1–7, apart from step 8 — naive: 1 of 10 "
+                                          "steps at 0.38× their gradient"), figures["loss_claim"]
+    assert divergence.ROUNDING not in figures["headline"] and figures["verdict"] == divergence.DIFFERS
+    # The same curves of two exact runs: every window stepped whole, so the late part is rounding's.
+    figures = headline.headline(*pair("exact"), name_differences=False)
+    assert figures["loss_claim"].endswith(divergence.ROUNDING) and figures["verdict"] == divergence.EXPLAINED

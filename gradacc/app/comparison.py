@@ -73,7 +73,7 @@ VERDICT_BOXES = {divergence.SAME: "success", divergence.EXPLAINED: "info", diver
 
 def headline_box(figures: dict, runs) -> str:
     """'success', 'info', 'warning' or 'error', as the headline's verdict means (VERDICT_BOXES); a headline whose
-    runs warned or did not complete is never green nor blue."""
+    runs warned or did not complete is neither green nor blue."""
     by_id = {run.run_id: run for run in runs}
     pair = [by_id[run_id] for run_id in figures["pair"]]
     box = VERDICT_BOXES[figures["verdict"]]

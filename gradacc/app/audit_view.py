@@ -16,8 +16,14 @@ audit = audit_accelerate(accelerator, model, optimizer)  # one line before your 
 for batch in train_dataloader:                           # the loop, unchanged
     ...
 print(audit.verdict.line)'''
+OWN_LOOP = '''from gradacc.audit import audit_loop
+
+audit = audit_loop(model, optimizer)  # one line before your loop: loss.backward() per micro-batch, step every k
+for batch in loader:                  # the loop, unchanged
+    ...
+print(audit.verdict.line)'''
 OWN_SCRIPT = '''pip install gradacc
-gradacc audit --strict -- python train.py --your-args  # unchanged; exits 3 on a wrong verdict'''
+gradacc audit --strict -- python train.py --your-args  # unchanged; exits 3 when wrong, 4 when nothing was judged'''
 
 
 def draw(verdict: dict) -> None:
@@ -61,10 +67,12 @@ def numbers(verdict: dict) -> list[dict]:
 
 
 def own_script() -> None:
-    """The lines that audit a visitor's own training, three ways."""
+    """The lines that audit a visitor's own training, four ways."""
     st.markdown("Your own `Trainer` (TRL's trainers too):")
     st.code(OWN_TRAINER, language="python")
     st.markdown("Your own Accelerate loop:")
     st.code(OWN_ACCELERATE, language="python")
+    st.markdown("Your own plain PyTorch loop:")
+    st.code(OWN_LOOP, language="python")
     st.markdown("Or your script as it is, in CI:")
     st.code(OWN_SCRIPT, language="bash")

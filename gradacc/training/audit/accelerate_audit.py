@@ -18,10 +18,14 @@ from __future__ import annotations
 import contextlib
 from dataclasses import replace
 
+from torch.nn.parallel import DistributedDataParallel
+
 from gradacc.training.audit import losses
 from gradacc.training.audit.capture import Patches, Recorder, WindowLog, micro_batches
 from gradacc.training.audit.measure import Setup, measure
 from gradacc.training.audit.verdict import Check, Verdict, publish
+from gradacc.training.compat import accelerate as compat
+from gradacc.training.compat.torch import ddp_syncs_next_backward
 
 WATCHING, JUDGED, DONE = "watching", "judged", "done"
 
@@ -60,8 +64,8 @@ class AccelerateAudit:
     def _on_forward(self, grad: bool) -> None:
         if grad and self.state == JUDGED:  # the next window's first forward: the judged window is over
             self.finish()
-        elif grad and self.state == WATCHING and hasattr(self._wrapped, "require_backward_grad_sync"):
-            self.synced.append(bool(self._wrapped.require_backward_grad_sync))
+        elif grad and self.state == WATCHING and isinstance(self._wrapped, DistributedDataParallel):
+            self.synced.append(ddp_syncs_next_backward(self._wrapped))
 
     def _backward(self, original, loss, **kwargs):
         result = original(loss, **kwargs)
@@ -125,11 +129,7 @@ class AccelerateAudit:
     def _expected_scheduler_steps(self) -> int:
         """A prepared scheduler steps the torch one once per process per optimizer step unless batches are split
         (Accelerate's design: schedules sized in per-process steps); an unprepared one, once."""
-        for prepared in getattr(self.accelerator, "_schedulers", []):
-            if getattr(prepared, "scheduler", None) in self.log.stepped_schedulers:
-                if prepared.step_with_optimizer and not prepared.split_batches:
-                    return self.accelerator.num_processes
-        return 1
+        return compat.scheduler_steps_per_optimizer_step(self.accelerator, self.log.stepped_schedulers) or 1
 
     @property
     def verdict(self) -> Verdict | None:

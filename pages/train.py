@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from gradacc.app import charts, form, inputs, navigation, pacing, runview, server, train_form, warmup_status
+from gradacc.app import charts, form, inputs, navigation, pacing, runview, scroll, server, train_form, warmup_status
 from gradacc.app.charts import fsdp as fsdp_charts
 from gradacc import units
 from gradacc.training.run import health
@@ -90,6 +90,10 @@ if run_id and st.query_params.get("run") != run_id:
     st.query_params["run"] = run_id
 
 
+# At 1280×720 the form fills the screen and the run's panel starts below it: after Start the page scrolls Start and
+# Stop to the top once, the run's panel under them, as the Demos page does with its runs (gradacc.app.scroll).
+SCROLL_TO_RUN = "train.scroll_to_run"
+
 
 def start(run_config: RunConfig) -> None:  # the checked form, or a Fit with accumulation to check
     try:
@@ -98,12 +102,13 @@ def start(run_config: RunConfig) -> None:  # the checked form, or a Fit with acc
         general.error(error.message)
         return
     st.session_state["run_id"] = new_run  # the rerun below puts it in the URL too
+    st.session_state[SCROLL_TO_RUN] = new_run  # the rerun below brings its panel into view, Stop above it
     train_form.suggest_train_settings(micro_batch_size=run_config.micro_batch_size,
                               grad_accum_steps=run_config.grad_accum_steps)  # the form shows what now runs
     st.rerun()  # redraw with the live panel polling
 
 
-start_column, stop_column, _ = st.columns([1, 1, 5])
+start_column, stop_column, _ = st.container(key="train-buttons").columns([1, 1, 5])
 if start_column.button("Start", type="primary", key="start", disabled=bool(problems) or own_live,
                        help="Fix the settings marked in red first." if problems else None):
     start(checked)
@@ -190,4 +195,6 @@ def run_charts(current):
             st.plotly_chart(fsdp_charts.sharding_figure(curves), key="sharding_chart")
 
 
+if run_id and st.session_state.pop(SCROLL_TO_RUN, None) == run_id:
+    scroll.into_view("train-buttons", nonce=run_id)
 run_panel()

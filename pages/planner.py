@@ -181,7 +181,7 @@ if top:
         if shares_learning_rate(optimizer, levers["optimizer"]):
             del levers["optimizer"]  # the same rule (adamw-fused stays fused), and the form's learning rate
         # Another optimizer takes its own rate from the recipe (measured for this model: allowed_rows offers no other).
-        train_form.carry_train_settings(limits, model=measurement["model"],
+        train_form.carry_train_settings(limits, "Memory planner", model=measurement["model"],
                                         max_seq_length=measurement["max_seq_length"],
                                         micro_batch_size=chosen["micro_batch_size"],
                                         grad_accum_steps=chosen["grad_accum_steps"],

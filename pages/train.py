@@ -26,6 +26,7 @@ warmup_status.warm_up_status()
 st.caption("This deployment: " + " · ".join(limits.describe()) + ".")
 
 train_form.prepare_train_form(limits)  # first values, and what another page (the planner) suggested since
+filled = st.container(key="train-filled")  # the form's top: what the planner filled, once the values are known
 errors = inputs.FieldErrors()
 data_column, settings_column = st.columns(2, gap="large")
 with data_column:
@@ -51,6 +52,11 @@ with settings_column:
 
 config = RunConfig(backend=backend, model=model, dataset=dataset, task=task, text_column=text_column,
                    label_column=label_column, gradcache_mini_batch=gradcache_mini_batch, **settings)
+filled_note, just_filled = train_form.filled_note(config)
+if filled_note:
+    filled.info(filled_note, icon="🧠")
+if just_filled:  # the planner's button sat far down its page, and the Train page opens at that scroll
+    scroll.into_view("train-filled", nonce=filled_note)
 train_form.keep_train_config(config)  # the other pages read the Train form's settings from here
 train_examples, data_problems = inputs.train_examples(config)
 checked, problems = form.check(config, limits, train_examples)  # checked once, here: every problem at once

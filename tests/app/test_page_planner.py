@@ -100,6 +100,14 @@ def test_use_these_settings_carries_m_k_the_levers_and_the_optimizers_own_learni
     assert at.toggle(key="form.train.gradient_checkpointing").value is True
     assert at.radio(key="form.train.precision").value == "bf16"
     assert at.selectbox(key="form.train.optimizer").value == "adafactor"
+    # The form's top says it was just filled, and with what.
+    filled = [box.value for box in at.info if box.value.startswith("Filled from the Memory planner: ")]
+    assert filled == [f"Filled from the Memory planner: Model tiny-bert, Max sequence length (tokens) {LENGTH}, "
+                      f"Micro-batch size (m) {m}, Accumulation steps (k) {k}, Memory budget (MB) 3, "
+                      f"Gradient checkpointing on, Precision bf16, Optimizer adafactor, Epochs {config.epochs}."]
+    # Once the visitor changes what the planner filled, the form no longer says the planner chose it.
+    at.number_input(key="form.train.grad_accum_steps").set_value(k + 1).run()
+    assert not [box.value for box in at.info if box.value.startswith("Filled from")]
 
 
 def test_the_plan_reaches_the_code_page_and_later_train_edits_are_kept(app_home):

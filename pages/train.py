@@ -64,6 +64,7 @@ if dataset_problem:
     problems["dataset"] = dataset_problem
 for field, message in data_problems.items():
     problems.setdefault(field, message)
+problems |= errors.empty  # an emptied field: the check took some for the recipe's value, the rest "got None"
 
 # What the settings mean, updated as the visitor types.
 effective, steps, examples = st.columns(3)

@@ -107,6 +107,12 @@ def test_bad_value_gives_one_line_reason(page, artifacts):
     expect(reason).to_have_count(0)
     expect(st_ui.button(page, "Start")).to_be_enabled()
 
+    # An emptied field is said to be empty, in the field's own words, not "got 0".
+    st_ui.set_number(page, "Micro-batch size (m)", "", shown="")
+    expect(st_ui.alert(page, "Micro-batch size (m) is empty: type a whole number.")).to_have_count(1)
+    expect(st_ui.alert(page, "got 0")).to_have_count(0)
+    expect(st_ui.button(page, "Start")).to_be_disabled()
+
 
 def plotly_requests(page) -> list[str]:
     """The plotly.js files this page fetches from now on (gradacc.app.live_chart serves a gzipped and a plain one)."""

@@ -75,6 +75,15 @@ def test_a_bad_budget_or_target_is_refused_next_to_its_field(app_home):
     assert not at.exception
 
 
+def test_an_emptied_field_says_it_is_empty_and_nothing_is_measured_or_planned(app_home):
+    at = measured_page({"budget_mb": None})
+    assert error_after(at, "form.planner.budget_mb") == "Memory budget (MB) is empty: type a number."
+    assert not at.exception and not at.success and not at.dataframe  # no pick, no ranking
+    set_numbers(at, "planner", {"budget_mb": 3.0, "max_seq_length": None})
+    assert error_after(at, "form.planner.max_seq_length") == "Max sequence length (tokens) is empty: type a whole number."
+    assert at.button(key="measure").disabled
+
+
 def test_use_these_settings_carries_m_k_the_levers_and_the_optimizers_own_learning_rate_to_the_train_page(app_home):
     # 3 MB: AdamW does not fit; tiny-bert's recipe has a measured rate for Adafactor, so the planner offers it.
     at = measured_page({"budget_mb": 3.0, "target_effective_batch": 64})

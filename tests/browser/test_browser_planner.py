@@ -76,6 +76,7 @@ def test_the_default_pick_learns_on_the_train_page_at_1280x720(page, artifacts):
                                             r"\d+ in the 2 epochs of tiny-bert's recipe, too few: .* Train \d+ epochs"))
     epochs, steps = map(int, re.search(r"Train (\d+) epochs \((\d+) steps\)", pick.inner_text()).groups())
     expect(st_ui.metric_value(page, "Epochs")).to_have_text(str(epochs))
+    assert st_ui.cut_text(page) == []  # every label and the ranking's headers whole on the projector
     st_ui.screenshot(page, artifacts / "planner-pick-steps-1280x720.png")
 
     st_ui.click(page, "Use these settings on the Train page")

@@ -54,6 +54,7 @@ def test_after_start_the_run_panel_is_in_view_at_1280x720(page, artifacts):
     expect(st_ui.button(page, "Start")).to_be_in_viewport()  # and Stop beside it, while the run goes
     page.screenshot(path=str(artifacts / "train-after-start-1280x720.png"))
     train_page.wait_until_ended(page, "Completed")
+    assert st_ui.cut_text(page) == []  # the ended run's scores and metrics too
 
 
 def test_stop_ends_a_run(page, artifacts):

@@ -11,7 +11,8 @@
 ``audit_loop(model, optimizer, loss_fn=...)``: ``loss_fn(model, batch) -> (summed loss, items)`` for a model whose
 loss is not a 🤗 head's from labels (nanoGPT's ``model(x, y)``).
 
-``audit.verdict`` is a ``Verdict``: ``gradient`` (the cause: "exact", "k× too large", ...), ``meaning``, ``fix``,
+``audit.verdict`` is a ``Verdict``: ``gradient`` (the cause, a ``Cause``: "exact", "k_times_too_large", ...; the line
+says it in words), ``meaning``, ``fix``,
 ``fit`` (scale, residual, its standard error, relative error), ``checks`` (clipping, scheduler, logged loss), ``ok``,
 ``line`` and ``as_dict()``. The fixes it names for Trainer: ``token_mean_loss`` (classifiers, token classifiers),
 ``regression_mean_loss``, ``multi_label_mean_loss``, ``causal_lm_mean_loss``: ``compute_loss_func``s that divide

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import streamlit as st
 
+# The audit's vocabulary imports neither torch nor transformers: this page paints before torch loads.
+from gradacc.training.audit.vocabulary import SENTENCES, Cause, LossKind, kind_words, words
+
 OWN_TRAINER = '''from gradacc.audit import audit_trainer
 
 audit = audit_trainer(trainer)  # before trainer.train(): Trainer, SFTTrainer, DPOTrainer
@@ -34,9 +37,6 @@ OTHER_PAGE = ("Why the Equivalence page's table by model family shows Trainer's 
               "of labels is the tokens the loss predicts. Here the batches are a stock Trainer's, from 🤗's "
               "DataCollatorForLanguageModeling, which keeps the first label; on this model Trainer counts it, one "
               "item per text too many.")
-# The audit's words for a miscount and for a causal LM's loss (gradacc.training.audit.verdict.MISCOUNTED and
-# losses.CAUSAL, written out: losses imports torch, and this page paints before torch loads).
-MISCOUNTED, CAUSAL = "items miscounted", "causal LM"
 
 
 def draw(verdict: dict) -> None:
@@ -53,7 +53,7 @@ def draw(verdict: dict) -> None:
     problems = [check for check in verdict["checks"] if check["ok"] is False and check["fix"]]
     for check in problems:
         st.markdown(f"**Also:** {check['detail']}. Fix: {check['fix']}.")
-    if verdict["gradient"] == MISCOUNTED and (verdict["kind"] or "").startswith(CAUSAL):
+    if verdict["gradient"] == Cause.MISCOUNTED and verdict["kind"] in (LossKind.CAUSAL, LossKind.FUSED_CAUSAL):
         st.info(OTHER_PAGE, icon="⚖️")
     st.dataframe(numbers(verdict), hide_index=True, key="audit_numbers")
     st.markdown("\n".join(f"- {check['name'].replace('_', ' ').capitalize()}: {check['detail']}."
@@ -61,14 +61,17 @@ def draw(verdict: dict) -> None:
 
 
 def headline(verdict: dict) -> str:
+    """The cause as an English sentence (its words kept apart from its name)."""
     gradient = verdict["gradient"]
-    return "Something else is wrong." if gradient == "exact" else f"The gradient is {gradient}:"
+    if gradient == Cause.EXACT:
+        return "Something else is wrong."
+    return SENTENCES.get(gradient, f"The gradient is {words(gradient)}") + ":"
 
 
 def numbers(verdict: dict) -> list[dict]:
     """The measurement behind the verdict, one row each: what was measured, and its value."""
     fit = verdict["fit"] or {}
-    rows = [("model", verdict["model"]), ("the model's loss", verdict["kind"]),
+    rows = [("model", verdict["model"]), ("the model's loss", kind_words(verdict["kind"])),
             ("the window", f"{verdict['micro_batches']} micro-batches, k = {verdict['k']}, {verdict['precision']}"),
             ("step's gradient ÷ the window's mean-loss gradient (scale)",
              f"{fit.get('scale', float('nan')):.5g} ± {fit.get('se', float('nan')):.1g}"),

@@ -12,6 +12,7 @@ from pathlib import Path
 from gradacc.analysis import contrastive
 from gradacc.analysis.equivalence import EXACT_LIMIT, library_default_verdict
 from gradacc.analysis.equivalence import rows as report_rows  # light: torch is imported only inside check()
+from gradacc.training.audit.vocabulary import words  # no torch: the page paints before it loads
 
 EXACT_LOOKS_LIKE = EXACT_LIMIT  # float32 rounding of a sum of micro-batch gradients stays well below this
 # `python -m gradacc bench families`' rows (see gradacc.bench.families.PAGE_TABLE): measured, not computed here.
@@ -149,7 +150,7 @@ def family_table() -> tuple[str, list[dict]]:
             rows.append({"family": row["family"], "kind": row["kind"], "exact": row["exact"], "naive": row["naive"],
                          "Trainer library default": row["library_default"],
                          "Trainer's default": library_default_verdict(row["library_default"], k),
-                         AUDIT_COLUMN: " / ".join(row.get(way, "-") for way in AUDIT_WAYS)})
+                         AUDIT_COLUMN: " / ".join(words(row[way]) if way in row else "-" for way in AUDIT_WAYS)})
         else:
             rows.append({"family": row["family"], "kind": row["kind"], "exact": None, "naive": None,
                          "Trainer library default": None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from gradacc.errors import GradaccError
+from gradacc.training.tolerances import REUSE_EXPECTED
 
 
 # Elements summed at a time: 256 KB of float32, so r − s·g is written to a small reused buffer and read back from
@@ -110,7 +111,7 @@ def projection(gradient: dict, reference: dict, gradient_scale: float = 1.0, exp
     scale = dot / reference_sq
     near = [(1.0, difference)] + [(e, float(torch.stack(apart[e]).sum()) * c * c) for e in expected]
     e, distance = min(near, key=lambda pair: abs(scale - pair[0]))
-    if abs(scale - e) <= 0.01 * max(1.0, e):
+    if abs(scale - e) <= REUSE_EXPECTED * max(1.0, e):
         residual_sq = max(0.0, distance - (scale - e) ** 2 * reference_sq)
     else:
         residual_sq = 0.0

@@ -4,13 +4,15 @@ audit one's own script; bad input in one sentence next to its field."""
 from app_support import alerts, error_after, open_app, page_text, run_until, set_numbers
 
 from gradacc.app import audit_view
+from gradacc.training.audit.vocabulary import SENTENCES
 
 AUDIT_TIMEOUT_S = 120
 
 
 def audited(at):
-    return not at.status and any(kind in " ".join(alerts(at)) for kind in ("Exact", "gradient is", "Not judged",
-                                                                           "could not run"))
+    said = " ".join(alerts(at))
+    return not at.status and any(kind in said for kind in ("Exact", "Not judged", "could not run",
+                                                           *SENTENCES.values()))
 
 
 def test_a_stock_trainer_on_tiny_bert_is_k_times_too_large_with_its_fix_and_the_own_script_lines(app_home):
@@ -38,7 +40,7 @@ def test_tiny_gpt_with_the_standard_collator_shows_trainers_miscount(app_home):
     set_numbers(at, "audit", {"micro_batch_size": 2, "grad_accum_steps": 2})
     at.button(key="run_audit").click().run()
     run_until(at, audited, AUDIT_TIMEOUT_S, "the stock-Trainer audit of tiny-gpt", every=0.5)
-    assert "The gradient is items miscounted:" in " ".join(alerts(at)), page_text(at)
+    assert "The loss is divided by a miscount of its items:" in " ".join(alerts(at)), page_text(at)
     assert 'model.loss_type = "ForCausalLM"' in page_text(at)
     # The Equivalence page's family table says Trainer's default is right for causal LMs: this page says which
     # collator it used, and why the two differ.

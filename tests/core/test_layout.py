@@ -76,7 +76,7 @@ def is_allowed_streamlit_user(path: Path) -> bool:
 
 
 GROUND_FLOOR = ("gradacc.units", "gradacc.events", "gradacc.errors", "gradacc.paths", "gradacc.env", "gradacc.choices",
-                "gradacc.recipes", "gradacc.config", "gradacc.steps", "gradacc.labels")
+                "gradacc.recipes", "gradacc.config", "gradacc.steps", "gradacc.labels", "gradacc.conventions")
 # What each layer must not import: everything above it.
 ABOVE = {
     "export": ("gradacc.training", "gradacc.analysis", "gradacc.serving", "gradacc.app", "gradacc.bench",

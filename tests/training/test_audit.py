@@ -8,6 +8,7 @@ import torch
 from audit_support import (K, bert, cls_data, gpt2, llama, lm_collator, lm_data, padding_collator, qwen2,
                            tokenizer, train, trainer_args)
 from gradacc.training.audit import verdict as V
+from gradacc.training.audit.vocabulary import LossKind
 
 
 def run_trainer(model, kind, data, collator, *, loss_func=None, trainer_class=None, **args):
@@ -54,7 +55,7 @@ def test_a_regression_head_gets_a_squared_error_fix_never_a_cross_entropy_one():
 
     verdict, truth = run_trainer(classifier(num_labels=1), "regression", cls_data(regression=True), padding_collator())
     agrees_with_truth(verdict, truth)
-    assert verdict.gradient == V.K_TIMES and verdict.kind == "regression head"
+    assert verdict.gradient == V.K_TIMES and verdict.kind == LossKind.REGRESSION
     assert "regression_mean_loss" in verdict.fix and "token_mean_loss" not in verdict.fix
     fixed, truth = run_trainer(classifier(num_labels=1), "regression", cls_data(regression=True), padding_collator(),
                                loss_func=regression_mean_loss)

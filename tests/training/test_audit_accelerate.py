@@ -7,6 +7,7 @@ import torch
 
 from audit_support import (K, accelerate_loop, bert, cls_data, lm_collator, lm_data, llama, padding_collator, qwen2)
 from gradacc.training.audit import verdict as V
+from gradacc.training.audit.vocabulary import LossKind
 
 
 def bert_classifier():
@@ -192,5 +193,5 @@ def test_another_objective_is_named_so_and_given_as_loss_fn_it_is_exact():
     assert verdict.gradient == V.OTHER_LOSS and "loss_fn" in verdict.fix, verdict.line
     fixed, *_ = accelerate_loop(bert_classifier, cls_data(32), padding_collator(), body=penalised,
                                 loss_fn=lambda model, batch: penalised(model, batch))
-    assert fixed.ok and fixed.kind == "your loss_fn", fixed.line
+    assert fixed.ok and fixed.kind == LossKind.USER_LOSS, fixed.line
 

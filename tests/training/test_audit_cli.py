@@ -126,7 +126,7 @@ def test_model_audits_a_stock_trainer_with_the_standard_collator_so_the_causal_l
     folder = save(GPT2LMHeadModel(gpt2()), tmp_path / "gpt2")
     assert main(["audit", "--model", folder, "-m", "4", "-k", "4", "--max-seq-length", "32", "--json"]) == 0
     verdict = json.loads(capsys.readouterr().out)
-    assert verdict["gradient"] == "items miscounted" and verdict["fit"]["scale"] < 0.99, verdict["line"]
+    assert verdict["gradient"] == "items_miscounted" and verdict["fit"]["scale"] < 0.99, verdict["line"]
     assert verdict["counted_items"] - verdict["window_items"] == 16  # each text's first token, 4 × 4 texts
     folder = save(BertForSequenceClassification(bert(num_labels=2)), tmp_path / "bert")
     assert main(["audit", "--model", folder, "-k", "2", "--max-seq-length", "32", "--strict"]) == 3

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from audit_support import K, cls_data, llama, lm_collator, lm_data, padding_collator, qwen2, texts, tokenizer, \
     train, trainer_args
 from gradacc.training.audit import verdict as V
+from gradacc.training.audit.vocabulary import LossKind
 from test_audit import agrees_with_truth, classifier, run_trainer
 
 
@@ -96,7 +97,7 @@ def test_a_factor_inside_a_dpo_trainers_compute_loss_is_seen_against_dpos_loss_c
 
     verdict, truth = dpo(tmp_path, pairs(16), trainer_class=Scaled)
     agrees_with_truth(verdict, truth)
-    assert verdict.kind == "DPO's loss" and verdict.gradient == V.K_TIMES, verdict.line
+    assert verdict.kind == LossKind.DPO and verdict.gradient == V.K_TIMES, verdict.line
     assert verdict.fix.startswith("remove the factor of k from Scaled.compute_loss")
     assert verdict.reference == ""  # computed by the audit, not replayed
     fixed, _ = dpo(tmp_path, pairs(16))

@@ -8,6 +8,7 @@ import torch
 
 from audit_support import gpt2, qwen2, texts, tokenizer, train, trainer_args
 from gradacc.training.audit import verdict as V
+from gradacc.training.audit.vocabulary import LossKind
 
 
 def sft(model, *, packing=False, lora=False):
@@ -41,7 +42,7 @@ def test_sft_trainer_on_qwen2_with_attention_dropout_is_exact(packing, lora):
     agrees_with_truth(verdict, truth)
     assert truth["accumulated_vs_truth"]["rel_error"] < 1e-5
     assert verdict.ok and verdict.gradient == V.EXACT, verdict.line
-    assert verdict.kind == "causal LM (TRL's fused head)" and verdict.model.startswith("Qwen2ForCausalLM")
+    assert verdict.kind == LossKind.FUSED_CAUSAL and verdict.model.startswith("Qwen2ForCausalLM")
 
 
 def test_sft_trainer_on_gpt2_counts_every_label_and_the_loss_type_fix_makes_it_exact():
@@ -79,4 +80,4 @@ def test_dpo_trainer_on_a_tiny_pair_set_is_exact(tmp_path):
     verdict, truth = train(trainer, "dpo", ref_model=trainer.ref_model, beta=args.beta)
     agrees_with_truth(verdict, truth)
     assert verdict.ok and verdict.gradient == V.EXACT, verdict.line
-    assert verdict.kind == "DPO's loss" and verdict.micro_batches == 2 and verdict.items == (2, 2)  # pairs
+    assert verdict.kind == LossKind.DPO and verdict.micro_batches == 2 and verdict.items == (2, 2)  # pairs

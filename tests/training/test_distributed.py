@@ -127,7 +127,7 @@ def test_audit_of_a_stock_trainer_on_two_processes_finds_k_times_p_and_the_fix_e
     (k=2). Dropout on: each rank replays its own micro-batches' masks; the reference is summed over ranks."""
     for rank in (0, 1):
         default, fixed = ranks[rank]["audits"]["trainer_default"], ranks[rank]["audits"]["trainer_fixed"]
-        assert default["gradient"] == "k× too large" and "k·P = 2·2" in default["meaning"], default["line"]
+        assert default["gradient"] == "k_times_too_large" and "k·P = 2·2" in default["meaning"], default["line"]
         assert default["fit"]["scale"] == pytest.approx(4, rel=1e-4)
         logged = next(check for check in default["checks"] if check["name"] == "logged_loss")
         assert logged["detail"].startswith("the logged loss is 4× the window's mean loss")
@@ -139,7 +139,7 @@ def test_cli_audit_on_two_processes_prints_one_report_with_k_times_p(ranks):
     assert ranks[0]["cli_audit"]["code"] == ranks[1]["cli_audit"]["code"] == 0
     assert ranks[1]["cli_audit"]["stdout"] == ""
     report = json.loads(ranks[0]["cli_audit"]["stdout"])
-    assert report["gradient"] == "k× too large" and "k·P = 2·2" in report["meaning"]
+    assert report["gradient"] == "k_times_too_large" and "k·P = 2·2" in report["meaning"]
     assert report["fit"]["scale"] == pytest.approx(4, rel=1e-4) and report["micro_batches"] == 2
 
 

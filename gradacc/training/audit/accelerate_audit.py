@@ -24,6 +24,7 @@ from gradacc.training.audit import losses
 from gradacc.training.audit.capture import Patches, Recorder, WindowLog, micro_batches
 from gradacc.training.audit.measure import Setup, measure
 from gradacc.training.audit.verdict import Check, Verdict, publish
+from gradacc.training.audit.vocabulary import CheckName, Integration
 from gradacc.training.compat import accelerate as compat
 from gradacc.training.compat.torch import ddp_syncs_next_backward
 
@@ -88,8 +89,9 @@ class AccelerateAudit:
         rule = losses.LossRule(losses.USER_LOSS if self.loss_fn else None, loss_fn=self.loss_fn)
         precision = {"bf16": "bf16", "fp16": "fp16"}.get(str(accelerator.mixed_precision), "fp32")
         no_sync = getattr(self._wrapped, "no_sync", None) if self._wrapped is not self.module else None
-        setup = Setup("accelerate", self.module, self.recorder, accelerator.gradient_accumulation_steps,
-                      accelerator.num_processes, precision, rule, "loss_fn" if self.loss_fn else None,
+        setup = Setup(who=Integration.ACCELERATE, module=self.module, recorder=self.recorder,
+                      k=accelerator.gradient_accumulation_steps, num_processes=accelerator.num_processes,
+                      precision=precision, rule=rule, custom_loss="loss_fn" if self.loss_fn else None,
                       no_sync=no_sync or contextlib.nullcontext, model_name=losses.model_name(self.module))
         self._verdict = measure(setup, micro_batches(self.recorder.forwards), self.log, backwards=self.backwards,
                                 counted_items=_counted(self.recorder.forwards))
@@ -107,7 +109,7 @@ class AccelerateAudit:
         checks = [self._scheduler_check()]
         if self.synced:
             ok = sum(self.synced) <= 1
-            checks.append(Check("sync", ok, f"gradients all-reduced in {sum(self.synced)} of "
+            checks.append(Check(CheckName.SYNC, ok, f"gradients all-reduced in {sum(self.synced)} of "
                                 f"{self._verdict.micro_batches} micro-batches", None if ok else
                                 "run the forward and backward inside accelerator.accumulate(model)"))
         self._verdict = replace(self._verdict, checks=self._verdict.checks + tuple(checks))
@@ -118,10 +120,10 @@ class AccelerateAudit:
     def _scheduler_check(self) -> Check:
         steps, expected = self.log.scheduler_steps, self._expected_scheduler_steps()
         if not steps:
-            return Check("scheduler", None, "no learning-rate scheduler stepped in the window")
+            return Check(CheckName.SCHEDULER, None, "no learning-rate scheduler stepped in the window")
         if steps == expected:
-            return Check("scheduler", True, f"the scheduler stepped {steps}× per optimizer step, as it should")
-        return Check("scheduler", False, f"the scheduler stepped {steps}× per optimizer step (expected {expected}): the "
+            return Check(CheckName.SCHEDULER, True, f"the scheduler stepped {steps}× per optimizer step, as it should")
+        return Check(CheckName.SCHEDULER, False, f"the scheduler stepped {steps}× per optimizer step (expected {expected}): the "
                      "schedule runs that much too fast", "step it after optimizer.step() only when "
                      "accelerator.sync_gradients, or prepare it with accelerator.prepare (it then skips while "
                      "accumulating)")

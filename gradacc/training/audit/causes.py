@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from gradacc.training.audit import losses
 from gradacc.training.audit.verdict import (CLIPPED, DIVIDED_TWICE, EXACT, K_TIMES, MISCOUNTED, OTHER_LOSS, SCALED,
                                             SHORT_WINDOW, WEIGHTED, ZEROED, Fit)
+from gradacc.training.audit.vocabulary import Integration, kind_words
 
 # The compute_loss_func gradacc ships for each kind of head (gradacc.audit.<name>).
 LOSS_FUNCS = {losses.CLASSIFICATION: "token_mean_loss", losses.TOKEN: "token_mean_loss",
@@ -39,12 +40,12 @@ ITEMS = {losses.CLASSIFICATION: "its labels other than -100", losses.TOKEN: "its
          losses.FUSED_CAUSAL: "the tokens it predicts, (labels[:, 1:] != -100).sum()"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Evidence:
     """What the audit knows when it names the cause."""
 
-    who: str                      # "trainer", "accelerate" or "loop" (a plain PyTorch loop)
-    kind: str | None
+    who: Integration
+    kind: losses.LossKind | None
     k: int
     micro_batches: int
     num_processes: int
@@ -84,7 +85,7 @@ def name(e: Evidence) -> tuple[str, str, str | None]:
                           "different numbers of items; the window's mean loss weights each by its items "
                           f"(residual {fit.residual:.2g} against the reference, {weighted.residual:.2g} against "
                           "equal weights)", _fix_weighting(e))
-    return (OTHER_LOSS, f"no scale of the window's mean {e.kind or ''} loss (residual {fit.residual:.2g}, "
+    return (OTHER_LOSS, f"no scale of the window's mean {kind_words(e.kind)} loss (residual {fit.residual:.2g}, "
                         f"scale {fit.scale:.3g}) nor of equally weighted micro-batches", _fix_other(e))
 
 
@@ -93,8 +94,8 @@ def _plain_scale(e: Evidence) -> tuple[str, str, str | None]:
     s = f"{fit.scale:.4g}×"
     if fit.near(1):
         return EXACT, "the step applies the gradient of the window's mean loss", None
-    large = k * p if e.who == "trainer" and p > 1 and fit.near(k * p) else k
-    if k > 1 and fit.near(large) or k == 1 and e.who == "trainer" and p > 1 and fit.near(p):
+    large = k * p if e.who == Integration.TRAINER and p > 1 and fit.near(k * p) else k
+    if k > 1 and fit.near(large) or k == 1 and e.who == Integration.TRAINER and p > 1 and fit.near(p):
         times = f"k·P = {k}·{p}" if large != k else f"k = {k}"
         return K_TIMES, f"{s} the window's mean-loss gradient ({times}): {_why_k_times(e)}", _fix_k_times(e)
     if e.counted_items and abs(e.counted_items - e.window_items) > 0.5 and fit.near(e.window_items / e.counted_items):
@@ -135,9 +136,9 @@ def _override_fix(e: Evidence) -> str:
 
 
 def _why_k_times(e: Evidence) -> str:
-    if e.who == "loop":
+    if e.who == Integration.LOOP:
         return "each micro-batch's mean loss was back-propagated as it is, and the window adds up k of them"
-    if e.who == "accelerate":
+    if e.who == Integration.ACCELERATE:
         return ("the loss was back-propagated without Accelerate's ÷k (loss.backward())" if not e.backwards else
                 "the loss handed to accelerator.backward was k× each micro-batch's mean")
     if overrides(e.custom_loss):
@@ -170,12 +171,12 @@ def _loss_func_fix(e: Evidence) -> str | None:
 
 
 def _fix_k_times(e: Evidence) -> str | None:
-    if e.who == "loop":
+    if e.who == Integration.LOOP:
         if e.kind in PER_EXAMPLE:  # equal micro-batches: ÷k is exact; a short last window still needs the items
             return ("divide each micro-batch's mean loss by k before backward(): (loss / k).backward(); on a short "
                     "last window, weight by items instead: " + _loop_items_fix(e))
         return _loop_items_fix(e)
-    if e.who == "accelerate":
+    if e.who == Integration.ACCELERATE:
         return ("call accelerator.backward(loss), which divides by k, not loss.backward()" if not e.backwards else
                 "pass each micro-batch's mean loss to accelerator.backward, as it is")
     return _loss_func_fix(e)
@@ -193,11 +194,11 @@ def _loop_items_fix(e: Evidence) -> str:
 
 
 def _fix_weighting(e: Evidence) -> str | None:
-    if e.who == "loop":
+    if e.who == Integration.LOOP:
         return _loop_items_fix(e)
-    if e.who == "trainer" and e.kind in (losses.DPO, losses.TRAINER_LOSS) and not overrides(e.custom_loss):
+    if e.who == Integration.TRAINER and e.kind in (losses.DPO, losses.TRAINER_LOSS) and not overrides(e.custom_loss):
         return SHORT_MICRO_BATCH
-    if e.who == "trainer":
+    if e.who == Integration.TRAINER:
         return _loss_func_fix(e)
     items = ITEMS.get(e.kind, "its items")
     return ("weight by items: back-propagate each micro-batch's loss summed over its items (reduction='sum'), count "
@@ -207,7 +208,7 @@ def _fix_weighting(e: Evidence) -> str | None:
 
 
 def _fix_miscount(e: Evidence) -> str | None:
-    if e.who == "loop":
+    if e.who == Integration.LOOP:
         return _loop_items_fix(e)
     if e.kind in (losses.CAUSAL, losses.FUSED_CAUSAL):
         return ('set model.loss_type = "ForCausalLM" on the transformers model before building the trainer '
@@ -216,25 +217,25 @@ def _fix_miscount(e: Evidence) -> str | None:
 
 
 def _fix_short_window(e: Evidence) -> str:
-    if e.who == "loop":
+    if e.who == Integration.LOOP:
         return _loop_items_fix(e)
-    if e.who == "trainer":
+    if e.who == Integration.TRAINER:
         return "divide by the window's items (num_items_in_batch), not by k"
     return ("when a window ends early (the epoch's last), multiply its gradients by k ÷ its micro-batches before "
             "optimizer.step(), or weight by items (each micro-batch's summed loss ÷ the window's items × k)")
 
 
 def _fix_twice(e: Evidence) -> str:
-    if e.who == "loop":
+    if e.who == Integration.LOOP:
         return "divide the loss by k once, not twice"
     if e.override:
         return f"remove the ÷k from {e.override}: Trainer divides by k (or num_items_in_batch does)"
-    return ("drop your own ÷k: accelerator.backward(loss) divides by k" if e.who == "accelerate" else
+    return ("drop your own ÷k: accelerator.backward(loss) divides by k" if e.who == Integration.ACCELERATE else
             "do not divide the loss by k yourself: Trainer does (or num_items_in_batch does)")
 
 
 def _fix_scaled(e: Evidence) -> str:
-    if e.who == "loop":
+    if e.who == Integration.LOOP:
         return _loop_items_fix(e)
     if overrides(e.custom_loss):
         return _override_fix(e)
@@ -243,23 +244,23 @@ def _fix_scaled(e: Evidence) -> str:
 
 
 def _fix_clipping(e: Evidence) -> str:
-    if e.who == "loop":
+    if e.who == Integration.LOOP:
         return CLIP_ONCE
     if e.override:
         return (f"remove the clipping from {e.override} and let Trainer clip once per window "
                 "(TrainingArguments(max_grad_norm=...))")
     return ("let Trainer clip once per window (TrainingArguments(max_grad_norm=...)) and remove the clipping from "
-            "training_step" if e.who == "trainer" else
+            "training_step" if e.who == Integration.TRAINER else
             "clip only when accelerator.sync_gradients, right before optimizer.step()")
 
 
 def _fix_zero_grad(e: Evidence) -> str:
     if e.override:
         return f"remove zero_grad from {e.override}: Trainer zeroes the gradients after each optimizer step"
-    if e.who == "loop":
+    if e.who == Integration.LOOP:
         return "call optimizer.zero_grad() right after optimizer.step() only, not before each micro-batch"
     return ("remove zero_grad from training_step: Trainer zeroes the gradients after each optimizer step"
-            if e.who == "trainer" else
+            if e.who == Integration.TRAINER else
             "zero the gradients after optimizer.step() only (the prepared optimizer's zero_grad skips while "
             "accumulating; model.zero_grad() does not)")
 
@@ -269,5 +270,5 @@ def _fix_other(e: Evidence) -> str:
         return "check that loss_fn returns the mean loss over the batch's items the training loss uses"
     return ("if your objective is another loss on purpose, give the audit its per-batch mean (loss_fn=...); else "
             "compute the window's loss as the mean over its items: "
-            + (_loss_func_fix(e) or "each item counted once") if e.who == "trainer" else
+            + (_loss_func_fix(e) or "each item counted once") if e.who == Integration.TRAINER else
             "if your objective is another loss on purpose, give the audit its per-batch mean (loss_fn=...)")

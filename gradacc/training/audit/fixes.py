@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
+from gradacc.conventions import IGNORE_INDEX
+
 
 def _logits(outputs):
     return (outputs["logits"] if isinstance(outputs, dict) else outputs.logits).float()
@@ -26,9 +28,9 @@ def token_mean_loss(outputs, labels, num_items_in_batch=None, label_smoothing=0.
     """A classifier's or a token classifier's cross-entropy (labels line up with the logits, -100 ignored)."""
     logits = _logits(outputs)
     flat = labels.reshape(-1)
-    total = F.cross_entropy(logits.reshape(flat.numel(), -1), flat, ignore_index=-100, reduction="sum",
+    total = F.cross_entropy(logits.reshape(flat.numel(), -1), flat, ignore_index=IGNORE_INDEX, reduction="sum",
                             label_smoothing=label_smoothing)
-    return _divided(total, (flat != -100).sum(), num_items_in_batch)
+    return _divided(total, (flat != IGNORE_INDEX).sum(), num_items_in_batch)
 
 
 def regression_mean_loss(outputs, labels, num_items_in_batch=None):
@@ -49,6 +51,6 @@ def causal_lm_mean_loss(outputs, labels, num_items_in_batch=None, label_smoothin
     ignores ``num_items_in_batch``; set ``model.loss_type = "ForCausalLM"`` too, so Trainer counts labels[..., 1:]."""
     logits = _logits(outputs)[..., :-1, :]
     target = labels[..., 1:]
-    total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100,
+    total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=IGNORE_INDEX,
                             reduction="sum", label_smoothing=label_smoothing)
-    return _divided(total, (target != -100).sum(), num_items_in_batch)
+    return _divided(total, (target != IGNORE_INDEX).sum(), num_items_in_batch)

@@ -34,6 +34,7 @@ from gradacc.training.audit import losses
 from gradacc.training.audit.capture import Patches, Recorder, WindowLog, micro_batches
 from gradacc.training.audit.measure import Setup, measure
 from gradacc.training.audit.verdict import NOT_JUDGED, Check, Verdict, publish
+from gradacc.training.audit.vocabulary import CheckName, Integration
 from gradacc.training.compat.torch import ddp_syncs_next_backward
 
 WATCHING, JUDGED, DONE = "watching", "judged", "done"
@@ -85,14 +86,14 @@ class LoopAudit:
         forwards = self.recorder.forwards
         rule = losses.LossRule(losses.USER_LOSS if self.loss_fn else None, loss_fn=self.loss_fn)
         no_sync = self._ddp.no_sync if self._ddp is not None else None  # the replays all-reduce nothing
-        setup = Setup(who="loop", module=self.module, recorder=self.recorder, k=self._micro_batch_count(),
+        setup = Setup(who=Integration.LOOP, module=self.module, recorder=self.recorder, k=self._micro_batch_count(),
                       num_processes=_processes() if self._shares_gradients() else 1, precision="fp32", rule=rule,
                       custom_loss="loss_fn" if self.loss_fn else None, no_sync=no_sync or contextlib.nullcontext,
                       model_name=losses.model_name(self.module))
         try:
             self._verdict = measure(setup, micro_batches(forwards), self.log)
         except Exception as error:  # attached to any loop by `gradacc audit --`: the audit never breaks the run
-            self._verdict = Verdict(who="loop", kind=None, k=setup.k, micro_batches=setup.k,
+            self._verdict = Verdict(who=Integration.LOOP, kind=None, k=setup.k, micro_batches=setup.k,
                                     num_processes=setup.num_processes, precision="fp32", gradient=NOT_JUDGED,
                                     meaning=f"the audit could not replay this loop ({type(error).__name__}: {error})",
                                     model=setup.model_name)
@@ -121,7 +122,7 @@ class LoopAudit:
         if self.synced:
             count = sum(self.synced)
             ok = count <= 1
-            checks.append(Check("sync", ok, f"gradients all-reduced in {count} of {len(self.synced)} micro-batches",
+            checks.append(Check(CheckName.SYNC, ok, f"gradients all-reduced in {count} of {len(self.synced)} micro-batches",
                                 None if ok else "run the window's micro-batches before its last inside "
                                 "`with model.no_sync():` (DDP all-reduces every backward otherwise)"))
         self._verdict = replace(self._verdict, checks=self._verdict.checks + tuple(checks))
@@ -138,7 +139,7 @@ class LoopAudit:
         count = self._micro_batch_count()
         ran = (f"the loop ran {count} forward{'s' if count != 1 else ''} of the model with gradients on"
                if count else "the model ran no forward with gradients on")
-        return Verdict(who="loop", kind=None, k=0, micro_batches=count, num_processes=_processes(),
+        return Verdict(who=Integration.LOOP, kind=None, k=0, micro_batches=count, num_processes=_processes(),
                        precision="fp32", gradient=NOT_JUDGED, meaning=f"{ran} and optimizer.step() never ran",
                        model=losses.model_name(self.module))
 
@@ -164,10 +165,10 @@ def _processes() -> int:
 
 def _scheduler_check(steps: int) -> Check:
     if not steps:
-        return Check("scheduler", None, "no learning-rate scheduler stepped in the window")
+        return Check(CheckName.SCHEDULER, None, "no learning-rate scheduler stepped in the window")
     if steps == 1:
-        return Check("scheduler", True, "the scheduler stepped once per optimizer step")
-    return Check("scheduler", False, f"the scheduler stepped {steps}× per optimizer step: the schedule runs {steps}× "
+        return Check(CheckName.SCHEDULER, True, "the scheduler stepped once per optimizer step")
+    return Check(CheckName.SCHEDULER, False, f"the scheduler stepped {steps}× per optimizer step: the schedule runs {steps}× "
                  "too fast", "call scheduler.step() right after optimizer.step(), once per window")
 
 

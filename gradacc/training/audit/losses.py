@@ -15,13 +15,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-CLASSIFICATION, MULTI_LABEL, REGRESSION, TOKEN, CAUSAL = (
-    "classifier", "multi-label classifier", "regression head", "token classifier", "causal LM")
-FUSED_CAUSAL = "causal LM (TRL's fused head)"
-TRAINER_LOSS = "the trainer's own loss"   # no labels in the batch: the trainer's compute_loss, replayed, is the loss
-USER_LOSS = "your loss_fn"
-DPO = "DPO's loss"  # TRL's DPOTrainer: computed here from the policy's and the reference's log-probabilities
-KINDS = (CLASSIFICATION, MULTI_LABEL, REGRESSION, TOKEN, CAUSAL, FUSED_CAUSAL, TRAINER_LOSS, USER_LOSS, DPO)
+from gradacc.conventions import IGNORE_INDEX
+from gradacc.training.audit.vocabulary import LossKind
+
+# The kinds by their short names (gradacc.training.audit.vocabulary.LossKind).
+CLASSIFICATION, MULTI_LABEL, REGRESSION = LossKind.CLASSIFICATION, LossKind.MULTI_LABEL, LossKind.REGRESSION
+TOKEN, CAUSAL, FUSED_CAUSAL = LossKind.TOKEN, LossKind.CAUSAL, LossKind.FUSED_CAUSAL
+TRAINER_LOSS, USER_LOSS, DPO = LossKind.TRAINER_LOSS, LossKind.USER_LOSS, LossKind.DPO
+KINDS = tuple(LossKind)
 # DPO's pair losses the audit computes itself, as TRL documents them (DPOConfig.loss_type).
 DPO_LOSS_TYPES = ("sigmoid", "hinge", "robust")
 
@@ -90,16 +91,16 @@ def summed(kind: str, output, labels, shift_labels=None, label_smoothing: float 
     logits = logits.float()
     if kind == CAUSAL:
         if shift_labels is None:  # the labels shifted, not the logits: no copy of a (tokens × vocabulary) tensor
-            shift_labels = F.pad(labels, (0, 1), value=-100)[..., 1:]
+            shift_labels = F.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:]
         target = shift_labels.reshape(-1)
-        total = F.cross_entropy(logits.reshape(target.numel(), -1), target, ignore_index=-100, reduction="sum",
+        total = F.cross_entropy(logits.reshape(target.numel(), -1), target, ignore_index=IGNORE_INDEX, reduction="sum",
                                 label_smoothing=label_smoothing)
-        return total, int((target != -100).sum())
+        return total, int((target != IGNORE_INDEX).sum())
     if kind in (CLASSIFICATION, TOKEN):
         flat = labels.reshape(-1)
-        total = F.cross_entropy(logits.reshape(flat.numel(), -1), flat, ignore_index=-100, reduction="sum",
+        total = F.cross_entropy(logits.reshape(flat.numel(), -1), flat, ignore_index=IGNORE_INDEX, reduction="sum",
                                 label_smoothing=label_smoothing)
-        return total, int((flat != -100).sum())
+        return total, int((flat != IGNORE_INDEX).sum())
     if kind == REGRESSION:
         values = logits.squeeze() if logits.numel() == labels.numel() else logits
         return F.mse_loss(values.reshape(labels.shape), labels.float(), reduction="sum"), labels.numel()
@@ -111,9 +112,9 @@ def summed(kind: str, output, labels, shift_labels=None, label_smoothing: float 
 def items(kind: str, labels, shift_labels=None) -> int:
     """The items a micro-batch's loss averages over (without running the model)."""
     if kind in (CAUSAL, FUSED_CAUSAL):
-        return int(((shift_labels if shift_labels is not None else labels[..., 1:]) != -100).sum())
+        return int(((shift_labels if shift_labels is not None else labels[..., 1:]) != IGNORE_INDEX).sum())
     if kind in (CLASSIFICATION, TOKEN):
-        return int((labels != -100).sum())
+        return int((labels != IGNORE_INDEX).sum())
     return labels.numel()
 
 

@@ -25,14 +25,16 @@ from gradacc.training.audit import causes, losses
 from gradacc.training.audit.capture import MicroBatch, Recorder, WindowLog
 from gradacc.training.audit.reference import NotReplayable, Replayer, set_aside
 from gradacc.training.audit.verdict import NOT_JUDGED, Check, Fit, Verdict, clip_check
+from gradacc.training.audit.vocabulary import CheckName, Integration, kind_words
 from gradacc.training.gradients import projection
+from gradacc.training.tolerances import OWN_LOSS
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Setup:
     """How to measure one loop's window."""
 
-    who: str                         # "trainer", "accelerate" or "loop"
+    who: Integration
     module: object                   # the model whose forwards were recorded (replays call it)
     recorder: Recorder
     k: int                           # the configured accumulation steps
@@ -117,11 +119,13 @@ def measure(setup: Setup, micro_batches: list[MicroBatch], log: WindowLog, backw
         loss_ratio = own_loss_ratio(micro_batches, reference, counted_items, precision, setup.k)
         if loss_ratio is None:
             return Verdict(gradient=NOT_JUDGED, kind=reference.kind, meaning=(
-                f"the loss {setup.custom_loss} returns is not the model's own {reference.kind} loss, nor one constant "
+                f"the loss {setup.custom_loss} returns is not the model's own {kind_words(reference.kind)} loss, nor one constant "
                 "multiple of it in every micro-batch: the audit cannot judge another objective against it; give it "
                 "your loss, audit_trainer(trainer, loss_fn=lambda model, batch: (summed loss, items))"), **base)
-    evidence = causes.Evidence(setup.who, reference.kind, setup.k, j, setup.num_processes, fit, weighted,
-                               window_items, counted_items, clips, zero_grads, backwards, setup.custom_loss,
+    evidence = causes.Evidence(who=setup.who, kind=reference.kind, k=setup.k, micro_batches=j,
+                               num_processes=setup.num_processes, fit=fit, weighted_fit=weighted,
+                               window_items=window_items, counted_items=counted_items, clips=clips,
+                               zero_grads=zero_grads, backwards=backwards, custom_loss=setup.custom_loss,
                                loss_ratio=loss_ratio, override=setup.override)
     gradient, meaning, fix = causes.name(evidence)
     if replayer.smoothing_kept:
@@ -144,7 +148,7 @@ def own_loss_ratio(micro_batches: list[MicroBatch], reference, counted: float | 
     summed, items = reference.losses, reference.items
     if None in returned or len(returned) != len(summed) or not all(summed):
         return None
-    tolerance = {"fp32": 1e-3}.get(precision, 3e-2)
+    tolerance = OWN_LOSS[precision]
     candidates = [[r / (s / n) for r, s, n in zip(returned, summed, items)]]  # × each micro-batch's mean
     if counted:
         candidates.append([r / (s / counted) for r, s in zip(returned, summed)])  # × the window-normalised sum
@@ -172,9 +176,9 @@ def replayed_loss(setup: Setup) -> str:
 def _smoothing_check(kept: bool, rule: losses.LossRule, kind: str) -> Check:
     epsilon = rule.label_smoothing
     if kept:
-        return Check("objective", True, f"compute_loss_func keeps label_smoothing_factor={epsilon:g}")
+        return Check(CheckName.OBJECTIVE, True, f"compute_loss_func keeps label_smoothing_factor={epsilon:g}")
     func = causes.LOSS_FUNCS.get(kind)
-    return Check("objective", False, f"Trainer drops label smoothing when compute_loss_func is set: "
+    return Check(CheckName.OBJECTIVE, False, f"Trainer drops label smoothing when compute_loss_func is set: "
                  f"label_smoothing_factor={epsilon:g} is not in the loss it trains on",
                  f"pass compute_loss_func=functools.partial(gradacc.audit.{func}, label_smoothing={epsilon:g})"
                  if func in ("token_mean_loss", "causal_lm_mean_loss") else
@@ -183,7 +187,7 @@ def _smoothing_check(kept: bool, rule: losses.LossRule, kind: str) -> Check:
 
 
 def copies_check(processes: int) -> Check:
-    return Check("processes", False, f"{processes} processes launched, each training alone: no gradients are shared",
+    return Check(CheckName.PROCESSES, False, f"{processes} processes launched, each training alone: no gradients are shared",
                  "on a CPU, launch your script as " + distributed.CPU_LAUNCH.format(processes=processes)
                  + " (accelerate launch --multi_gpu starts separate copies there)")
 

@@ -16,9 +16,8 @@ import torch
 from gradacc.training.audit import losses
 from gradacc.training.audit.capture import MicroBatch, RandomState, Recorder, detached
 from gradacc.training.compat import trl
+from gradacc.training.tolerances import AGREE
 
-# Relative tolerance of the model's own loss against the hand-made one, by precision.
-AGREE = {"fp32": 1e-4, "bf16": 2e-2, "fp16": 2e-2}
 
 
 class NotReplayable(Exception):

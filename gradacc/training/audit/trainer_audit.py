@@ -21,11 +21,11 @@ from gradacc.training.audit import losses
 from gradacc.training.audit.capture import MicroBatch, Patches, RandomState, Recorder, WindowLog, detached
 from gradacc.training.audit.measure import Setup, measure
 from gradacc.training.audit.verdict import NOT_JUDGED, Check, Verdict, publish
+from gradacc.training.audit.vocabulary import CheckName, Integration
 from gradacc.training.compat import transformers as compat_transformers
 from gradacc.training.compat import trl
+from gradacc.training.tolerances import LOGGED
 
-# How far the logged loss may be from the window's mean loss, by precision.
-LOGGED = {"fp32": 1e-3, "bf16": 2e-2, "fp16": 2e-2}
 # Trainers whose objective is not a loss of the model's outputs against labels: reinforcement learning's surrogates,
 # normalised their own way over generation batches. Not judged against a loss they do not train on.
 RL_TRAINERS = {"GRPOTrainer": "a clipped policy-gradient surrogate over sampled completions",
@@ -140,18 +140,19 @@ class _Window:
         else:  # Trainer's own loss, its label smoothing included
             rule, custom = losses.LossRule(None, label_smoothing=smoothing), None
         wrapped = trainer.model_wrapped
-        setup = Setup("trainer", trainer.model, self.recorder, args.gradient_accumulation_steps, args.world_size,
-                      "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32", rule, custom, trainer,
-                      wrapped.no_sync if wrapped is not trainer.model and hasattr(wrapped, "no_sync")
-                      else contextlib.nullcontext, losses.model_name(trainer.model), override=override)
+        setup = Setup(who=Integration.TRAINER, module=trainer.model, recorder=self.recorder,
+                      k=args.gradient_accumulation_steps, num_processes=args.world_size, precision=_precision(args),
+                      rule=rule, custom_loss=custom, trainer=trainer,
+                      no_sync=wrapped.no_sync if wrapped is not trainer.model and hasattr(wrapped, "no_sync")
+                      else contextlib.nullcontext, model_name=losses.model_name(trainer.model), override=override)
         counted = next((m.counted_items for m in self.micro_batches if m.counted_items is not None), None)
         self.verdict = measure(setup, self.micro_batches, self.log, counted_items=counted)
 
     def _not_judged(self, meaning: str) -> Verdict:
         args = self.trainer.args
-        return Verdict(who="trainer", kind=None, k=args.gradient_accumulation_steps,
+        return Verdict(who=Integration.TRAINER, kind=None, k=args.gradient_accumulation_steps,
                        micro_batches=len(self.micro_batches), num_processes=args.world_size,
-                       precision="bf16" if args.bf16 else "fp16" if args.fp16 else "fp32", gradient=NOT_JUDGED,
+                       precision=_precision(args), gradient=NOT_JUDGED,
                        meaning=meaning, model=losses.model_name(self.trainer.model))
 
     def finish(self, state) -> Verdict | None:
@@ -172,12 +173,16 @@ class _Window:
         return verdict
 
 
+def _precision(args) -> str:
+    return "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+
+
 def _scheduler_check(steps: int) -> Check:
     if not steps:
-        return Check("scheduler", None, "no learning-rate scheduler stepped")
+        return Check(CheckName.SCHEDULER, None, "no learning-rate scheduler stepped")
     if steps == 1:
-        return Check("scheduler", True, "the scheduler stepped once per optimizer step")
-    return Check("scheduler", False, f"the scheduler stepped {steps}× per optimizer step: the schedule runs {steps}× "
+        return Check(CheckName.SCHEDULER, True, "the scheduler stepped once per optimizer step")
+    return Check(CheckName.SCHEDULER, False, f"the scheduler stepped {steps}× per optimizer step: the schedule runs {steps}× "
                  "too fast", "let Trainer step it (once per optimizer step), not training_step or compute_loss")
 
 
@@ -188,10 +193,10 @@ def _logged_loss_check(logged: float, verdict: Verdict, override: str | None) ->
     detail = f"the logged loss is {ratio:.4g}× the window's mean loss ({logged:.4g} vs {verdict.window_loss:.4g})"
     tolerance = LOGGED[verdict.precision]
     if abs(ratio - 1) <= tolerance:
-        return Check("logged_loss", True, detail)
+        return Check(CheckName.LOGGED_LOSS, True, detail)
     if verdict.fit is not None and abs(ratio - verdict.fit.scale) <= tolerance * max(1.0, ratio):
-        return Check("logged_loss", False, detail + ", by the gradient's own cause")
-    return Check("logged_loss", False, detail, f"return from {override or 'training_step'} the loss on the scale it "
+        return Check(CheckName.LOGGED_LOSS, False, detail + ", by the gradient's own cause")
+    return Check(CheckName.LOGGED_LOSS, False, detail, f"return from {override or 'training_step'} the loss on the scale it "
                  "is back-propagated (Trainer logs the sum of what training_step returns over the window)")
 
 

@@ -14,27 +14,15 @@ import json
 import logging
 from dataclasses import asdict, dataclass
 
+from gradacc.training.audit.vocabulary import Cause, CheckName, Integration, LossKind, words
+from gradacc.training.tolerances import FLOOR, NOISE, Z
+
 logger = logging.getLogger("gradacc.audit")
 
-Z = 4.0
-# |s − 1| always taken as exact: fp32 recomputation order (~1e-7), bf16/fp16 replays of a correct run measured within
-# 6e-5 of 1 and the bias of bf16 against fp32 within 1.2e-3 (docs/audit.md); a 1 % error stays well outside.
-FLOOR = {"fp32": 1e-4, "bf16": 2e-3, "fp16": 2e-3}
-# Residual ‖g − s·r‖ / ‖r‖ taken as rounding noise: fp32 replays agree to ~1e-7; bf16 replays of correct runs
-# measured at most 0.0047 (4× that is the ceiling). Above it the step is no scale of the reference.
-NOISE = {"fp32": 1e-3, "bf16": 2e-2, "fp16": 2e-2}
-
-EXACT = "exact"
-K_TIMES = "k× too large"
-DIVIDED_TWICE = "k× too small"
-SHORT_WINDOW = "short window ÷ configured k"
-MISCOUNTED = "items miscounted"
-WEIGHTED = "weighted by micro-batch, not by item"
-CLIPPED = "changed by clipping"
-ZEROED = "zeroed inside the window"
-SCALED = "scaled"
-OTHER_LOSS = "not the window's mean loss"
-NOT_JUDGED = "not judged"
+# The causes by their short names (gradacc.training.audit.vocabulary.Cause; tests and benchmarks compare them).
+EXACT, K_TIMES, DIVIDED_TWICE, SHORT_WINDOW = Cause.EXACT, Cause.K_TIMES, Cause.DIVIDED_TWICE, Cause.SHORT_WINDOW
+MISCOUNTED, WEIGHTED, CLIPPED, ZEROED = Cause.MISCOUNTED, Cause.WEIGHTED, Cause.CLIPPED, Cause.ZEROED
+SCALED, OTHER_LOSS, NOT_JUDGED = Cause.SCALED, Cause.OTHER_LOSS, Cause.NOT_JUDGED
 
 
 @dataclass(frozen=True)
@@ -64,7 +52,7 @@ class Fit:
 class Check:
     """One more thing the window did: ``ok`` None when there was nothing to judge."""
 
-    name: str
+    name: CheckName
     ok: bool | None
     detail: str
     fix: str | None = None
@@ -72,13 +60,13 @@ class Check:
 
 @dataclass(frozen=True)
 class Verdict:
-    who: str                       # "trainer", "accelerate" or "loop"
-    kind: str | None               # the model's loss kind (losses.KINDS)
+    who: Integration
+    kind: LossKind | None          # the model's loss kind
     k: int                         # the configured accumulation steps
     micro_batches: int             # in the audited window (this process)
     num_processes: int
     precision: str
-    gradient: str                  # the cause, one of the names above
+    gradient: Cause
     meaning: str
     fix: str | None = None
     fit: Fit | None = None
@@ -102,7 +90,7 @@ class Verdict:
 
     @property
     def problems(self) -> tuple:
-        gradient = () if self.gradient in (EXACT, NOT_JUDGED) else (f"gradient {self.gradient}",)
+        gradient = () if self.gradient in (EXACT, NOT_JUDGED) else (f"gradient {words(self.gradient)}",)
         return gradient + tuple(check.detail for check in self.checks if check.ok is False)
 
     @property
@@ -116,7 +104,8 @@ class Verdict:
 
     def as_dict(self) -> dict:
         out = asdict(self)
-        out.update(ok=self.ok, judged=self.judged, problems=list(self.problems), line=self.line)
+        out.update(ok=self.ok, judged=self.judged, problems=list(self.problems), line=self.line,
+                   gradient_words=words(self.gradient))
         return out
 
     def check(self, name: str) -> Check | None:
@@ -134,8 +123,8 @@ def summary_line(verdict: Verdict) -> str:
                 f"{fit.rel_error:.1e}, k={verdict.k}, {verdict.precision}{against})")
     parts = []
     if verdict.gradient != EXACT:
-        parts.append(f"gradient {verdict.gradient}: {verdict.meaning}" + (f". Fix: {verdict.fix}" if verdict.fix
-                                                                          else ""))
+        parts.append(f"gradient {words(verdict.gradient)}: {verdict.meaning}" + (f". Fix: {verdict.fix}"
+                                                                                 if verdict.fix else ""))
     for check in verdict.checks:
         if check.ok is False:
             parts.append(check.detail + (f". Fix: {check.fix}" if check.fix else ""))
@@ -150,17 +139,18 @@ def publish(verdict: Verdict, json_path=None) -> None:
             json.dump(verdict.as_dict(), file, default=str)
 
 
-def clip_check(clips: tuple, micro_batches: int, who: str) -> Check:
+def clip_check(clips: tuple, micro_batches: int, who: Integration) -> Check:
     """Clipping, as what it did: the norm before and after each call, and after which micro-batch it ran."""
     if not clips:
-        return Check("clipping", None, "no clipping in the window")
+        return Check(CheckName.CLIPPING, None, "no clipping in the window")
     said = ", ".join(f"after micro-batch {c.after_micro_batch}: {c.norm_before:.3g} → {c.norm_after:.3g}"
                      for c in clips)
     early = [c for c in clips if c.after_micro_batch < micro_batches]
     if not early:
-        return Check("clipping", True, f"clipped once, after the window ({said})")
-    fix = {"trainer": "let Trainer clip once per window (TrainingArguments(max_grad_norm=...)), not training_step",
-           "loop": "clip once per window: after the window's last backward, right before optimizer.step()"}.get(
+        return Check(CheckName.CLIPPING, True, f"clipped once, after the window ({said})")
+    fix = {Integration.TRAINER: "let Trainer clip once per window (TrainingArguments(max_grad_norm=...)), not "
+                                "training_step",
+           Integration.LOOP: "clip once per window: after the window's last backward, right before optimizer.step()"}.get(
         who, "clip only when accelerator.sync_gradients, right before optimizer.step()")
-    return Check("clipping", False, f"clipping ran inside the window ({said})", fix)
+    return Check(CheckName.CLIPPING, False, f"clipping ran inside the window ({said})", fix)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from gradacc.conventions import IGNORE_INDEX
 from gradacc.events import BASELINE_METRICS
 from gradacc.training import distributed
 from gradacc.training.fsdp import is_sharded
@@ -48,7 +49,7 @@ def _evaluate(model: torch.nn.Module, job) -> dict:
         batch = to_device(job.collate(chunk), job.device)
         outputs = model(**batch)
         total_loss += float(outputs.loss) * len(chunk)
-        labelled = batch["labels"] != -100  # token labels: skip padding and special tokens
+        labelled = batch["labels"] != IGNORE_INDEX  # token labels: skip padding and special tokens
         predictions.extend(outputs.logits.argmax(-1)[labelled].tolist())
         labels.extend(batch["labels"][labelled].tolist())
     model.train(was_training)
@@ -63,7 +64,7 @@ def _evaluate_causal_lm(model: torch.nn.Module, job, was_training: bool) -> dict
         batch = to_device(job.collate(job.eval_examples[start:start + EVAL_BATCH_SIZE]), job.device)
         logits = model(**{key: value for key, value in batch.items() if key != "labels"}).logits
         token_losses, predicted, target = next_token_predictions(logits, batch["labels"])
-        kept = target != -100
+        kept = target != IGNORE_INDEX
         losses.extend(token_losses[kept].tolist())
         predictions.extend(predicted[kept].tolist())
         targets.extend(target[kept].tolist())
@@ -74,7 +75,7 @@ def _evaluate_causal_lm(model: torch.nn.Module, job, was_training: bool) -> dict
 def next_token_predictions(logits: torch.Tensor, labels: torch.Tensor):
     """Per position of a causal LM's output: the loss of the next token, the predicted next token, and the
     next token itself (-100 where there is none). The same shift ``*ForCausalLM`` applies to its labels."""
-    target = torch.nn.functional.pad(labels[..., 1:], (0, 1), value=-100)
-    token_losses = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), target, ignore_index=-100,
+    target = torch.nn.functional.pad(labels[..., 1:], (0, 1), value=IGNORE_INDEX)
+    token_losses = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), target, ignore_index=IGNORE_INDEX,
                                                      reduction="none")
     return token_losses, logits.argmax(-1), target

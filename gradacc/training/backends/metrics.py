@@ -8,6 +8,8 @@ import math
 import numpy as np
 from sklearn.metrics import accuracy_score, f1_score
 
+from gradacc.conventions import IGNORE_INDEX
+
 
 def classification_metrics(predictions, labels, num_labels: int) -> dict:
     """Scores over labelled items; -100 marks items without a label (padding, special tokens).
@@ -17,7 +19,7 @@ def classification_metrics(predictions, labels, num_labels: int) -> dict:
     labels the model predicted (1: one label for every example, whatever its F1).
     """
     predictions, labels = np.asarray(predictions), np.asarray(labels)
-    labelled = labels != -100
+    labelled = labels != IGNORE_INDEX
     predictions, labels = predictions[labelled], labels[labelled]
     majority = np.full_like(labels, np.bincount(labels).argmax() if labels.size else 0)
     return {"accuracy": float(accuracy_score(labels, predictions)), "f1": _f1(labels, predictions, num_labels),
@@ -37,7 +39,7 @@ def language_model_metrics(token_losses, predictions, targets) -> dict:
     batching), its perplexity, and next-token accuracy. ``targets`` are the tokens predicted at each
     position (-100 where nothing is)."""
     token_losses, predictions, targets = np.asarray(token_losses), np.asarray(predictions), np.asarray(targets)
-    predicted = targets != -100
+    predicted = targets != IGNORE_INDEX
     if not predicted.any():
         return {"eval_loss": float("nan"), "eval_perplexity": float("nan"), "eval_next_token_accuracy": float("nan")}
     loss = float(token_losses[predicted].astype(np.float64).mean())

@@ -27,6 +27,7 @@ from accelerate.utils import FullyShardedDataParallelPlugin
 from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
 
 from gradacc.choices import PER_MICRO_BATCH
+from gradacc.conventions import IGNORE_INDEX
 from gradacc.errors import RunStopped
 from gradacc.events import BASELINE_METRICS
 from gradacc.training import fsdp
@@ -56,9 +57,9 @@ def make_loss_function(normalization: str, grad_accum_steps: int, num_processes:
         logits = outputs["logits"]
         if causal_lm:
             logits, labels = logits[..., :-1, :], labels[..., 1:]
-        summed = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=-100,
-                                 reduction="sum")
-        items = (labels != -100).sum().clamp(min=1)  # summed is 0 then too
+        summed = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
+                                 ignore_index=IGNORE_INDEX, reduction="sum")
+        items = (labels != IGNORE_INDEX).sum().clamp(min=1)  # summed is 0 then too
         weight = loss_weight(normalization, items, num_items_in_batch, grad_accum_steps, num_processes)
         return summed / items * weight / num_processes
 
@@ -246,7 +247,7 @@ def train(job) -> None:
         def compute_lm_metrics(eval_prediction):
             # Batches are concatenated padded with -100 on the right, which keeps position t beside token t+1.
             per_token, labels = eval_prediction.predictions, eval_prediction.label_ids
-            targets = np.pad(labels[:, 1:], ((0, 0), (0, 1)), constant_values=-100)
+            targets = np.pad(labels[:, 1:], ((0, 0), (0, 1)), constant_values=IGNORE_INDEX)
             scores = language_model_metrics(per_token[..., 0], per_token[..., 1].astype(np.int64), targets)
             return {"token_loss": scores["eval_loss"], "perplexity": scores["eval_perplexity"],
                     "next_token_accuracy": scores["eval_next_token_accuracy"]}

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from gradacc import paths
 from gradacc.choices import CAUSAL_LM
+from gradacc.conventions import IGNORE_INDEX
 from gradacc.config import RunConfig
 from gradacc.errors import GradaccError, one_line
 from gradacc.training.sources import builtin_data, hub
@@ -224,7 +225,7 @@ def tokenize_causal_lm(tokenizer, texts: list[str], max_length: int):
     for i in range(len(texts)):
         ids = encoded["input_ids"][i]
         examples.append({"input_ids": ids, "attention_mask": encoded["attention_mask"][i],
-                         "labels": [-100] + list(ids[1:])})
+                         "labels": [IGNORE_INDEX] + list(ids[1:])})
     return examples, truncated
 
 
@@ -232,7 +233,7 @@ def item_count(example: dict) -> int:
     """Items an example adds to the loss: 1 for a sequence label (or a contrastive pair), its labelled tokens
     for token labels (for a causal LM: the tokens it predicts)."""
     labels = example.get("labels")
-    return sum(1 for l in labels if l != -100) if isinstance(labels, list) else 1
+    return sum(1 for l in labels if l != IGNORE_INDEX) if isinstance(labels, list) else 1
 
 
 def shuffled(examples: list, seed: int) -> list:

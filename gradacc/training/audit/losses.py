@@ -119,9 +119,11 @@ class LossRule:
     """How the audit gets a micro-batch's summed loss and its items (``measure`` holds the replay):
 
     ``kind``: one of KINDS. ``compute_loss_func``: a Trainer's own one, called with the micro-batch's items (its
-    mean), then × the items; ``label_smoother`` likewise; ``loss_fn(model, batch)``: the user's mean loss."""
+    mean), then × the items; ``label_smoother`` likewise; ``loss_fn(model, batch)``: the user's mean loss, or with
+    ``loss_fn_sums`` (Lightning's AuditCallback) its (summed loss, items), the items then counted by the replay."""
 
     kind: str
     compute_loss_func: object = None
     label_smoother: object = None
     loss_fn: object = None
+    loss_fn_sums: bool = False

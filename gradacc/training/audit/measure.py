@@ -81,9 +81,17 @@ def measure(setup: Setup, micro_batches: list[MicroBatch], log: WindowLog, backw
         with set_aside(setup.module, setup.trainer), setup.no_sync():
             device = next(iter(applied.values())).device
             items = replayer.count(micro_batches)
-            window_items = distributed.sum_over_ranks([float(sum(items))], device)[0]
-            # ÷ the window's items, as a right run divides: a right run's gradient comes back bit for bit in bf16 too.
-            reference = replayer.replay(micro_batches, [window_items] * j)
+            if None in items:  # a loss_fn that gives its items (Lightning's): summed, then ÷ the window's items
+                reference = replayer.replay(micro_batches, [1.0] * j)
+                items = list(reference.items)
+                window_items = distributed.sum_over_ranks([float(sum(items))], device)[0]
+                for p in params.values():
+                    if p.grad is not None:
+                        p.grad.div_(window_items)
+            else:
+                window_items = distributed.sum_over_ranks([float(sum(items))], device)[0]
+                # ÷ the window's items, as a right run divides: a right run's gradient comes back bit for bit in bf16
+                reference = replayer.replay(micro_batches, [window_items] * j)
             seconds = time.perf_counter() - started  # the replay: one forward+backward of the window
             window_loss = distributed.sum_over_ranks([reference.summed_loss], device)[0]
             # The scales a cause would give, measured in the projection's one pass: k (k·P), 1/k, j/k, N/N′.

@@ -78,6 +78,8 @@ class Replayer:
 
     def count(self, micro_batches: list[MicroBatch]) -> list[int]:
         """Each micro-batch's items: as its loss counts them (the kind's rule), or its rows for a trainer's own loss."""
+        if self.rule.loss_fn_sums:  # loss_fn gives each micro-batch's items with its loss: counted by the replay
+            return [None] * len(micro_batches)
         if self.kind in (losses.TRAINER_LOSS, losses.USER_LOSS):
             return [self._user_count(m) for m in micro_batches]
         labels, shift = _labels(micro_batches[0])
@@ -111,6 +113,9 @@ class Replayer:
             batch = micro_batch.inputs or forward.kwargs
             mean = self._run(index, micro_batch, forward.rng, forward.autocast,
                              lambda: self.rule.loss_fn(self.module, detached(batch)), first_only=True)
+            if self.rule.loss_fn_sums:
+                summed, count = mean
+                return summed, int(count)
             count = self._user_count(micro_batch)
             return mean * count, count
         output = self._forward(index, micro_batch)

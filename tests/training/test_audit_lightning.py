@@ -3,6 +3,9 @@ accumulate_grad_batches=k)``), with ``callbacks=[AuditCallback()]``: each verdic
 (audit_truth.py: the window's mean loss over its items, from the logits by hand in float64), each cause's fix applied
 to the same module and judged exact, and the audited run bit-identical to one without the callback."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,6 +16,7 @@ L = pytest.importorskip("lightning", reason="gradacc.audit's Lightning tests nee
 from audit_support import K, lm_collator, lm_data, llama  # noqa: E402 (after the skip: lightning is optional)
 from audit_truth import Truth  # noqa: E402
 from gradacc.training.audit import verdict as V  # noqa: E402
+from support import ROOT  # noqa: E402
 
 
 # -- the user's scripts -------------------------------------------------------------------------------------------
@@ -238,3 +242,24 @@ def test_the_epochs_short_last_window_is_named_when_asked_for():
 def test_a_loss_outside_a_model_the_audit_knows_asks_for_loss_fn():
     verdict, *_ = run(Classifier, classification_data(32), max_steps=1)
     assert not verdict.judged and "AuditCallback(loss_fn=" in verdict.meaning, verdict.line
+
+
+def test_gradacc_audit_attaches_the_callback_to_a_lightning_script_unchanged():
+    """tests/training/audit_scripts/lightning_train.py, a Lightning user's script with nothing of gradacc in it: its
+    token means per micro-batch fail the CI step (exit 3); its fix, run with ``import pytorch_lightning as L``, is
+    exact (exit 0)."""
+    script = str(ROOT / "tests" / "training" / "audit_scripts" / "lightning_train.py")
+
+    def gradacc_audit(*args):
+        return subprocess.run([sys.executable, "-m", "gradacc", "audit", "--strict", "--", sys.executable, script,
+                               *args], capture_output=True, text=True, cwd=ROOT, timeout=240)
+
+    wrong = gradacc_audit()
+    lines = [line for line in wrong.stdout.splitlines() if line.startswith("gradacc audit")]
+    assert wrong.returncode == 3 and len(lines) == 1, wrong.stdout + wrong.stderr[-3000:]
+    assert lines[0].startswith("gradacc audit (lightning, LlamaForCausalLM): gradient weighted by micro-batch")
+    pytest.importorskip("pytorch_lightning", reason="lightning's own dependency; the fix runs on it")
+    fixed = gradacc_audit("--fixed", "--pytorch-lightning")
+    lines = [line for line in fixed.stdout.splitlines() if line.startswith("gradacc audit")]
+    assert fixed.returncode == 0 and len(lines) == 1, fixed.stdout + fixed.stderr[-3000:]
+    assert lines[0].startswith("gradacc audit (lightning, LlamaForCausalLM): exact")

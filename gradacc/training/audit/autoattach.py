@@ -1,11 +1,13 @@
 """``gradacc audit -- python train.py ARGS``: the user's script runs unchanged, and the audit attaches itself to every
-``Trainer`` it builds (TRL's trainers too: they call ``Trainer.__init__``) and to every Accelerate loop it prepares.
+``Trainer`` it builds (TRL's trainers too: they call ``Trainer.__init__``), to every Accelerate loop it prepares and to
+every Lightning ``Trainer`` it builds (``lightning`` or ``pytorch_lightning``: an ``AuditCallback`` in its callbacks).
 
 The command puts ``site/`` first on the script's PYTHONPATH and names a folder in ``GRADACC_AUDIT_DIR``; Python
 then imports ``site/sitecustomize.py`` at start-up, which calls ``install()``: a finder on ``sys.meta_path`` that,
 when (and only if) the script imports ``transformers.trainer`` or ``accelerate.accelerator``, patches
 ``Trainer.__init__`` (``audit_trainer(self)``) and ``Accelerator.prepare`` (``audit_accelerate`` once a model and its
-optimizer are prepared, except for a Trainer's own accelerator). Each verdict is written to that folder as one JSON
+optimizer are prepared, except for a Trainer's own accelerator); when it imports Lightning's trainer module, its
+``Trainer.__init__`` (an ``AuditCallback`` added to ``callbacks``). Each verdict is written to that folder as one JSON
 file, which the command reads back and prints. Child processes (``torchrun``, ``accelerate launch``) inherit it all.
 """
 
@@ -70,7 +72,27 @@ def patch_accelerator(module) -> None:
     accelerator_class.prepare = prepared
 
 
-PATCHES = {"transformers.trainer": patch_trainer, "accelerate.accelerator": patch_accelerator}
+def patch_lightning(module) -> None:
+    """Lightning's ``Trainer`` (``lightning.pytorch`` or ``pytorch_lightning``): an ``AuditCallback`` added to the
+    callbacks it is built with, unless the script gave one."""
+    trainer_class = module.Trainer
+    original = trainer_class.__init__
+
+    def __init__(self, *args, **kwargs):
+        # here: it imports lightning, and this module loads at start-up
+        from gradacc.training.audit.lightning_audit import AuditCallback
+
+        given = kwargs.get("callbacks")
+        callbacks = [] if given is None else list(given) if isinstance(given, (list, tuple)) else [given]
+        if not any(isinstance(c, AuditCallback) for c in callbacks):
+            callbacks.append(AuditCallback(json_path=verdict_path("lightning")))
+        original(self, *args, **{**kwargs, "callbacks": callbacks})
+
+    trainer_class.__init__ = __init__
+
+
+PATCHES = {"transformers.trainer": patch_trainer, "accelerate.accelerator": patch_accelerator,
+           "lightning.pytorch.trainer.trainer": patch_lightning, "pytorch_lightning.trainer.trainer": patch_lightning}
 
 
 class _Finder(importlib.abc.MetaPathFinder):

@@ -22,7 +22,11 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 import torch
-from lightning.pytorch.callbacks import Callback
+
+try:
+    from lightning.pytorch.callbacks import Callback
+except ImportError:  # pytorch_lightning alone (the same Trainer, packaged apart): its hooks are called the same way
+    from pytorch_lightning.callbacks import Callback
 
 from gradacc.training.audit import losses
 from gradacc.training.audit.capture import MicroBatch, Patches, Recorder, WindowLog

@@ -263,3 +263,14 @@ def test_gradacc_audit_attaches_the_callback_to_a_lightning_script_unchanged():
     lines = [line for line in fixed.stdout.splitlines() if line.startswith("gradacc audit")]
     assert fixed.returncode == 0 and len(lines) == 1, fixed.stdout + fixed.stderr[-3000:]
     assert lines[0].startswith("gradacc audit (lightning, LlamaForCausalLM): exact")
+
+
+def test_the_docs_lightning_example_runs_as_written_and_prints_what_it_says(capsys):
+    import re
+
+    text = (ROOT / "docs" / "audit.md").read_text(encoding="utf-8")
+    part = text.split("<!-- runs as written: tests/training/test_audit_lightning.py -->")[1]
+    code = re.match(r"\s*```python\n(.*?)```", part, re.S).group(1)
+    printed = [line[2:] for line in code.splitlines() if line.startswith("# ")]
+    exec(compile(code, "docs/audit.md", "exec"), {"__name__": "docs_example"})
+    assert capsys.readouterr().out.splitlines() == printed == ["weighted by micro-batch, not by item", "exact"]

@@ -105,6 +105,20 @@ class ClassifierByWindow(Classifier):
         self.seen = 0
 
 
+class ClassifierDividedByK(Classifier):
+    """Divides by k itself, as Lightning does already."""
+
+    def training_step(self, batch, batch_idx):
+        return super().training_step(batch, batch_idx) / self.trainer.accumulate_grad_batches
+
+
+class ClassifierClippingEachBackward(Classifier):
+    """Clips after every backward, inside the window."""
+
+    def on_after_backward(self):
+        torch.nn.utils.clip_grad_norm_(self.parameters(), 0.01)
+
+
 def summed_cross_entropy(model, batch):
     """The audit's loss_fn for the classifier: (the loss summed over the batch's examples, its examples)."""
     x, y = batch
@@ -237,6 +251,40 @@ def test_the_epochs_short_last_window_is_named_when_asked_for():
     assert last.fit.scale == pytest.approx(2 / K, rel=1e-5)
     fixed, *_ = run(ClassifierByWindow, classification_data(24), loss_fn=summed_cross_entropy, window="last")
     assert fixed.ok and fixed.micro_batches == 2, fixed.line
+
+
+@pytest.mark.parametrize("module_cls, cause, said", [
+    (ClassifierDividedByK, V.DIVIDED_TWICE, "do not divide the loss by accumulate_grad_batches in training_step"),
+    (ClassifierClippingEachBackward, V.CLIPPED, "Trainer(gradient_clip_val=...)")],
+    ids=["divided by k twice", "clipped after each backward"])
+def test_a_loss_divided_by_k_twice_or_clipped_inside_the_window_is_named_with_lightnings_fix(module_cls, cause, said):
+    verdict, truth, _ = run(module_cls, classification_data(32), kind="classification", labels=class_labels,
+                            max_steps=1, loss_fn=summed_cross_entropy)
+    assert verdict.gradient == cause and said in verdict.fix, verdict.line
+    if cause == V.DIVIDED_TWICE:
+        matches_truth(verdict, truth)
+        assert verdict.fit.scale == pytest.approx(1 / K, rel=1e-5)
+    else:
+        assert [c.after_micro_batch for c in verdict.clips] == [1, 2, 3, 4]
+        assert said in verdict.check("clipping").fix
+
+
+def test_bf16_mixed_a_token_mean_is_still_weighted_by_micro_batch_and_the_fix_is_exact():
+    def bf16(module_cls):
+        L.seed_everything(0, verbose=False)
+        audit = AuditCallback()
+        trainer = L.Trainer(accelerator="cpu", precision="bf16-mixed", max_steps=1, accumulate_grad_batches=K,
+                            callbacks=[audit], logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                            enable_model_summary=False)
+        trainer.fit(module_cls(), torch.utils.data.DataLoader(lm_data(32), batch_size=4, shuffle=True,
+                                                              collate_fn=lm_collator()))
+        return audit.verdict
+
+    from gradacc.audit import AuditCallback
+
+    stock, fixed = bf16(TokenLM), bf16(TokenLMByItems)
+    assert stock.precision == "bf16" and stock.gradient == V.WEIGHTED, stock.line
+    assert fixed.precision == "bf16" and fixed.ok, fixed.line
 
 
 def test_a_loss_outside_a_model_the_audit_knows_asks_for_loss_fn():

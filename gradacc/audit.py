@@ -4,7 +4,7 @@
 
     audit = audit_trainer(trainer)                          # before trainer.train() (TRL's trainers too)
     audit = audit_accelerate(accelerator, model, optimizer)  # one line before your Accelerate loop
-    Trainer(accumulate_grad_batches=k, callbacks=[audit := AuditCallback()])  # Lightning (pip install gradacc[lightning])
+    lightning.Trainer(accumulate_grad_batches=k, callbacks=[audit := AuditCallback()])  # gradacc[lightning]
     ...
     print(audit.verdict.line)                               # after the first optimizer step
 

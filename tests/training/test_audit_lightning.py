@@ -64,6 +64,26 @@ class TokenLMByItems(TokenLM):
         self.window_tokens = 0
 
 
+class LitHF(L.LightningModule):
+    """Lightning's 🤗 recipe: ``forward(**batch)`` calls the model with its labels, ``training_step`` returns the
+    model's own loss (a mean over the micro-batch's tokens)."""
+
+    def __init__(self):
+        super().__init__()
+        from transformers import LlamaForCausalLM
+
+        self.model = LlamaForCausalLM(llama(0.1))
+
+    def forward(self, **inputs):
+        return self.model(**inputs)
+
+    def training_step(self, batch, batch_idx):
+        return self(**batch)[0]
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=2e-3)
+
+
 class Classifier(L.LightningModule):
     """A plain classifier with a mean cross-entropy over the micro-batch's examples, called as ``self(x)``."""
 
@@ -211,6 +231,14 @@ def test_a_token_mean_per_micro_batch_is_weighted_by_micro_batch_and_weighting_b
     assert fixed.ok and fixed.gradient == V.EXACT, fixed.line
 
 
+def test_a_forward_that_calls_the_hf_model_with_labels_is_recorded_and_its_own_loss_is_judged():
+    """training_step calls self(**batch): the LightningModule's forward is recorded; the loss's kind is found from
+    the 🤗 model's own .loss (a causal LM's)."""
+    verdict, truth, _ = run(LitHF, lm_data(32), kind="causal", labels=lm_labels, collate=lm_collator(), max_steps=1)
+    matches_truth(verdict, truth)
+    assert verdict.model == "LitHF" and verdict.kind == "causal LM" and verdict.gradient == V.WEIGHTED, verdict.line
+
+
 def test_a_plain_classifier_with_equal_micro_batches_is_exact_and_the_audited_run_is_bit_identical():
     """Two epochs of two windows each; loss_fn gives the summed cross-entropy and the examples. The weights after the
     run equal those of the same run without the callback; the scheduler (interval "step") stepped once."""
@@ -285,6 +313,20 @@ def test_bf16_mixed_a_token_mean_is_still_weighted_by_micro_batch_and_the_fix_is
     stock, fixed = bf16(TokenLM), bf16(TokenLMByItems)
     assert stock.precision == "bf16" and stock.gradient == V.WEIGHTED, stock.line
     assert fixed.precision == "bf16" and fixed.ok, fixed.line
+
+
+def test_the_same_callback_audits_each_fit_it_is_given_to():
+    from gradacc.audit import AuditCallback
+
+    audit, verdicts = AuditCallback(loss_fn=summed_cross_entropy), []
+    L.seed_everything(0, verbose=False)
+    module = Classifier()
+    for data in (classification_data(32), classification_data(8)):
+        trainer = L.Trainer(accelerator="cpu", max_steps=1, accumulate_grad_batches=K, callbacks=[audit], logger=False,
+                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=4))
+        verdicts.append(audit.verdict)
+    assert [v.gradient for v in verdicts] == [V.EXACT, V.SHORT_WINDOW], [v.line for v in verdicts]
 
 
 def test_a_loss_outside_a_model_the_audit_knows_asks_for_loss_fn():

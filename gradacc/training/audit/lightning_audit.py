@@ -95,6 +95,10 @@ class AuditCallback(Callback):
             return None
         return (batches // k) * k if batches % k else max(0, batches - k)
 
+    def on_train_start(self, trainer, pl_module):
+        if self.state == DONE:  # once per fit, also when fit runs again
+            self.state, self._epoch, self.verdict = IDLE, None, None
+
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if self.state == JUDGED:  # the next window's first batch: the judged one is over
             self._finish(trainer)

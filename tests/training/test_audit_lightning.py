@@ -43,8 +43,8 @@ class TokenLM(L.LightningModule):
 
 
 class TokenLMByItems(TokenLM):
-    """The verdict's fix: each micro-batch's summed loss, counted tokens, and the gradients × k ÷ the window's tokens
-    in on_before_optimizer_step."""
+    """The verdict's fix: each micro-batch's summed loss, counted tokens, and the gradients × k × processes ÷ the
+    window's tokens over all processes in on_before_optimizer_step."""
 
     def __init__(self):
         super().__init__()
@@ -58,9 +58,11 @@ class TokenLMByItems(TokenLM):
                                reduction="sum")
 
     def on_before_optimizer_step(self, optimizer):
+        tokens = self.trainer.strategy.reduce(torch.tensor(float(self.window_tokens), device=self.device),
+                                              reduce_op="sum")
         for p in self.parameters():
             if p.grad is not None:
-                p.grad.mul_(self.trainer.accumulate_grad_batches / self.window_tokens)
+                p.grad.mul_(self.trainer.accumulate_grad_batches * self.trainer.world_size / tokens)
         self.window_tokens = 0
 
 
@@ -334,25 +336,39 @@ def test_a_loss_outside_a_model_the_audit_knows_asks_for_loss_fn():
     assert not verdict.judged and "AuditCallback(loss_fn=" in verdict.meaning, verdict.line
 
 
+SCRIPT = str(ROOT / "tests" / "training" / "audit_scripts" / "lightning_train.py")
+
+
+def gradacc_audit(*args):
+    """``gradacc audit --strict --json -- python lightning_train.py ARGS``: (exit status, the verdicts)."""
+    import json
+
+    result = subprocess.run([sys.executable, "-m", "gradacc", "audit", "--strict", "--json", "--", sys.executable,
+                             SCRIPT, *args], capture_output=True, text=True, cwd=ROOT, timeout=240)
+    verdicts = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"')]
+    assert len(verdicts) == 1, result.stdout + result.stderr[-3000:]
+    return result.returncode, verdicts[0]
+
+
 def test_gradacc_audit_attaches_the_callback_to_a_lightning_script_unchanged():
     """tests/training/audit_scripts/lightning_train.py, a Lightning user's script with nothing of gradacc in it: its
     token means per micro-batch fail the CI step (exit 3); its fix, run with ``import pytorch_lightning as L``, is
     exact (exit 0)."""
-    script = str(ROOT / "tests" / "training" / "audit_scripts" / "lightning_train.py")
-
-    def gradacc_audit(*args):
-        return subprocess.run([sys.executable, "-m", "gradacc", "audit", "--strict", "--", sys.executable, script,
-                               *args], capture_output=True, text=True, cwd=ROOT, timeout=240)
-
-    wrong = gradacc_audit()
-    lines = [line for line in wrong.stdout.splitlines() if line.startswith("gradacc audit")]
-    assert wrong.returncode == 3 and len(lines) == 1, wrong.stdout + wrong.stderr[-3000:]
-    assert lines[0].startswith("gradacc audit (lightning, LlamaForCausalLM): gradient weighted by micro-batch")
+    status, verdict = gradacc_audit()
+    assert status == 3 and verdict["gradient"] == V.WEIGHTED, verdict["line"]
+    assert verdict["line"].startswith("gradacc audit (lightning, LlamaForCausalLM): gradient weighted by micro-batch")
     pytest.importorskip("pytorch_lightning", reason="lightning's own dependency; the fix runs on it")
-    fixed = gradacc_audit("--fixed", "--pytorch-lightning")
-    lines = [line for line in fixed.stdout.splitlines() if line.startswith("gradacc audit")]
-    assert fixed.returncode == 0 and len(lines) == 1, fixed.stdout + fixed.stderr[-3000:]
-    assert lines[0].startswith("gradacc audit (lightning, LlamaForCausalLM): exact")
+    status, verdict = gradacc_audit("--fixed", "--pytorch-lightning")
+    assert status == 0 and verdict["gradient"] == V.EXACT, verdict["line"]
+
+
+def test_ddp_on_two_processes_is_audited_and_the_fix_counts_the_items_over_all_processes():
+    """Trainer(devices=2, strategy="ddp") on the CPU: the verdict is said once, for both processes' window; the fix
+    (the count reduced over processes, × k × world_size) is exact."""
+    status, verdict = gradacc_audit("--ddp")
+    assert status == 3 and verdict["gradient"] == V.WEIGHTED and verdict["num_processes"] == 2, verdict["line"]
+    status, verdict = gradacc_audit("--ddp", "--fixed")
+    assert status == 0 and verdict["gradient"] == V.EXACT and verdict["num_processes"] == 2, verdict["line"]
 
 
 def test_the_docs_lightning_example_runs_as_written_and_prints_what_it_says(capsys):

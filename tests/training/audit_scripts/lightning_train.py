@@ -1,7 +1,8 @@
 """A Lightning user's script, as Lightning's docs write one: a LightningModule training a small causal LM with the
 mean over each micro-batch's non-pad tokens, ``Trainer(accumulate_grad_batches=4)``; nothing of gradacc in it.
-``--fixed``: the audit's fix (each micro-batch's summed loss, the gradients × k ÷ the window's tokens).
-``--pytorch-lightning``: the same with ``import pytorch_lightning as L``."""
+``--fixed``: the audit's fix (each micro-batch's summed loss, the gradients × k × processes ÷ the window's tokens
+over all processes).
+``--pytorch-lightning``: the same with ``import pytorch_lightning as L``. ``--ddp``: two CPU processes (DDP, gloo)."""
 
 import sys
 
@@ -36,9 +37,11 @@ class LitLM(L.LightningModule):
 
     def on_before_optimizer_step(self, optimizer):
         if FIXED:
+            tokens = self.trainer.strategy.reduce(torch.tensor(float(self.window_tokens), device=self.device),
+                                                  reduce_op="sum")
             for p in self.parameters():
                 if p.grad is not None:
-                    p.grad.mul_(self.trainer.accumulate_grad_batches / self.window_tokens)
+                    p.grad.mul_(self.trainer.accumulate_grad_batches * self.trainer.world_size / tokens)
         self.window_tokens = 0
 
     def configure_optimizers(self):
@@ -55,7 +58,8 @@ def main():
     data = [{"input_ids": tokenizer(t)["input_ids"]} for t in texts]
     loader = torch.utils.data.DataLoader(data, batch_size=4, shuffle=True,
                                          collate_fn=DataCollatorForLanguageModeling(tokenizer, mlm=False))
-    trainer = L.Trainer(accelerator="cpu", max_steps=2, accumulate_grad_batches=4, logger=False,
+    ddp = dict(devices=2, strategy="ddp") if "--ddp" in sys.argv else {}
+    trainer = L.Trainer(accelerator="cpu", max_steps=2, accumulate_grad_batches=4, logger=False, **ddp,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(LitLM(), loader)
 

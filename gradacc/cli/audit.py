@@ -5,8 +5,9 @@
     gradacc audit --model DIR_OR_HUB_ID [-m 4 -k 4]     what a stock 🤗 Trainer gets wrong on a model (its defaults,
                                                        the standard collator for its task, gradacc's data)
 
-Exit status: the script's own when it fails (or when it audited nothing); with ``--strict``, 3 when a verdict found
-something wrong (a CI step); 2 for bad input.
+Exit status: the script's own, unless ``--strict`` (a CI gate, which never passes what it did not check): 3 when a
+verdict found something wrong, 4 when nothing was judged (nothing audited, a loop that never stepped, a verdict "not
+judged"); 2 for bad input.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from gradacc.config import RunConfig
 from gradacc.training import distributed
 
 EXIT_WRONG = 3
+EXIT_NOT_JUDGED = 4
 # The folder Python imports sitecustomize.py from in an audited script (gradacc.training.audit.autoattach).
 SITE = Path(__file__).resolve().parents[1] / "training" / "audit" / "site"
 ENV = "GRADACC_AUDIT_DIR"  # gradacc.training.audit.autoattach.ENV (not imported here: it is torch-free, but light)
@@ -39,7 +41,8 @@ def add_parser(commands) -> None:
         description="gradacc audit -- python train.py ARGS...: run your script unchanged and audit every Trainer "
                     "and Accelerate loop it runs. gradacc audit --model M: what a stock Trainer gets wrong on M.")
     audit.add_argument("--strict", action="store_true",
-                       help=f"exit {EXIT_WRONG} when any verdict finds something wrong (for CI)")
+                       help=f"a CI gate: exit {EXIT_WRONG} when a verdict finds something wrong, {EXIT_NOT_JUDGED} "
+                            "when nothing was judged (nothing audited, a loop that never stepped, 'not judged')")
     audit.add_argument("--model", default=None, help="a folder written by save_pretrained, a hub id, or tiny-bert")
     audit.add_argument("--dataset", default=None,
                        help="builtin-sentiment, builtin-text (causal-lm), a CSV/JSONL file, a save_to_disk folder or "
@@ -77,7 +80,17 @@ def run_model(args) -> int:
     if not distributed.is_main_process():  # under accelerate launch / torchrun every rank audits; rank 0 says it
         return EXIT_OK
     print(json.dumps(verdict.as_dict(), default=str) if args.json else verdict.line)
-    return EXIT_WRONG if args.strict and verdict.judged and not verdict.ok else EXIT_OK
+    return strict_status([verdict.as_dict()]) if args.strict else EXIT_OK
+
+
+def strict_status(verdicts: list[dict]) -> int:
+    """A CI gate's exit status: something wrong (3) before something unchecked (4); 0 only when every verdict was
+    judged and found nothing wrong, and there was one."""
+    if any(v["judged"] and not v["ok"] for v in verdicts):
+        return EXIT_WRONG
+    if not verdicts or not all(v["judged"] for v in verdicts):
+        return EXIT_NOT_JUDGED
+    return EXIT_OK
 
 
 def run_script(command: list[str], strict: bool = False, as_json: bool = False) -> int:
@@ -96,15 +109,17 @@ def run_script(command: list[str], strict: bool = False, as_json: bool = False) 
         for path in sorted(glob.glob(os.path.join(folder, "verdict-*.json")), key=os.path.getmtime):
             with open(path, encoding="utf-8") as file:
                 verdicts.append(json.load(file))
-    for verdict in verdicts:
-        print(json.dumps(verdict) if as_json else verdict["line"])
+    lines = [json.dumps(verdict) for verdict in verdicts] if as_json else \
+        list(dict.fromkeys(v["line"] for v in verdicts))  # separate copies of one script say the same line once
+    for line in lines:
+        print(line)
     if status != 0:
         print(f"gradacc audit: {' '.join(command)} exited with status {status}"
               + ("" if verdicts else ", before any optimizer step was audited"), file=sys.stderr)
         return status
     if not verdicts:
-        print("gradacc audit: nothing audited: the script stepped no Trainer and no Accelerate loop (an optimizer "
-              "step of a model prepared by Accelerate, or Trainer.train)", file=sys.stderr)
-        return status
-    wrong = [v for v in verdicts if v["judged"] and not v["ok"]]
-    return EXIT_WRONG if strict and wrong else EXIT_OK
+        print("gradacc audit: nothing audited: the script stepped no Trainer, no Accelerate loop and no optimizer of "
+              "a module's parameters" + (f" (exit {EXIT_NOT_JUDGED}: --strict)" if strict else ""), file=sys.stderr)
+    elif strict and not all(v["judged"] for v in verdicts):
+        print(f"gradacc audit: not every verdict was judged (exit {EXIT_NOT_JUDGED}: --strict)", file=sys.stderr)
+    return strict_status(verdicts) if strict else status

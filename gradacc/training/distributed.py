@@ -42,8 +42,10 @@ def launch_warning() -> str | None:
     if ("WORLD_SIZE" not in os.environ and "MASTER_ADDR" in os.environ
             and os.environ.get("ACCELERATE_USE_CPU", "").lower() == "true"):
         return ("accelerate launch --cpu started a single process (Accelerate starts several CPU processes only "
-                "through MPI); use accelerate launch --multi_gpu --num_processes N, which trains on the CPU when "
-                "there is no GPU, or torchrun --nproc_per_node N.")
+                "through MPI); gradacc's own commands run on N CPU processes under accelerate launch --multi_gpu "
+                "--num_processes N or torchrun --nproc_per_node N; a script of your own under "
+                + CPU_LAUNCH.format(processes="N") + " (accelerate launch --multi_gpu starts N separate copies of it "
+                "there, each training alone).")
     return None
 
 
@@ -93,6 +95,24 @@ def is_distributed() -> bool:
     import torch.distributed as dist  # here: the app and `gradacc --help` import this module before torch loads
 
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def separate_copies(sharing: int) -> int | None:
+    """P when a launcher started P processes but the loop shares its gradients over ``sharing`` = 1 of them, so each
+    trains alone: ``accelerate launch --multi_gpu`` on a machine without GPUs starts such copies (a process group
+    may exist, but Accelerate trains without it). None otherwise."""
+    launched = max(world_size(), _group_size())
+    return launched if launched > 1 and sharing == 1 else None
+
+
+def _group_size() -> int:
+    import torch.distributed as dist  # here: the app and `gradacc --help` import this module before torch loads
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+# On a CPU, the launch that gives a user's own script one process group of P processes.
+CPU_LAUNCH = "ACCELERATE_USE_CPU=1 torchrun --nproc_per_node {processes} train.py"
 
 
 def unwrap(model):

@@ -98,6 +98,9 @@ def summed_loss(kind, logits, labels):
         target = labels[:, 1:]
         kept = target != -100
         return F.cross_entropy(logits[:, :-1][kept], target[kept], reduction="sum"), int(kept.sum())
+    if kind == "targets":  # nanoGPT's model(x, y): y already shifted, -1 ignored
+        kept = labels != -1
+        return F.cross_entropy(logits[kept], labels[kept], reduction="sum"), int(kept.sum())
     raise ValueError(kind)
 
 
@@ -121,7 +124,8 @@ def compare(applied: dict, truth: dict) -> dict:
 
 
 class Truth:
-    """See the module. ``kind``: classification | regression | token | causal | dpo."""
+    """See the module. ``kind``: classification | regression | token | causal | dpo | targets (nanoGPT's
+    ``model(x, y)``: the targets are the forward's second positional argument, -1 ignored)."""
 
     def __init__(self, model, kind, ref_model=None, beta=0.1):
         self.model, self.kind, self.beta, self.ref_model = model, kind, beta, ref_model
@@ -252,6 +256,8 @@ class Truth:
             return module(*record["args"], **kwargs)
 
     def _labels(self, record):
+        if self.kind == "targets":
+            return record["args"][1]
         labels = record["kwargs"].get("labels")
         return labels if labels is not None else record["labels"]
 
@@ -299,6 +305,8 @@ class Truth:
 
 
 def summed_loss_items(kind, labels) -> int:
+    if kind == "targets":
+        return int((labels != -1).sum())
     if kind == "causal":
         return int((labels[:, 1:] != -100).sum())
     if kind == "token":

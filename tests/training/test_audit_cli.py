@@ -38,14 +38,69 @@ def test_a_users_script_is_audited_unchanged_and_strict_fails_the_ci_step_on_a_w
     assert [v["gradient"] for v in verdicts] == ["exact", "exact"] and all(v["ok"] for v in verdicts)
 
 
-@pytest.mark.parametrize("script, status, said", [
-    ("crash.py", 1, "exited with status 1, before any optimizer step was audited"),
-    ("idle.py", 0, "nothing audited: the script stepped no Trainer and no Accelerate loop")])
-def test_a_script_that_crashes_or_never_steps_gets_one_line_and_its_own_status(script, status, said):
-    result = gradacc_audit("--strict", "--", sys.executable, str(SCRIPTS / script), timeout=120)
+@pytest.mark.parametrize("strict, script, status, said", [
+    (True, "crash.py", 1, "exited with status 1, before any optimizer step was audited"),
+    (True, "idle.py", 4, "nothing audited: the script stepped no Trainer, no Accelerate loop and no optimizer"),
+    (False, "idle.py", 0, "nothing audited: the script stepped no Trainer, no Accelerate loop and no optimizer")])
+def test_a_script_that_crashes_or_never_steps_gets_one_line_and_strict_never_passes_it(strict, script, status, said):
+    """A CI gate fails on what it did not check (4); without --strict the status is the script's own."""
+    result = gradacc_audit(*(["--strict"] if strict else []), "--", sys.executable, str(SCRIPTS / script),
+                           timeout=120)
     assert result.returncode == status
     ours = [line for line in result.stderr.splitlines() if line.startswith("gradacc audit")]
     assert len(ours) == 1 and said in ours[0], result.stderr
+
+
+def audit_lines(result) -> list[str]:
+    return [line for line in result.stdout.splitlines() if line.startswith("gradacc audit")]
+
+
+@pytest.mark.parametrize("flags, status, said", [
+    ([], 3, "gradacc audit (loop, LlamaForCausalLM): gradient weighted by micro-batch, not by item"),
+    (["--fixed"], 0, "gradacc audit (loop, LlamaForCausalLM): exact"),
+    (["--model", "nanogpt"], 4, "gradacc audit (loop, GPT): not judged — the batch holds no labels, so the loss "
+                                "cannot be recomputed from the model's output: pass loss_fn="),
+    (["--model", "nanogpt", "--own-loss-fn", "--fixed"], 0, "gradacc audit (loop, GPT): exact"),
+    (["--model", "nanogpt", "--never-step"], 4, "gradacc audit (loop, GPT): not judged — the loop ran 8 forwards of "
+                                                "the model with gradients on and optimizer.step() never ran")])
+def test_a_plain_pytorch_loop_is_audited_unchanged(flags, status, said):
+    """loss = model(**batch).loss / k over texts of uneven lengths is wrong (3); its fix is exact (0); nanoGPT's
+    model(x, y) has no labels to judge by, said in one line, and --strict fails it (4) until the script gives the
+    loss_fn; a loop that never steps is not passed either."""
+    result = gradacc_audit("--strict", "--", sys.executable, str(SCRIPTS / "plain_loop.py"), *flags, timeout=120)
+    assert result.returncode == status, result.stdout + result.stderr[-3000:]
+    lines = audit_lines(result)
+    assert len(lines) == 1 and lines[0].startswith(said), result.stdout
+
+
+def test_a_plain_loop_on_two_processes_with_ddp_is_audited_over_both():
+    """nanoGPT's DDP loop (require_backward_grad_sync on the window's last micro-batch) under torchrun: the window's
+    items counted on both ranks, one all-reduce per window, exact; the verdict said once."""
+    result = gradacc_audit("--strict", "--json", "--", sys.executable, "-m", "torch.distributed.run",
+                           "--nproc_per_node", "2", str(SCRIPTS / "plain_loop.py"), "--fixed", timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    [verdict] = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"')]
+    assert verdict["gradient"] == "exact" and verdict["num_processes"] == 2, verdict["line"]
+    sync = next(c for c in verdict["checks"] if c["name"] == "sync")
+    assert sync["ok"] and sync["detail"] == "gradients all-reduced in 1 of 4 micro-batches"
+
+
+def test_two_copies_that_share_no_gradient_are_said_with_no_false_factor():
+    """accelerate launch --multi_gpu on a machine without GPUs starts two copies, each training alone: one line
+    says so and names the launch that works on a CPU; the gradient itself is judged as the one process it is."""
+    result = gradacc_audit("--strict", "--json", "--", sys.executable, "-m", "accelerate.commands.launch",
+                           "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+                           "--dynamo_backend", "no", str(SCRIPTS / "accelerate_loop.py"), timeout=180)
+    assert result.returncode == 3, result.stdout + result.stderr[-3000:]
+    verdicts = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"')]
+    assert verdicts and all(v["gradient"] == "exact" and v["num_processes"] == 1 for v in verdicts)
+    processes = next(c for c in verdicts[0]["checks"] if c["name"] == "processes")
+    assert processes["detail"] == "2 processes launched, each training alone: no gradients are shared"
+    assert "ACCELERATE_USE_CPU=1 torchrun --nproc_per_node 2 train.py" in processes["fix"]
+    said = gradacc_audit("--", sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
+                         "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                         str(SCRIPTS / "accelerate_loop.py"), timeout=180)
+    assert said.returncode == 0 and len(audit_lines(said)) == 1, said.stdout
 
 
 def test_no_script_or_a_missing_program_is_one_line(capsys):

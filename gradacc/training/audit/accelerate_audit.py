@@ -19,9 +19,8 @@ import contextlib
 from dataclasses import replace
 
 from gradacc.training.audit import losses
-from gradacc.training.audit.capture import MicroBatch, Patches, Recorder, WindowLog
+from gradacc.training.audit.capture import Patches, Recorder, WindowLog, micro_batches
 from gradacc.training.audit.measure import Setup, measure
-from gradacc.training.audit.trainer_audit import model_name
 from gradacc.training.audit.verdict import Check, Verdict, publish
 from gradacc.training.distributed import SyncProbe
 
@@ -91,7 +90,7 @@ class AccelerateAudit:
         no_sync = getattr(self._wrapped, "no_sync", None) if self._wrapped is not self.module else None
         setup = Setup("accelerate", self.module, self.recorder, accelerator.gradient_accumulation_steps,
                       accelerator.num_processes, precision, rule, "loss_fn" if self.loss_fn else None,
-                      no_sync=no_sync or contextlib.nullcontext, model_name=model_name(self.module))
+                      no_sync=no_sync or contextlib.nullcontext, model_name=losses.model_name(self.module))
         self._verdict = measure(setup, micro_batches(self.recorder.forwards), self.log, backwards=self.backwards,
                                 counted_items=_counted(self.recorder.forwards))
 
@@ -140,17 +139,6 @@ class AccelerateAudit:
     def verdict(self) -> Verdict | None:
         """The verdict (None until the first window's optimizer step); reading it ends the watch."""
         return self.finish() if self.state == JUDGED else self._verdict
-
-
-def micro_batches(forwards: list) -> list[MicroBatch]:
-    """The recorded forwards split into micro-batches: each forward with gradients on opens one."""
-    out = []
-    for forward in forwards:
-        if forward.grad:
-            out.append(MicroBatch(forwards=[forward]))
-        elif out:
-            out[-1].forwards.append(forward)
-    return out
 
 
 def _counted(forwards: list) -> float | None:

@@ -134,6 +134,17 @@ class MicroBatch:
         return next((f for f in self.forwards if f.grad), None)
 
 
+def micro_batches(forwards: list) -> list[MicroBatch]:
+    """The recorded forwards split into micro-batches: each forward with gradients on opens one."""
+    out = []
+    for forward in forwards:
+        if forward.grad:
+            out.append(MicroBatch(forwards=[forward]))
+        elif out:
+            out[-1].forwards.append(forward)
+    return out
+
+
 class Recorder:
     """Forward hooks on the watched model: records each forward while recording, fingerprints each forward while
     replaying (to compare with the recorded ones), and sees nothing otherwise."""
@@ -211,7 +222,13 @@ class Patches:
         """``owner.name`` replaced by a bound method calling ``wrapper(original, *args, **kwargs)``: bound, as torch's
         LR schedulers expect of ``optimizer.step`` (they re-wrap ``step.__func__``)."""
         original = getattr(owner, name)
-        self.set(owner, name, types.MethodType(lambda _self, *a, **k: wrapper(original, *a, **k), owner))
+
+        def call(_self, *args, **kwargs):
+            return wrapper(original, *args, **kwargs)
+
+        if getattr(original, "_wrapped_by_lr_sched", False):  # a scheduler built before: it would warn the user
+            call._wrapped_by_lr_sched = True
+        self.set(owner, name, types.MethodType(call, owner))
 
     def undo(self) -> None:
         while self._undo:

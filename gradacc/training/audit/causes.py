@@ -14,6 +14,19 @@ from gradacc.training.audit.verdict import (CLIPPED, DIVIDED_TWICE, EXACT, K_TIM
 LOSS_FUNCS = {losses.CLASSIFICATION: "token_mean_loss", losses.TOKEN: "token_mean_loss",
               losses.REGRESSION: "regression_mean_loss", losses.MULTI_LABEL: "multi_label_mean_loss",
               losses.CAUSAL: "causal_lm_mean_loss"}
+# The kinds whose items are examples: a fixed micro-batch holds as many each time.
+PER_EXAMPLE = (losses.CLASSIFICATION, losses.REGRESSION, losses.MULTI_LABEL)
+# A micro-batch's loss summed over its items, as a plain loop writes it, by kind.
+SUMMED_LOSS = {
+    losses.CLASSIFICATION: "F.cross_entropy(logits, labels, reduction='sum')",
+    losses.TOKEN: "F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction='sum')",
+    losses.CAUSAL: "F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100, "
+                   "reduction='sum')",
+    losses.REGRESSION: "F.mse_loss(logits.squeeze(-1), labels, reduction='sum')",
+    losses.MULTI_LABEL: "F.binary_cross_entropy_with_logits(logits, labels, reduction='sum')",
+    losses.USER_LOSS: "the summed loss your loss_fn returns"}
+# A plain loop's clipping: once per window, on the whole window's gradient.
+CLIP_ONCE = "clip once per window: after the window's last backward, right before optimizer.step()"
 # How a loop counts a micro-batch's items, by kind, in words.
 ITEMS = {losses.CLASSIFICATION: "its labels other than -100", losses.TOKEN: "its labels other than -100",
          losses.REGRESSION: "its label values", losses.MULTI_LABEL: "its label values",
@@ -25,7 +38,7 @@ ITEMS = {losses.CLASSIFICATION: "its labels other than -100", losses.TOKEN: "its
 class Evidence:
     """What the audit knows when it names the cause."""
 
-    who: str                      # "trainer" or "accelerate"
+    who: str                      # "trainer", "accelerate" or "loop" (a plain PyTorch loop)
     kind: str | None
     k: int
     micro_batches: int
@@ -92,6 +105,8 @@ def _plain_scale(e: Evidence) -> tuple[str, str, str | None]:
 
 
 def _why_k_times(e: Evidence) -> str:
+    if e.who == "loop":
+        return "each micro-batch's mean loss was back-propagated as it is, and the window adds up k of them"
     if e.who == "accelerate":
         return ("the loss was back-propagated without Accelerate's ÷k (loss.backward())" if not e.backwards else
                 "the loss handed to accelerator.backward was k× each micro-batch's mean")
@@ -121,13 +136,31 @@ def _loss_func_fix(e: Evidence) -> str | None:
 
 
 def _fix_k_times(e: Evidence) -> str | None:
+    if e.who == "loop":
+        if e.kind in PER_EXAMPLE:  # equal micro-batches: ÷k is exact; a short last window still needs the items
+            return ("divide each micro-batch's mean loss by k before backward(): (loss / k).backward(); on a short "
+                    "last window, weight by items instead: " + _loop_items_fix(e))
+        return _loop_items_fix(e)
     if e.who == "accelerate":
         return ("call accelerator.backward(loss), which divides by k, not loss.backward()" if not e.backwards else
                 "pass each micro-batch's mean loss to accelerator.backward, as it is")
     return _loss_func_fix(e)
 
 
+def _loop_items_fix(e: Evidence) -> str:
+    """The plain loop's fix in its own lines: weight each micro-batch by its items."""
+    items = "what your loss_fn counts" if e.kind == losses.USER_LOSS else ITEMS.get(e.kind, "its items")
+    summed = SUMMED_LOSS.get(e.kind, "its loss with reduction='sum'")
+    processes = ("; under DDP, all_reduce the count and multiply the loss by the world size (DDP averages the "
+                 "ranks' gradients)" if e.num_processes > 1 else "")
+    return ("sum each micro-batch's loss over its items and divide by the window's items: before the window's first "
+            f"backward, count window_items, the sum over its micro-batches of {items}{processes}; then per "
+            f"micro-batch loss = {summed} / window_items; loss.backward()")
+
+
 def _fix_weighting(e: Evidence) -> str | None:
+    if e.who == "loop":
+        return _loop_items_fix(e)
     if e.who == "trainer":
         return _loss_func_fix(e)
     items = ITEMS.get(e.kind, "its items")
@@ -138,6 +171,8 @@ def _fix_weighting(e: Evidence) -> str | None:
 
 
 def _fix_miscount(e: Evidence) -> str | None:
+    if e.who == "loop":
+        return _loop_items_fix(e)
     if e.kind in (losses.CAUSAL, losses.FUSED_CAUSAL):
         return ('set model.loss_type = "ForCausalLM" on the transformers model before building the trainer '
                 "(before get_peft_model with PEFT), so Trainer counts labels[..., 1:]")
@@ -145,6 +180,8 @@ def _fix_miscount(e: Evidence) -> str | None:
 
 
 def _fix_short_window(e: Evidence) -> str:
+    if e.who == "loop":
+        return _loop_items_fix(e)
     if e.who == "trainer":
         return "divide by the window's items (num_items_in_batch), not by k"
     return ("when a window ends early (the epoch's last), multiply its gradients by k ÷ its micro-batches before "
@@ -152,22 +189,30 @@ def _fix_short_window(e: Evidence) -> str:
 
 
 def _fix_twice(e: Evidence) -> str:
+    if e.who == "loop":
+        return "divide the loss by k once, not twice"
     return ("drop your own ÷k: accelerator.backward(loss) divides by k" if e.who == "accelerate" else
             "do not divide the loss by k yourself: Trainer does (or num_items_in_batch does)")
 
 
 def _fix_scaled(e: Evidence) -> str:
+    if e.who == "loop":
+        return _loop_items_fix(e)
     return (f"divide the window's summed loss by its {e.window_items:g} items "
             f"({ITEMS.get(e.kind, 'its items')}), once per window")
 
 
 def _fix_clipping(e: Evidence) -> str:
+    if e.who == "loop":
+        return CLIP_ONCE
     return ("let Trainer clip once per window (TrainingArguments(max_grad_norm=...)) and remove the clipping from "
             "training_step" if e.who == "trainer" else
             "clip only when accelerator.sync_gradients, right before optimizer.step()")
 
 
 def _fix_zero_grad(e: Evidence) -> str:
+    if e.who == "loop":
+        return "call optimizer.zero_grad() right after optimizer.step() only, not before each micro-batch"
     return ("remove zero_grad from training_step: Trainer zeroes the gradients after each optimizer step"
             if e.who == "trainer" else
             "zero the gradients after optimizer.step() only (the prepared optimizer's zero_grad skips while "

@@ -32,7 +32,6 @@ from gradacc.training.audit import losses
 from gradacc.training.audit.capture import MicroBatch, Patches, Recorder, WindowLog
 from gradacc.training.audit.causes import ITEMS
 from gradacc.training.audit.measure import Setup, measure
-from gradacc.training.audit.trainer_audit import model_name
 from gradacc.training.audit.verdict import (CLIPPED, DIVIDED_TWICE, K_TIMES, OTHER_LOSS, SHORT_WINDOW, WEIGHTED,
                                             ZEROED, Check, Verdict, publish)
 
@@ -189,8 +188,7 @@ class AuditCallback(Callback):
         module, recorder = chosen
         if self.loss_fn is not None:
             user = self.loss_fn
-            rule = losses.LossRule(losses.USER_LOSS, loss_fn=lambda model, inputs: user(model, inputs["batch"]),
-                                   loss_fn_sums=True)
+            rule = losses.LossRule(losses.USER_LOSS, loss_fn=lambda model, inputs: user(model, inputs["batch"]))
             module = pl_module
         else:
             rule = losses.LossRule(None)
@@ -200,7 +198,7 @@ class AuditCallback(Callback):
         no_sync = getattr(wrapped, "no_sync", None) if wrapped is not None and wrapped is not pl_module else None
         setup = Setup("lightning", module, recorder, trainer.accumulate_grad_batches, trainer.world_size, precision,
                       rule, "loss_fn" if self.loss_fn else None, no_sync=no_sync or contextlib.nullcontext,
-                      model_name=model_name(self._chosen if self._chosen is not None else pl_module))
+                      model_name=losses.model_name(self._chosen if self._chosen is not None else pl_module))
         verdict = measure(setup, self._micro_batches, self.log, backwards=self._backwards)
         self.verdict = in_lightning_terms(verdict, kind_items(verdict))
 

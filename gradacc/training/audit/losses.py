@@ -29,6 +29,11 @@ def base_model(model):
     return get() if callable(get) else model
 
 
+def model_name(model) -> str:
+    base = base_model(model)
+    return type(base).__name__ + (" (PEFT)" if base is not model else "")
+
+
 def model_kind(model, labels) -> str | None:
     """The loss a transformers head computes from ``labels``, as its forward decides; None: not one the audit knows."""
     model = base_model(model)
@@ -119,11 +124,9 @@ class LossRule:
     """How the audit gets a micro-batch's summed loss and its items (``measure`` holds the replay):
 
     ``kind``: one of KINDS. ``compute_loss_func``: a Trainer's own one, called with the micro-batch's items (its
-    mean), then × the items; ``label_smoother`` likewise; ``loss_fn(model, batch)``: the user's mean loss, or with
-    ``loss_fn_sums`` (Lightning's AuditCallback) its (summed loss, items), the items then counted by the replay."""
+    mean), then × the items; ``label_smoother`` likewise; ``loss_fn(model, batch)``: the user's mean loss."""
 
     kind: str
     compute_loss_func: object = None
     label_smoother: object = None
     loss_fn: object = None
-    loss_fn_sums: bool = False

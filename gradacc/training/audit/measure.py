@@ -24,7 +24,7 @@ from gradacc.training import distributed
 from gradacc.training.audit import causes, losses
 from gradacc.training.audit.capture import MicroBatch, Recorder, WindowLog
 from gradacc.training.audit.reference import NotReplayable, Replayer, set_aside
-from gradacc.training.audit.verdict import NOT_JUDGED, Fit, Verdict, clip_check
+from gradacc.training.audit.verdict import NOT_JUDGED, Check, Fit, Verdict, clip_check
 from gradacc.training.gradients import projection
 
 
@@ -32,7 +32,7 @@ from gradacc.training.gradients import projection
 class Setup:
     """How to measure one loop's window."""
 
-    who: str                         # "trainer" or "accelerate"
+    who: str                         # "trainer", "accelerate" or "loop"
     module: object                   # the model whose forwards were recorded (replays call it)
     recorder: Recorder
     k: int                           # the configured accumulation steps
@@ -64,8 +64,11 @@ def measure(setup: Setup, micro_batches: list[MicroBatch], log: WindowLog, backw
     precision = precision_of(setup, micro_batches)
     j = len(micro_batches)
     clips = tuple(log.clips)
+    copies = distributed.separate_copies(setup.num_processes)  # each copy trains alone: judged alone, and said
+    over_ranks = (lambda values, device: list(values)) if copies else distributed.sum_over_ranks
     base = dict(who=setup.who, k=setup.k, micro_batches=j, num_processes=setup.num_processes, precision=precision,
-                clips=clips, model=setup.model_name, checks=(clip_check(clips, j, setup.who),))
+                clips=clips, model=setup.model_name,
+                checks=(clip_check(clips, j, setup.who),) + ((copies_check(copies),) if copies else ()))
     params = {name: p for name, p in setup.module.named_parameters() if p.requires_grad}
     applied = {name: p.grad.detach().reshape(-1) for name, p in params.items() if p.grad is not None}
     if not j or not applied:
@@ -81,30 +84,31 @@ def measure(setup: Setup, micro_batches: list[MicroBatch], log: WindowLog, backw
         with set_aside(setup.module, setup.trainer), setup.no_sync():
             device = next(iter(applied.values())).device
             items = replayer.count(micro_batches)
-            if None in items:  # a loss_fn that gives its items (Lightning's): summed, then ÷ the window's items
+            if items is None:  # the user's loss_fn counts them as it runs: summed first, ÷ the window's items after
                 reference = replayer.replay(micro_batches, [1.0] * j)
                 items = list(reference.items)
-                window_items = distributed.sum_over_ranks([float(sum(items))], device)[0]
+                window_items = _window_items(items, device, over_ranks)
                 for p in params.values():
                     if p.grad is not None:
                         p.grad.div_(window_items)
             else:
-                window_items = distributed.sum_over_ranks([float(sum(items))], device)[0]
-                # ÷ the window's items, as a right run divides: a right run's gradient comes back bit for bit in bf16
+                window_items = _window_items(items, device, over_ranks)
+                # ÷ the window's items, as a right run divides: a right run's gradient comes back bit for bit in bf16.
                 reference = replayer.replay(micro_batches, [window_items] * j)
             seconds = time.perf_counter() - started  # the replay: one forward+backward of the window
-            window_loss = distributed.sum_over_ranks([reference.summed_loss], device)[0]
+            window_loss = over_ranks([reference.summed_loss], device)[0]
             # The scales a cause would give, measured in the projection's one pass: k (k·P), 1/k, j/k, N/N′.
             expected = [setup.k, setup.k * setup.num_processes, 1 / setup.k, j / setup.k] + (
                 [window_items / counted_items] if counted_items else [])
-            fit = _fit(applied, params, unclip, precision, expected)
+            shared = not copies
+            fit = _fit(applied, params, unclip, precision, expected, shared)
             zero_grads = tuple(z for z in log.zero_grads if z < j)
             early_clip = any(c.after_micro_batch < j and c.factor < 1 for c in clips)
             if not fit.plain_scale and j > 1 and not zero_grads and not early_clip:
                 for p in params.values():
                     p.grad = None
                 replayer.replay(micro_batches, [max(n, 1) * j for n in items])  # each micro-batch's mean ÷ j
-                weighted = _fit(applied, params, unclip * setup.num_processes, precision, expected)
+                weighted = _fit(applied, params, unclip * setup.num_processes, precision, expected, shared)
     except NotReplayable as reason:
         return Verdict(gradient=NOT_JUDGED, kind=replayer.kind, meaning=str(reason), **base)
     evidence = causes.Evidence(setup.who, reference.kind, setup.k, j, setup.num_processes, fit, weighted,
@@ -118,10 +122,25 @@ def measure(setup: Setup, micro_batches: list[MicroBatch], log: WindowLog, backw
                    reference_seconds=seconds, audit_seconds=time.perf_counter() - started, **base)
 
 
-def _fit(applied: dict, params: dict, gradient_scale: float, precision: str, expected=()) -> Fit:
-    """The step's gradient × ``gradient_scale`` against the reference now in ``.grad`` (summed over processes)."""
+def copies_check(processes: int) -> Check:
+    return Check("processes", False, f"{processes} processes launched, each training alone: no gradients are shared",
+                 "on a CPU, launch your script as " + distributed.CPU_LAUNCH.format(processes=processes)
+                 + " (accelerate launch --multi_gpu starts separate copies there)")
+
+
+def _window_items(items: list, device, over_ranks) -> float:
+    window_items = over_ranks([float(sum(items))], device)[0]
+    if not window_items:
+        raise NotReplayable("the window holds no items to average the loss over (every label ignored)")
+    return window_items
+
+
+def _fit(applied: dict, params: dict, gradient_scale: float, precision: str, expected=(), shared=True) -> Fit:
+    """The step's gradient × ``gradient_scale`` against the reference now in ``.grad`` (summed over the processes
+    that share the gradient)."""
     reference = {name: p.grad.detach().reshape(-1) for name, p in params.items() if p.grad is not None}
-    reference = _sum_over_ranks(reference)
+    if shared:
+        reference = _sum_over_ranks(reference)
     numbers = projection(applied, reference, gradient_scale=gradient_scale, expected=expected)
     return Fit(numbers["scale"], numbers["residual"], numbers["se"], numbers["rel_error"], precision)
 

@@ -77,15 +77,17 @@ class Replayer:
         self.kind = rule.kind
 
     def count(self, micro_batches: list[MicroBatch]) -> list[int]:
-        """Each micro-batch's items: as its loss counts them (the kind's rule), or its rows for a trainer's own loss."""
-        if self.rule.loss_fn_sums:  # loss_fn gives each micro-batch's items with its loss: counted by the replay
-            return [None] * len(micro_batches)
-        if self.kind in (losses.TRAINER_LOSS, losses.USER_LOSS):
+        """Each micro-batch's items: as its loss counts them (the kind's rule), or its rows for a trainer's own loss;
+        None for the user's ``loss_fn``, which gives them as it is replayed."""
+        if self.kind == losses.USER_LOSS:
+            return None
+        if self.kind == losses.TRAINER_LOSS:
             return [self._user_count(m) for m in micro_batches]
         labels, shift = _labels(micro_batches[0])
         if labels is None:
             raise NotReplayable("the batch holds no labels, so the loss cannot be recomputed from the model's output: "
-                                "pass loss_fn=lambda model, batch: <its mean loss> to the audit")
+                                "pass loss_fn=lambda model, batch: (its loss summed over the batch's items, the "
+                                "items) to the audit")
         counting = losses.model_kind(self.module, labels)
         if counting is None:  # a model of the user's own: its kind from its own loss, on the first micro-batch
             with torch.no_grad():
@@ -110,14 +112,14 @@ class Replayer:
         forward = micro_batch.trained
         labels, shift = _labels(micro_batch)
         if self.kind == losses.USER_LOSS:
-            batch = micro_batch.inputs or forward.kwargs
-            mean = self._run(index, micro_batch, forward.rng, forward.autocast,
-                             lambda: self.rule.loss_fn(self.module, detached(batch)), first_only=True)
-            if self.rule.loss_fn_sums:
-                summed, count = mean
-                return summed, int(count)
-            count = self._user_count(micro_batch)
-            return mean * count, count
+            batch = micro_batch.inputs or forward.kwargs or forward.args
+            result = self._run(index, micro_batch, forward.rng, forward.autocast,
+                               lambda: self.rule.loss_fn(self.module, detached(batch)), first_only=True)
+            if isinstance(result, (tuple, list)):  # (the loss summed over the batch's items, its items)
+                summed, count = result
+                return summed, float(count)
+            count = self._user_count(micro_batch)  # one tensor: the mean over the batch's rows
+            return result * count, count
         output = self._forward(index, micro_batch)
         if self.kind is None:
             self.kind = self._find_kind(micro_batch, output)
@@ -141,7 +143,8 @@ class Replayer:
                                 micro_batch.trained.kwargs.get("num_items_in_batch"), self.tolerance)
         if kind is None:
             raise NotReplayable(f"the loss of {type(losses.base_model(self.module)).__name__} is none the audit "
-                                "computes by hand: pass loss_fn=lambda model, batch: <its mean loss> to the audit")
+                                "computes by hand: pass loss_fn=lambda model, batch: (its loss summed over the "
+                                "batch's items, the items) to the audit")
         return kind
 
     def _user_count(self, micro_batch: MicroBatch) -> int:
@@ -150,7 +153,8 @@ class Replayer:
         kind = losses.model_kind(self.module, labels) if labels is not None else None
         if kind is not None and self.kind == losses.USER_LOSS:
             return losses.items(kind, labels, shift)
-        return _rows(micro_batch.inputs or micro_batch.trained.kwargs)
+        forward = micro_batch.trained
+        return _rows(micro_batch.inputs or forward.kwargs or dict(enumerate(forward.args)))
 
     def _trainer_loss(self, index: int, micro_batch: MicroBatch):
         """A trainer whose loss is its own (no labels in the batch: TRL's DPO): its compute_loss, replayed whole from

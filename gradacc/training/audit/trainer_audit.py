@@ -91,7 +91,7 @@ class _Window:
         setup = Setup("trainer", trainer.model, self.recorder, args.gradient_accumulation_steps, args.world_size,
                       "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32", rule, custom, trainer,
                       wrapped.no_sync if wrapped is not trainer.model and hasattr(wrapped, "no_sync")
-                      else contextlib.nullcontext, model_name(trainer.model))
+                      else contextlib.nullcontext, losses.model_name(trainer.model))
         counted = next((m.counted_items for m in self.micro_batches if m.counted_items is not None), None)
         self.verdict = measure(setup, self.micro_batches, self.log, counted_items=counted)
 
@@ -134,11 +134,6 @@ def _logged_loss_check(logged: float, verdict: Verdict) -> Check:
         return Check("logged_loss", False, detail + ", by the gradient's own cause")
     return Check("logged_loss", False, detail, "return from training_step the loss on the scale it is "
                  "back-propagated (Trainer logs the sum of what training_step returns over the window)")
-
-
-def model_name(model) -> str:
-    base = losses.base_model(model)
-    return type(base).__name__ + (" (PEFT)" if base is not model else "")
 
 
 class AccumulationAudit(TrainerCallback):

@@ -72,7 +72,7 @@ class Check:
 
 @dataclass(frozen=True)
 class Verdict:
-    who: str                       # "trainer" or "accelerate"
+    who: str                       # "trainer", "accelerate" or "loop"
     kind: str | None               # the model's loss kind (losses.KINDS)
     k: int                         # the configured accumulation steps
     micro_batches: int             # in the audited window (this process)
@@ -156,7 +156,8 @@ def clip_check(clips: tuple, micro_batches: int, who: str) -> Check:
     early = [c for c in clips if c.after_micro_batch < micro_batches]
     if not early:
         return Check("clipping", True, f"clipped once, after the window ({said})")
-    fix = ("let Trainer clip once per window (TrainingArguments(max_grad_norm=...)), not training_step"
-           if who == "trainer" else "clip only when accelerator.sync_gradients, right before optimizer.step()")
+    fix = {"trainer": "let Trainer clip once per window (TrainingArguments(max_grad_norm=...)), not training_step",
+           "loop": "clip once per window: after the window's last backward, right before optimizer.step()"}.get(
+        who, "clip only when accelerator.sync_gradients, right before optimizer.step()")
     return Check("clipping", False, f"clipping ran inside the window ({said})", fix)
 

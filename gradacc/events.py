@@ -335,5 +335,10 @@ def read_events(path: str | Path) -> list[dict]:
             if isinstance(event, dict) and "event" in event:
                 found.append(event)
     if not any(e["event"] == STEP for e in found):
+        ended = next((e for e in reversed(found) if e["event"] == RUN_ENDED), None)
+        if ended is not None:  # a run that failed before its first step: say why, not that the file is wrong
+            reason = f" ({ended['reason']})" if ended.get("reason") else ""
+            raise GradaccError(f"{Path(path).name!r} is a run that {ended.get('status') or FAILED} before its first "
+                               f"step{reason}: it has no loss to compare.")
         raise GradaccError(f"{Path(path).name!r} has no training steps; pass a file written by --metrics-out.")
     return found

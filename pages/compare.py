@@ -21,10 +21,11 @@ if not runs:
     st.info("No runs yet: start one on the Train page (or run a demo), then come back.")
     st.stop()
 
-chosen_ids = st.multiselect("Runs", list(runs), default=run_names.default_picks(all_runs, owner),
+picks = run_names.default_picks(all_runs, owner)
+chosen_ids = st.multiselect("Runs", list(runs), default=picks,
                             format_func=lambda run_id: run_names.title(runs[run_id]), key="compare_runs")
 if not chosen_ids:
-    st.info("Pick one or more runs above.")
+    st.info("Pick one or more runs above." if picks else run_names.NO_PICKS)
     st.stop()
 any_live = any(runs[run_id].is_live for run_id in chosen_ids)
 

@@ -72,6 +72,20 @@ def recorded_run(m: int = 8, k: int = 4, steps: int = 6, seconds_per_step: float
     return [event | {"time": time} for event, time in zip(found, times)]
 
 
+# Real runs recorded with --metrics-out, for tests that need a real curve's figures (tests/analysis/runs/: how
+# each was made is said where it is used).
+REAL_RUNS = ROOT / "tests" / "analysis" / "runs"
+
+
+def real_run_events(name: str) -> list[dict]:
+    """The events of the recorded real run ``name`` (REAL_RUNS/name.jsonl.gz)."""
+    import gzip
+    import json
+
+    with gzip.open(REAL_RUNS / f"{name}.jsonl.gz", "rt", encoding="utf-8") as lines:
+        return [json.loads(line) for line in lines if line.strip()]
+
+
 def write_events(path, events: list[dict]) -> str:
     """A --metrics-out file of ``events``."""
     import json

@@ -8,7 +8,7 @@ import statistics
 
 from gradacc import events as ev
 from gradacc.choices import PITFALLS
-from gradacc.analysis import window_scale
+from gradacc.analysis import divergence, window_scale
 from gradacc.analysis.run_names import DATA_FIELDS, _value, config_differences, field_name
 
 
@@ -38,6 +38,7 @@ def run_figures(run_events: list[dict]) -> dict:
         "config": started.get("config") or {},
         "effective_batch": started.get("effective_batch"),
         "curve": {e["samples_seen"]: e["loss"] for e in steps if e.get("loss") is not None},
+        "steps": {e["samples_seen"]: e["step"] for e in steps},
         "peak_activation_bytes": max(activations) if activations else None,
         "time_per_step_s": last["elapsed_s"] / last["step"] if last.get("step") else None,
         "step_seconds": step_seconds(steps, "elapsed_s"),
@@ -116,7 +117,9 @@ def headline(events_a: list[dict], events_b: list[dict], name_differences: bool 
     peak activation bytes over B's: >1 means B holds fewer),
     ``time_per_step_ratio`` and ``samples_per_s_ratio`` (B over A; measured, never said: see ``_claims``),
     ``effective_batch`` [A, B], ``eval`` {metric: [A, B]} (F1 when both have it, else every eval metric both
-    runs report), ``differences`` (config fields), ``same_data``, ``same_effective_batch``, and ``headline``.
+    runs report), ``differences`` (config fields), ``same_data``, ``same_effective_batch``, ``agree_steps``,
+    ``agree_max``, ``agree_last_step`` and ``part_step`` (where the curves agree and part: divergence.agreement),
+    ``verdict`` (divergence.SAME, EXPLAINED, DIFFERS or FAILED: what the box that shows it means), and ``headline``.
     ``name_differences``: say which settings differ beside different curves (a page whose run names already say
     it passes False, so the headline stays short).
     """
@@ -157,7 +160,13 @@ def headline(events_a: list[dict], events_b: list[dict], name_differences: bool 
     clock = "step_cpu_seconds" if a["step_cpu_seconds"] and b["step_cpu_seconds"] else "step_seconds"
     figures["step_seconds_quartiles"] = [quartiles(a[clock]), quartiles(b[clock])]
     figures["step_seconds_clock"] = "cpu" if clock == "step_cpu_seconds" else "wall"
-    claim, reason = _loss_claim(figures, a["config"], b["config"], name_differences)
+    figures.update(divergence.agreement(a["steps"], a["curve"], b["curve"]))
+    failed = divergence.failure(events_a, events_b)
+    if failed:  # a run without a curve has no figures to set beside the other's: say why, never "vs none"
+        return {**figures, "loss_claim": failed, "loss_title": failed, "memory_claim": None, "scale_claim": None,
+                "verdict": divergence.FAILED, "headline": failed}
+    claim, reason, figures["verdict"] = _loss_claim(figures, a["config"], b["config"], name_differences,
+                                                    events_a, events_b)
     figures["loss_claim"] = f"{claim}: {reason}" if reason else claim
     figures["loss_title"] = claim  # a chart's title: the claim, its reason left to the headline
     figures["memory_claim"] = _memory_claim(figures["activation_ratio"])
@@ -212,8 +221,9 @@ def _percent(share: float) -> str:
     return f"{share:.0%}" if share >= 0.095 else f"{share:.1%}" if share >= 0.001 else f"{share:.0e}"
 
 
-def _loss_claim(figures: dict, config_a: dict, config_b: dict, name_differences: bool = True) -> tuple[str, str | None]:
-    """(what the loss curves show, why, where the headline knows it)."""
+def _loss_claim(figures: dict, config_a: dict, config_b: dict, name_differences: bool = True,
+                events_a: list[dict] = (), events_b: list[dict] = ()) -> tuple[str, str | None, str]:
+    """(what the loss curves show, where they part and why, the verdict: divergence.SAME, EXPLAINED or DIFFERS)."""
     rel_diff = figures["loss_max_rel_diff"]
     caveats = []
     if not figures["same_data"]:
@@ -223,9 +233,11 @@ def _loss_claim(figures: dict, config_a: dict, config_b: dict, name_differences:
         batch_a, batch_b = figures["effective_batch"]
         caveats.append(f"different effective batches ({batch_b} vs {batch_a})")
     if rel_diff is None:
-        return "; ".join(caveats + ["no loss at the same samples seen to compare"]).capitalize(), None
+        return "; ".join(caveats + ["no loss at the same samples seen to compare"]).capitalize(), None, \
+            divergence.EXPLAINED if caveats else divergence.DIFFERS
     if caveats:  # honest: such curves are not expected to be equal, whatever the numbers say
-        return ("; ".join(caveats) + f": loss differs{_differs(figures).removeprefix(': loss')}").capitalize(), None
+        return ("; ".join(caveats) + f": loss differs{_differs(figures).removeprefix(': loss')}").capitalize(), None, \
+            divergence.EXPLAINED
     if config_a.get("trainer_library_default") != config_b.get("trainer_library_default") and \
             figures.get("loss_ratio_median") and config_a.get("grad_accum_steps") == config_b.get("grad_accum_steps"):
         k = config_a.get("grad_accum_steps")
@@ -234,15 +246,15 @@ def _loss_claim(figures: dict, config_a: dict, config_b: dict, name_differences:
         side = "with Trainer's default" if default_is_b else "with gradacc's fix"
         return (f"Loss {_times(median)} {side} "
                 f"(median of {figures['loss_points_above_noise']} steps)",
-                f"Trainer's default did not divide the loss by k={k}")
+                f"Trainer's default did not divide the loss by k={k}", divergence.EXPLAINED)
     if rel_diff < IDENTICAL:  # identity is judged on every shared step: the largest difference
-        return f"Loss curves identical (max difference {_size(rel_diff)})", None
+        return f"Loss curves identical (max difference {_size(rel_diff)})", None, divergence.SAME
     if rel_diff < MATCH:
-        return f"Loss curves match (max difference {_size(rel_diff)})", None
-    what = ", ".join(_versus(n, config_a, config_b) for n in figures["differences"]) or "nothing in the config"
+        return f"Loss curves match (max difference {_size(rel_diff)})", None, divergence.SAME
     # The charts' x axis says "samples seen": the headline stays short.
-    claim = f"Loss curves differ{_differs(figures)}"
-    return (f"{claim} ({what} differ)" if name_differences else claim), None
+    why, verdict = divergence.cause(figures, figures["differences"], config_a, config_b, list(events_a),
+                                    list(events_b), name_differences)
+    return f"Loss curves differ{_differs(figures)}", why and f"{divergence.where(figures)} — {why}", verdict
 
 
 def _pitfall_claim(config_a: dict, config_b: dict) -> str | None:

@@ -5,13 +5,22 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from gradacc import events as ev
 from gradacc.config import RunConfig
 from gradacc.labels import FIELD_LABELS
 
 
+# A failed run's reason in the picker is cut to this many characters: the picker is one line per run.
+REASON_CHARS = 90
+
+
 def title(run) -> str:
-    """How a run is named in the picker and the legends: its label, a short id, its status."""
-    return f"{run.name} · {run.run_id[-6:]} · {run.status}" if run.label else f"{run.run_id} · {run.status}"
+    """How a run is named in the picker and the legends: its label, a short id, its status (a failed run's with its
+    reason, so it is never mistaken for a run to compare)."""
+    status, reason = run.status, run.reason
+    if status == ev.FAILED and reason:
+        status += f": {reason if len(reason) <= REASON_CHARS else reason[:REASON_CHARS - 1] + '…'}"
+    return f"{run.name} · {run.run_id[-6:]} · {status}" if run.label else f"{run.run_id} · {status}"
 
 
 def legend_name(run) -> str:
@@ -88,19 +97,25 @@ def differing_labels(configs: dict[str, dict]) -> dict[str, str]:
     return labels
 
 
-def default_picks(runs, owner: str, count: int = 2) -> list[str]:
-    """The runs Compare opens with: ``owner``'s newest run and their newest one comparable to it (the same
-    data and model, so the headline has something to say); else their newest runs; else the server's.
+# What Compare says when it has no two runs to open with.
+NO_PICKS = ("No two completed runs of the same model and data to compare yet: pick runs above, or train two on the "
+            "Train page (the same model and data, another m and k) and come back.")
+
+
+def default_picks(runs, owner: str) -> list[str]:
+    """The two runs Compare opens with: completed runs of the same model and data, so the headline compares like
+    with like: ``owner``'s newest run that has such a partner, and its newest partner; else the server's; else none
+    (the page says what to do). A failed, stopped or live run has no whole curve: never picked for the visitor.
 
     ``runs`` are newest first.
     """
-    own = [run for run in runs if run.owner == owner] or list(runs)
-    if not own:
-        return []
-    newest = own[0]
-    same = [run for run in own[1:] if _comparable(newest.config, run.config)]
-    picks = [newest, *same] if same else own
-    return [run.run_id for run in picks[:count]]
+    completed = [run for run in runs if run.status == ev.COMPLETED]
+    for pool in ([run for run in completed if run.owner == owner], completed):
+        for index, newest in enumerate(pool):
+            partner = next((run for run in pool[index + 1:] if _comparable(newest.config, run.config)), None)
+            if partner is not None:
+                return [newest.run_id, partner.run_id]
+    return []
 
 
 def _comparable(config_a: dict, config_b: dict) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import streamlit as st
 
 from gradacc import events as ev
-from gradacc.analysis import compare, run_names
+from gradacc.analysis import compare, divergence, run_names
 from gradacc.analysis.headline import headline as two_run_headline
 from gradacc.app import charts, server
 from gradacc.app.live_chart import live_chart
@@ -65,18 +65,29 @@ def against_line(figures: dict, labels: dict[str, str]) -> str:
     return line
 
 
+# The box each verdict is shown in: green only for the same curves; a difference whose cause is not accumulation
+# informs; one measured where only accumulation differs warns; a run without a curve is an error.
+VERDICT_BOXES = {divergence.SAME: "success", divergence.EXPLAINED: "info", divergence.DIFFERS: "warning",
+                 divergence.FAILED: "error"}
+
+
 def headline_box(figures: dict, runs) -> str:
-    """'success' or 'warning': a headline whose runs warned or did not complete is not a green result."""
+    """'success', 'info', 'warning' or 'error', as the headline's verdict means (VERDICT_BOXES); a headline whose
+    runs warned or did not complete is neither green nor blue."""
     by_id = {run.run_id: run for run in runs}
     pair = [by_id[run_id] for run_id in figures["pair"]]
+    box = VERDICT_BOXES[figures["verdict"]]
     warned = any((run.ended or {}).get("warnings") for run in pair)
-    return "warning" if warned or any(run.status != ev.COMPLETED for run in pair) else "success"
+    if box in ("success", "info") and (warned or any(run.status != ev.COMPLETED for run in pair)):
+        return "warning"
+    return box
 
 
 def show_headline(figures: dict | None, runs, labels: dict[str, str]) -> None:
     if figures is None:
         return
-    box = st.warning if headline_box(figures, runs) == "warning" else st.success
+    box = {"success": st.success, "info": st.info, "warning": st.warning,
+           "error": st.error}[headline_box(figures, runs)]
     with st.container(key="headline"):
         box(f"### {figures['headline']}\n{against_line(figures, labels)}", icon="📣")
 

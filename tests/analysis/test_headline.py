@@ -9,7 +9,7 @@ import pytest
 from gradacc import cli
 from gradacc.cli import options as cli_options
 from gradacc import events as ev
-from gradacc.analysis import headline, run_names
+from gradacc.analysis import divergence, headline, run_names
 from gradacc.config import RunConfig
 
 
@@ -58,7 +58,9 @@ def test_curves_apart_at_a_few_steps_only_say_both_the_largest_and_the_median_di
     a = run_events(m=32, k=1, losses=(*start, 0.05), dropout=0.0)
     b = run_events(m=4, k=8, losses=(*(loss * (1 + 1e-7) for loss in start), 0.051), dropout=0.0)
     figures = headline.headline(a, b, name_differences=False)
-    assert figures["loss_claim"] == "Loss curves differ by up to 2.0% (median 1e-07)"
+    assert figures["loss_claim"] == ("Loss curves differ by up to 2.0% (median 1e-07): identical to 1e-07 for steps "
+                                     f"1–5, apart from step 6 — {divergence.ROUNDING}")
+    assert figures["verdict"] == divergence.EXPLAINED
 
 
 def test_different_curves_name_what_differs():
@@ -68,8 +70,14 @@ def test_different_curves_name_what_differs():
     assert figures["loss_max_rel_diff"] == pytest.approx(0.3)
     # naive described against exact: naive's values first, as the names are said; the median over the three steps
     # (0, 10 and 30 % apart), not the largest.
-    assert figures["headline"].startswith("Loss curves differ by 10% (median of 3 steps) "
-                                          "(normalisation naive vs exact differ)")
+    assert figures["headline"].startswith("Loss curves differ by 10% (median of 3 steps): identical to the bit for "
+                                          "step 1, apart from step 2 — normalisation naive vs exact differs · ")
+    assert figures["verdict"] == divergence.EXPLAINED
+    # A page naming each run by what differs ("naive", "exact") leaves the setting to the names: the headline stays
+    # short (a demo's on a projector), and blue, not green.
+    short = headline.headline(exact, naive, name_differences=False)
+    assert short["loss_claim"] == "Loss curves differ by 10% (median of 3 steps)"
+    assert short["verdict"] == divergence.EXPLAINED
     assert "activations the same" in figures["headline"]
     # One run of each cannot tell an effect from seed noise: the scores are shown, not explained.
     assert "F1 0.800 vs 0.900 (one seed each)" in figures["headline"]
@@ -124,7 +132,8 @@ def test_cli_compare_prints_the_headline_or_json(tmp_path, capsys):
 def test_a_loss_hundreds_of_times_larger_is_said_as_a_ratio_not_a_bounded_percentage():
     figures = headline.headline(run_events(losses=(0.7, 0.5, 0.3), learning_rate=0.005),
                                 run_events(losses=(140.0, 150.0, 171.0), learning_rate=5.0))
-    assert figures["loss_claim"] == "Loss curves differ: loss 300× larger (median of 3 steps) (lr 5 vs 0.005 differ)"
+    assert figures["loss_claim"] == ("Loss curves differ: loss 300× larger (median of 3 steps): apart from step 1 — "
+                                     "lr 5 vs 0.005 differs")
 
 
 def test_a_loss_ratio_is_the_median_over_the_steps_above_noise_not_a_maximum_over_near_zero_losses():
@@ -199,3 +208,30 @@ def test_a_run_without_a_memory_budget_is_named_so():
                "free": RunConfig(micro_batch_size=64, grad_accum_steps=1).check().to_dict()}
     assert run_names.differing_labels(configs) == {"wall": "m=64, k=1, budget 450 MB",
                                                  "free": "m=64, k=1, no memory budget"}
+
+
+def test_curves_that_part_after_naive_stepped_a_short_window_at_another_scale_are_not_called_rounding():
+    """Both runs naive ÷k, 204 examples an epoch: six windows of 32, then 12 left. m=8, k=4 steps them as 8 + 4
+    (0.375× and 0.75× their due), m=4, k=8 as 4 + 4 + 4 (0.375×): another update, measured, not float rounding,
+    though the curves agreed for the 7 steps before."""
+    def short_window_run(m, k, last_micro_batches, losses, normalization):
+        found = run_events(m=m, k=k, losses=losses, loss_normalization=normalization, dropout=0.0)
+        seen = [32 * n for n in range(1, 7)] + [204] + [204 + 32 * n for n in range(1, 4)]
+        for event, samples in zip([e for e in found if e["event"] == ev.STEP], seen):
+            event.update(samples_seen=samples, micro_batches=last_micro_batches if samples == 204 else k)
+        return found
+
+    agreed = (0.7, 0.65, 0.6, 0.55, 0.5, 0.45, 0.4)
+
+    def pair(normalization):
+        return (short_window_run(8, 4, 2, (*agreed, 0.38, 0.36, 0.34), normalization),
+                short_window_run(4, 8, 3, (*agreed, 0.39, 0.37, 0.35), normalization))
+
+    figures = headline.headline(*pair("naive"), name_differences=False)
+    assert figures["agree_steps"] == 7 and figures["part_step"] == 8
+    assert figures["loss_claim"].endswith("identical to the bit for steps 1–7, apart from step 8 — naive: 1 of 10 "
+                                          "steps at 0.38× their gradient"), figures["loss_claim"]
+    assert divergence.ROUNDING not in figures["headline"] and figures["verdict"] == divergence.DIFFERS
+    # The same curves of two exact runs: every window stepped whole, so the late part is rounding's.
+    figures = headline.headline(*pair("exact"), name_differences=False)
+    assert figures["loss_claim"].endswith(divergence.ROUNDING) and figures["verdict"] == divergence.EXPLAINED

@@ -2,8 +2,10 @@
 
 from app_support import APP, SCRIPT_TIMEOUT_S, chart, charts, open_app
 from streamlit.testing.v1 import AppTest
+from support import real_run_events
 
 from gradacc import events as ev
+from gradacc.analysis import divergence, run_names
 from gradacc.config import RunConfig
 from gradacc.serving.store import RunStore
 
@@ -110,3 +112,68 @@ def test_the_visitors_own_runs_are_picked_first(app_home):
     picker = at.multiselect(key="compare_runs")
     assert len(picker.options) == 5
     assert picker.value == ["20250101-120100-mine02", "20250101-120000-mine01"]
+
+
+FAILED_REASON = "Could not load model 'no/such-model' from the hub: offline."
+
+
+def store_failed_run(store: RunStore, run_id: str, owner: str = "another-visitor") -> None:
+    """A run that failed before its first step (a hub id that cannot load): no run_started, no step."""
+    config = RunConfig(model="no/such-model").to_dict()
+    store.create_run(run_id, owner, config, "no/such-model m8×k4")
+    store.append_event(run_id, ev.run_ended(status=ev.FAILED, reason=FAILED_REASON, steps=0, wall_s=0.5,
+                                            field="model"))
+
+
+def store_events(store: RunStore, run_id: str, label: str, run_events: list[dict],
+                 owner: str = "another-visitor") -> None:
+    """A run as the run manager would have stored it, from recorded events."""
+    config = next(e for e in run_events if e["event"] == ev.RUN_STARTED)["config"]
+    store.create_run(run_id, owner, config, label)
+    for event in run_events:
+        store.append_event(run_id, event)
+
+
+def test_a_failed_run_is_offered_as_failed_with_its_reason_and_never_opened_with(app_home):
+    """A new session on a server whose newest run failed: Compare opens on the two completed runs, and the failed
+    one, picked by hand, is said failed with its reason, never set beside the other as "none" figures."""
+    store = RunStore(app_home / "runs.sqlite3")
+    store_run(store, "20250101-120000-aaaaaa", "pytorch m8×k4", "pytorch", 8, 4, 0.75)
+    store_run(store, "20250101-120100-bbbbbb", "pytorch m4×k8", "pytorch", 4, 8, 0.75)
+    store_failed_run(store, "20250101-120200-ffffff")
+    store.close()
+
+    at = open_app("compare")
+    picker = at.multiselect(key="compare_runs")
+    assert picker.value == ["20250101-120100-bbbbbb", "20250101-120000-aaaaaa"]
+    assert f"no/such-model m8×k4 · ffffff · failed: {FAILED_REASON}" in picker.options
+    assert next(e.value for e in at.success if e.value.startswith("### ")).startswith("### Loss curves identical")
+
+    at.multiselect(key="compare_runs").set_value(["20250101-120000-aaaaaa", "20250101-120200-ffffff"]).run()
+    said = next(e.value for e in at.error if e.value.startswith("### "))
+    assert said.startswith(f"### No loss to compare: the second run failed before its first step ({FAILED_REASON})")
+    assert "none" not in said.split("\n")[0] and not at.exception
+
+
+def test_without_two_comparable_completed_runs_nothing_is_picked_and_the_page_says_what_to_do(app_home):
+    store = RunStore(app_home / "runs.sqlite3")
+    store_run(store, "20250101-120000-aaaaaa", "pytorch m8×k4", "pytorch", 8, 4, 0.75)
+    store_failed_run(store, "20250101-120200-ffffff")
+    store.close()
+
+    at = open_app("compare")
+    assert at.multiselect(key="compare_runs").value == []
+    assert at.info[0].value == run_names.NO_PICKS
+
+
+def test_runs_parted_by_rounding_are_explained_in_an_information_box_not_a_green_one(app_home):
+    store = RunStore(app_home / "runs.sqlite3")
+    store_events(store, "20250101-120000-aaaaaa", "m8×k4", real_run_events("tiny-bert-m8k4-dropout0"))
+    store_events(store, "20250101-120100-bbbbbb", "m4×k8", real_run_events("tiny-bert-m4k8-dropout0"))
+    store.close()
+
+    at = open_app("compare")
+    said = next(e.value for e in at.info if e.value.startswith("### "))
+    assert said.startswith("### Loss curves differ by ") and divergence.ROUNDING in said
+    assert "apart from step 43" in said and "**m=8, k=4** against **m=4, k=8**" in said  # the older against the newer
+    assert not [e for e in at.success if e.value.startswith("### ")]

@@ -50,8 +50,8 @@ def test_a_demo_link_opens_that_demo_and_a_bad_one_says_so(demo_home):
 
 
 def headline(at: AppTest) -> str | None:
-    """The result sentence, written as a Markdown heading in a success or warning box."""
-    return next((e.value for e in [*at.success, *at.warning] if e.value.startswith("### ")), None)
+    """The result sentence, written as a Markdown heading in a box of its verdict's colour."""
+    return next((e.value for e in [*at.success, *at.info, *at.warning, *at.error] if e.value.startswith("### ")), None)
 
 
 def loss_chart_of(at: AppTest) -> dict:

@@ -84,9 +84,19 @@ def hooks_off(module):
             d.update(items)
 
 
-def summed_loss(kind, logits, labels):
+def smoothed_cross_entropy(logits, labels, epsilon):
+    """Σ (1 − ε)·(−log p_label) + ε·(mean over the classes of −log p): label smoothing written out."""
+    logp = torch.log_softmax(logits, dim=-1)
+    nll = -logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    return ((1 - epsilon) * nll - epsilon * logp.mean(dim=-1)).sum()
+
+
+def summed_loss(kind, logits, labels, label_smoothing=0.0):
     """(sum of the per-item losses, number of items) of one micro-batch."""
     logits = logits.float()
+    if kind == "classification" and label_smoothing:
+        return smoothed_cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1), label_smoothing), \
+            labels.numel()
     if kind == "classification":
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1), reduction="sum"), labels.numel()
     if kind == "regression":
@@ -127,8 +137,9 @@ class Truth:
     """See the module. ``kind``: classification | regression | token | causal | dpo | targets (nanoGPT's
     ``model(x, y)``: the targets are the forward's second positional argument, -1 ignored)."""
 
-    def __init__(self, model, kind, ref_model=None, beta=0.1):
+    def __init__(self, model, kind, ref_model=None, beta=0.1, label_smoothing=0.0):
         self.model, self.kind, self.beta, self.ref_model = model, kind, beta, ref_model
+        self.label_smoothing = label_smoothing
         self.records, self.ref_records = [], []
         self.open = True
         self.result = None
@@ -282,7 +293,7 @@ class Truth:
         labels = [self._labels(r) for r in records]
         total = sum(summed_loss_items(self.kind, l) for l in labels)
         for record, label in zip(records, labels):
-            loss, items = summed_loss(self.kind, self._logits_checked(record, checks), label)
+            loss, items = summed_loss(self.kind, self._logits_checked(record, checks), label, self.label_smoothing)
             (loss / total).backward()
             per_batch.append(items)
         return {"micro_batches": len(records), "window_items": total, "items": per_batch, "replay_bitwise": checks}

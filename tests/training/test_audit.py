@@ -179,7 +179,7 @@ def test_zero_grad_and_a_scheduler_stepped_inside_the_window_are_named():
                              trainer_class=Misplaced)
     assert verdict.gradient == V.ZEROED and "micro-batch 1, 2, 3 of 4" in verdict.meaning, verdict.line
     assert verdict.check("scheduler").ok is False and "5×" in verdict.check("scheduler").detail
-    assert "remove zero_grad from training_step" in verdict.fix
+    assert "remove zero_grad from Misplaced.training_step" in verdict.fix
     fixed, _ = run_trainer(classifier(), None, cls_data(), padding_collator(), loss_func=token_mean_loss)
     assert fixed.ok and fixed.check("scheduler").ok, fixed.line
 
@@ -232,7 +232,7 @@ def test_a_compute_loss_that_divides_by_k_on_top_of_num_items_is_k_times_too_sma
     verdict, truth = run_trainer(classifier(), "classification", cls_data(), padding_collator(),
                                  loss_func=token_mean_loss, trainer_class=DividedAgain)
     agrees_with_truth(verdict, truth)
-    assert verdict.gradient == V.DIVIDED_TWICE and "do not divide the loss by k yourself" in verdict.fix
+    assert verdict.gradient == V.DIVIDED_TWICE and "remove the ÷k from DividedAgain.compute_loss" in verdict.fix
     fixed, _ = run_trainer(classifier(), None, cls_data(), padding_collator(), loss_func=token_mean_loss)
     assert fixed.ok, fixed.line
 

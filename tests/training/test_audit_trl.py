@@ -79,4 +79,4 @@ def test_dpo_trainer_on_a_tiny_pair_set_is_exact(tmp_path):
     verdict, truth = train(trainer, "dpo", ref_model=trainer.ref_model, beta=args.beta)
     agrees_with_truth(verdict, truth)
     assert verdict.ok and verdict.gradient == V.EXACT, verdict.line
-    assert verdict.kind == "the trainer's own loss" and verdict.micro_batches == 2
+    assert verdict.kind == "DPO's loss" and verdict.micro_batches == 2 and verdict.items == (2, 2)  # pairs

@@ -127,6 +127,7 @@ class MicroBatch:
     inputs: dict | None = None          # Trainer: compute_loss's inputs, labels included
     rng: RandomState | None = None      # Trainer: the random state compute_loss started from
     counted_items: float | None = None  # Trainer: num_items_in_batch (what it divides the window's loss by)
+    returned: float | None = None       # Trainer: what compute_loss returned (the loss it back-propagates, before ÷k)
 
     @property
     def trained(self) -> Forward | None:

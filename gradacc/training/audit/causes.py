@@ -27,6 +27,11 @@ SUMMED_LOSS = {
     losses.USER_LOSS: "the summed loss your loss_fn returns"}
 # A plain loop's clipping: once per window, on the whole window's gradient.
 CLIP_ONCE = "clip once per window: after the window's last backward, right before optimizer.step()"
+# A trainer whose loss is a mean per micro-batch and that gets no num_items_in_batch (TRL's DPO): no setting weights a
+# short micro-batch by its items; dropping it does.
+SHORT_MICRO_BATCH = ("drop the short micro-batch: TrainingArguments(dataloader_drop_last=True), or a dataset whose size "
+                     "is a multiple of per_device_train_batch_size (the trainer passes compute_loss no "
+                     "num_items_in_batch, so no setting weights a micro-batch by its items)")
 # How a loop counts a micro-batch's items, by kind, in words.
 ITEMS = {losses.CLASSIFICATION: "its labels other than -100", losses.TOKEN: "its labels other than -100",
          losses.REGRESSION: "its label values", losses.MULTI_LABEL: "its label values",
@@ -50,7 +55,11 @@ class Evidence:
     clips: tuple
     zero_grads: tuple             # micro-batch counts after which an effective zero_grad ran
     backwards: int | None         # Accelerate: accelerator.backward calls in the window
-    custom_loss: str | None = None  # "compute_loss_func", "label_smoother", "compute_loss" (Trainer), "loss_fn"
+    # "compute_loss_func", "compute_loss" (a framework's own, replayed), "loss_fn", or the user's override of
+    # Trainer's: "TheirTrainer.compute_loss" / "TheirTrainer.training_step"
+    custom_loss: str | None = None
+    loss_ratio: float | None = None   # an override's returned loss ÷ the model's mean loss (constant over the window)
+    override: str | None = None       # the user's own Trainer method, "TheirTrainer.training_step" (or compute_loss)
 
 
 def name(e: Evidence) -> tuple[str, str, str | None]:
@@ -104,12 +113,35 @@ def _plain_scale(e: Evidence) -> tuple[str, str, str | None]:
                     f"divided by {1 / fit.scale:.4g}× the window's {e.window_items:g} items", _fix_scaled(e))
 
 
+def overrides(custom_loss: str | None) -> bool:
+    """Whether the loss code is the user's override of a Trainer method ("TheirTrainer.compute_loss")."""
+    return bool(custom_loss) and "." in custom_loss
+
+
+def _override_fix(e: Evidence) -> str:
+    """The fix in the user's own override: the place in their code that decides the scale."""
+    where = e.custom_loss
+    if e.loss_ratio is not None and e.k > 1 and abs(e.loss_ratio - e.k) <= 1e-3 * e.k:
+        return (f"remove the factor of k from {where}: it returns {e.k}× the model's mean loss, and Trainer divides "
+                "by k itself")
+    if where.endswith("training_step"):
+        return f"return from {where} the loss compute_loss gives, on the scale Trainer gave it"
+    if e.kind in (losses.CAUSAL, losses.FUSED_CAUSAL):
+        return (f"in {where}, pass num_items_in_batch to the model, model(**inputs, "
+                "num_items_in_batch=num_items_in_batch).loss: its loss then sums over the window's tokens (Trainer "
+                "divides by k only for a model that does not take it)")
+    return (f"in {where}, return the micro-batch's loss summed over its items ÷ num_items_in_batch (the argument "
+            "Trainer passes it, counted over the whole window)")
+
+
 def _why_k_times(e: Evidence) -> str:
     if e.who == "loop":
         return "each micro-batch's mean loss was back-propagated as it is, and the window adds up k of them"
     if e.who == "accelerate":
         return ("the loss was back-propagated without Accelerate's ÷k (loss.backward())" if not e.backwards else
                 "the loss handed to accelerator.backward was k× each micro-batch's mean")
+    if overrides(e.custom_loss):
+        return f"{e.custom_loss} returns {e.loss_ratio:.4g}× the model's mean loss per micro-batch"
     if e.custom_loss == "compute_loss_func":
         return "your compute_loss_func returns a mean per micro-batch, and Trainer leaves the ÷k to it"
     if e.custom_loss == "compute_loss":
@@ -120,6 +152,8 @@ def _why_k_times(e: Evidence) -> str:
 
 def _loss_func_fix(e: Evidence) -> str | None:
     """Trainer: the compute_loss_func for this kind, or words about the user's own loss."""
+    if overrides(e.custom_loss):
+        return _override_fix(e)
     if e.custom_loss == "compute_loss_func":
         return ("make your compute_loss_func return the loss summed over the micro-batch's items ÷ "
                 "num_items_in_batch (Trainer counts it over the whole window)")
@@ -161,6 +195,8 @@ def _loop_items_fix(e: Evidence) -> str:
 def _fix_weighting(e: Evidence) -> str | None:
     if e.who == "loop":
         return _loop_items_fix(e)
+    if e.who == "trainer" and e.kind in (losses.DPO, losses.TRAINER_LOSS) and not overrides(e.custom_loss):
+        return SHORT_MICRO_BATCH
     if e.who == "trainer":
         return _loss_func_fix(e)
     items = ITEMS.get(e.kind, "its items")
@@ -191,6 +227,8 @@ def _fix_short_window(e: Evidence) -> str:
 def _fix_twice(e: Evidence) -> str:
     if e.who == "loop":
         return "divide the loss by k once, not twice"
+    if e.override:
+        return f"remove the ÷k from {e.override}: Trainer divides by k (or num_items_in_batch does)"
     return ("drop your own ÷k: accelerator.backward(loss) divides by k" if e.who == "accelerate" else
             "do not divide the loss by k yourself: Trainer does (or num_items_in_batch does)")
 
@@ -198,6 +236,8 @@ def _fix_twice(e: Evidence) -> str:
 def _fix_scaled(e: Evidence) -> str:
     if e.who == "loop":
         return _loop_items_fix(e)
+    if overrides(e.custom_loss):
+        return _override_fix(e)
     return (f"divide the window's summed loss by its {e.window_items:g} items "
             f"({ITEMS.get(e.kind, 'its items')}), once per window")
 
@@ -205,12 +245,17 @@ def _fix_scaled(e: Evidence) -> str:
 def _fix_clipping(e: Evidence) -> str:
     if e.who == "loop":
         return CLIP_ONCE
+    if e.override:
+        return (f"remove the clipping from {e.override} and let Trainer clip once per window "
+                "(TrainingArguments(max_grad_norm=...))")
     return ("let Trainer clip once per window (TrainingArguments(max_grad_norm=...)) and remove the clipping from "
             "training_step" if e.who == "trainer" else
             "clip only when accelerator.sync_gradients, right before optimizer.step()")
 
 
 def _fix_zero_grad(e: Evidence) -> str:
+    if e.override:
+        return f"remove zero_grad from {e.override}: Trainer zeroes the gradients after each optimizer step"
     if e.who == "loop":
         return "call optimizer.zero_grad() right after optimizer.step() only, not before each micro-batch"
     return ("remove zero_grad from training_step: Trainer zeroes the gradients after each optimizer step"

@@ -4,7 +4,9 @@ micro-batch then counts by its items and the window's gradient is that of its me
 window's length. One per kind of head, because the loss differs (transformers #47688: heads that ignore
 ``num_items_in_batch`` get k× the gradient under Trainer's defaults).
 
-Without ``num_items_in_batch`` (evaluation) each returns the batch's own mean.
+Without ``num_items_in_batch`` (evaluation) each returns the batch's own mean. Trainer does not apply its
+``label_smoothing_factor`` to a ``compute_loss_func``: the cross-entropies take it as ``label_smoothing``
+(``functools.partial(token_mean_loss, label_smoothing=0.1)``), defined as Trainer's.
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ def _divided(total, count, num_items_in_batch):
     return total / (count if num_items_in_batch is None else num_items_in_batch)
 
 
-def token_mean_loss(outputs, labels, num_items_in_batch=None):
+def token_mean_loss(outputs, labels, num_items_in_batch=None, label_smoothing=0.0):
     """A classifier's or a token classifier's cross-entropy (labels line up with the logits, -100 ignored)."""
     logits = _logits(outputs)
     flat = labels.reshape(-1)
-    total = F.cross_entropy(logits.reshape(flat.numel(), -1), flat, ignore_index=-100, reduction="sum")
+    total = F.cross_entropy(logits.reshape(flat.numel(), -1), flat, ignore_index=-100, reduction="sum",
+                            label_smoothing=label_smoothing)
     return _divided(total, (flat != -100).sum(), num_items_in_batch)
 
 
@@ -41,11 +44,11 @@ def multi_label_mean_loss(outputs, labels, num_items_in_batch=None):
     return _divided(total, labels.numel(), num_items_in_batch)
 
 
-def causal_lm_mean_loss(outputs, labels, num_items_in_batch=None):
+def causal_lm_mean_loss(outputs, labels, num_items_in_batch=None, label_smoothing=0.0):
     """A causal LM's next-token cross-entropy (logits at t against labels at t + 1), for a model whose own loss
     ignores ``num_items_in_batch``; set ``model.loss_type = "ForCausalLM"`` too, so Trainer counts labels[..., 1:]."""
     logits = _logits(outputs)[..., :-1, :]
     target = labels[..., 1:]
     total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100,
-                            reduction="sum")
+                            reduction="sum", label_smoothing=label_smoothing)
     return _divided(total, (target != -100).sum(), num_items_in_batch)

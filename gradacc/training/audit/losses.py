@@ -18,9 +18,12 @@ import torch.nn.functional as F
 CLASSIFICATION, MULTI_LABEL, REGRESSION, TOKEN, CAUSAL = (
     "classifier", "multi-label classifier", "regression head", "token classifier", "causal LM")
 FUSED_CAUSAL = "causal LM (TRL's fused head)"
-TRAINER_LOSS = "the trainer's own loss"   # no labels in the batch (DPO): the trainer's compute_loss is the loss
+TRAINER_LOSS = "the trainer's own loss"   # no labels in the batch: the trainer's compute_loss, replayed, is the loss
 USER_LOSS = "your loss_fn"
-KINDS = (CLASSIFICATION, MULTI_LABEL, REGRESSION, TOKEN, CAUSAL, FUSED_CAUSAL, TRAINER_LOSS, USER_LOSS)
+DPO = "DPO's loss"  # TRL's DPOTrainer: computed here from the policy's and the reference's log-probabilities
+KINDS = (CLASSIFICATION, MULTI_LABEL, REGRESSION, TOKEN, CAUSAL, FUSED_CAUSAL, TRAINER_LOSS, USER_LOSS, DPO)
+# DPO's pair losses the audit computes itself, as TRL documents them (DPOConfig.loss_type).
+DPO_LOSS_TYPES = ("sigmoid", "hinge", "robust")
 
 
 def base_model(model):
@@ -77,8 +80,10 @@ def find_kind(model, output, labels, shift_labels, given_count, tolerance: float
     return None
 
 
-def summed(kind: str, output, labels, shift_labels=None) -> tuple[torch.Tensor, int]:
-    """(the micro-batch's loss summed over its items, its items), from the model's output."""
+def summed(kind: str, output, labels, shift_labels=None, label_smoothing: float = 0.0) -> tuple[torch.Tensor, int]:
+    """(the micro-batch's loss summed over its items, its items), from the model's output. ``label_smoothing``: the
+    cross-entropy's ε, (1 − ε)·(−log p_label) + ε·mean over the classes of (−log p), as Trainer's
+    ``label_smoothing_factor`` defines it."""
     if kind == FUSED_CAUSAL:  # TRL's fused head: log-probs of the next tokens, 0 where ignored
         return -output.log_probs.float().sum(), int(output.label_mask.sum())
     logits = output["logits"] if isinstance(output, dict) else output.logits
@@ -87,11 +92,13 @@ def summed(kind: str, output, labels, shift_labels=None) -> tuple[torch.Tensor, 
         if shift_labels is None:  # the labels shifted, not the logits: no copy of a (tokens × vocabulary) tensor
             shift_labels = F.pad(labels, (0, 1), value=-100)[..., 1:]
         target = shift_labels.reshape(-1)
-        total = F.cross_entropy(logits.reshape(target.numel(), -1), target, ignore_index=-100, reduction="sum")
+        total = F.cross_entropy(logits.reshape(target.numel(), -1), target, ignore_index=-100, reduction="sum",
+                                label_smoothing=label_smoothing)
         return total, int((target != -100).sum())
     if kind in (CLASSIFICATION, TOKEN):
         flat = labels.reshape(-1)
-        total = F.cross_entropy(logits.reshape(flat.numel(), -1), flat, ignore_index=-100, reduction="sum")
+        total = F.cross_entropy(logits.reshape(flat.numel(), -1), flat, ignore_index=-100, reduction="sum",
+                                label_smoothing=label_smoothing)
         return total, int((flat != -100).sum())
     if kind == REGRESSION:
         values = logits.squeeze() if logits.numel() == labels.numel() else logits
@@ -120,13 +127,54 @@ def agrees(own_loss, total: torch.Tensor, count: int, given_count, tolerance: fl
 
 
 @dataclass(frozen=True)
+class DPOObjective:
+    """DPOConfig's objective: ``loss_type`` (each of DPO_LOSS_TYPES) weighted by ``loss_weights``, ``beta`` and
+    ``label_smoothing`` (robust DPO's flip probability)."""
+
+    loss_types: tuple
+    loss_weights: tuple
+    beta: float
+    label_smoothing: float = 0.0
+
+    @classmethod
+    def of(cls, args) -> "DPOObjective | None":
+        """The objective of a DPOConfig, when it is one the audit computes (else None: the trainer's compute_loss is
+        replayed instead)."""
+        types = tuple(args.loss_type if isinstance(args.loss_type, (list, tuple)) else [args.loss_type])
+        if (not set(types) <= set(DPO_LOSS_TYPES) or getattr(args, "f_divergence_type", "reverse_kl") != "reverse_kl"
+                or getattr(args, "ld_alpha", None) is not None or getattr(args, "use_weighting", False)):
+            return None
+        weights = tuple(args.loss_weights or [1.0] * len(types))
+        return cls(types, weights, float(args.beta), float(getattr(args, "label_smoothing", 0.0)))
+
+    def summed(self, chosen, rejected, ref_chosen, ref_rejected) -> torch.Tensor:
+        """The loss summed over the pairs, from each sequence's summed log-probability."""
+        margin = self.beta * ((chosen - ref_chosen) - (rejected - ref_rejected))
+        total = 0.0
+        for loss_type, weight in zip(self.loss_types, self.loss_weights):
+            if loss_type == "sigmoid":
+                per_pair = -F.logsigmoid(margin)
+            elif loss_type == "hinge":
+                per_pair = torch.relu(1 - margin)
+            else:  # robust: the preference label flipped with probability ε, unbiased
+                epsilon = self.label_smoothing
+                per_pair = (-(1 - epsilon) * F.logsigmoid(margin) + epsilon * F.logsigmoid(-margin)) / (1 - 2 * epsilon)
+            total = total + weight * per_pair.sum()
+        return total
+
+
+@dataclass(frozen=True)
 class LossRule:
     """How the audit gets a micro-batch's summed loss and its items (``measure`` holds the replay):
 
     ``kind``: one of KINDS. ``compute_loss_func``: a Trainer's own one, called with the micro-batch's items (its
-    mean), then × the items; ``label_smoother`` likewise; ``loss_fn(model, batch)``: the user's mean loss."""
+    mean), then × the items; ``label_smoothing``: Trainer's ``label_smoothing_factor``, computed here by hand (with a
+    ``compute_loss_func`` too: whether it keeps the smoothing is checked); ``loss_fn(model, batch)``: the user's loss,
+    (summed, items) or a mean over the batch's rows."""
 
     kind: str
     compute_loss_func: object = None
-    label_smoother: object = None
+    label_smoothing: float = 0.0
     loss_fn: object = None
+    dpo: DPOObjective | None = None  # DPO: its objective
+    rows_per_item: int = 1           # a trainer's own loss: 2 for DPO's pairs (chosen and rejected rows)

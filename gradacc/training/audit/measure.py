@@ -43,6 +43,7 @@ class Setup:
     trainer: object = None
     no_sync: object = contextlib.nullcontext  # () -> DDP's no_sync: no all-reduce inside the replays
     model_name: str = ""
+    override: str | None = None      # Trainer: "TheirTrainer.compute_loss" / ".training_step", the user's own method
 
 
 def precision_of(setup: Setup, micro_batches: list[MicroBatch]) -> str:
@@ -111,15 +112,73 @@ def measure(setup: Setup, micro_batches: list[MicroBatch], log: WindowLog, backw
                 weighted = _fit(applied, params, unclip * setup.num_processes, precision, expected, shared)
     except NotReplayable as reason:
         return Verdict(gradient=NOT_JUDGED, kind=replayer.kind, meaning=str(reason), **base)
+    loss_ratio = None
+    if causes.overrides(setup.custom_loss):  # a compute_loss of the user's own: is what it returns the model's loss?
+        loss_ratio = own_loss_ratio(micro_batches, reference, counted_items, precision, setup.k)
+        if loss_ratio is None:
+            return Verdict(gradient=NOT_JUDGED, kind=reference.kind, meaning=(
+                f"the loss {setup.custom_loss} returns is not the model's own {reference.kind} loss, nor one constant "
+                "multiple of it in every micro-batch: the audit cannot judge another objective against it; give it "
+                "your loss, audit_trainer(trainer, loss_fn=lambda model, batch: (summed loss, items))"), **base)
     evidence = causes.Evidence(setup.who, reference.kind, setup.k, j, setup.num_processes, fit, weighted,
-                               window_items, counted_items, clips, zero_grads, backwards, setup.custom_loss)
+                               window_items, counted_items, clips, zero_grads, backwards, setup.custom_loss,
+                               loss_ratio=loss_ratio, override=setup.override)
     gradient, meaning, fix = causes.name(evidence)
+    if replayer.smoothing_kept:
+        base["checks"] += (_smoothing_check(all(replayer.smoothing_kept), setup.rule, reference.kind),)
     return Verdict(gradient=gradient, kind=reference.kind, meaning=meaning, fix=fix, fit=fit, weighted_fit=weighted,
-                   items=reference.items, window_items=window_items, counted_items=counted_items,
+                   items=reference.items, micro_batch_losses=reference.losses, reference=replayed_loss(setup),
+                   window_items=window_items, counted_items=counted_items,
                    window_loss=window_loss / window_items if window_items else None,
                    replay=("each micro-batch replayed from its own random state; outputs bit-identical"
                            + ("; replayed twice (equal weights fitted)" if weighted else "")),
                    reference_seconds=seconds, audit_seconds=time.perf_counter() - started, **base)
+
+
+def own_loss_ratio(micro_batches: list[MicroBatch], reference, counted: float | None, precision: str,
+                   k: int) -> float | None:
+    """What an overriding compute_loss returned ÷ the model's own mean loss (replayed), when that ratio is one
+    constant over the window, or the loss is the window-normalised sum; None when the returned loss is not the
+    model's (another objective). One micro-batch cannot show a constant: its ratio must then be 1 (or k)."""
+    returned = [m.returned for m in micro_batches]
+    summed, items = reference.losses, reference.items
+    if None in returned or len(returned) != len(summed) or not all(summed):
+        return None
+    tolerance = {"fp32": 1e-3}.get(precision, 3e-2)
+    candidates = [[r / (s / n) for r, s, n in zip(returned, summed, items)]]  # × each micro-batch's mean
+    if counted:
+        candidates.append([r / (s / counted) for r, s in zip(returned, summed)])  # × the window-normalised sum
+    for ratios in candidates:
+        first = ratios[0]
+        if all(abs(r - first) <= tolerance * abs(first) for r in ratios):
+            if len(ratios) > 1 or any(abs(first - v) <= tolerance * v for v in (1.0, float(k))):
+                return first
+    return None
+
+
+def replayed_loss(setup: Setup) -> str:
+    """Where the reference's loss comes from, said when it is the user's own code replayed: a constant factor inside
+    that code is in the reference too, so it cannot be seen."""
+    if setup.rule.kind == losses.USER_LOSS:
+        return "your loss_fn"
+    if setup.rule.kind == losses.TRAINER_LOSS:
+        owner = type(setup.trainer).__name__ if setup.trainer is not None else "the trainer"
+        return f"{owner}'s compute_loss, replayed: a constant factor inside it is not seen"
+    if setup.rule.compute_loss_func is not None:
+        return "your compute_loss_func, replayed: a constant factor inside it is not seen"
+    return ""
+
+
+def _smoothing_check(kept: bool, rule: losses.LossRule, kind: str) -> Check:
+    epsilon = rule.label_smoothing
+    if kept:
+        return Check("objective", True, f"compute_loss_func keeps label_smoothing_factor={epsilon:g}")
+    func = causes.LOSS_FUNCS.get(kind)
+    return Check("objective", False, f"Trainer drops label smoothing when compute_loss_func is set: "
+                 f"label_smoothing_factor={epsilon:g} is not in the loss it trains on",
+                 f"pass compute_loss_func=functools.partial(gradacc.audit.{func}, label_smoothing={epsilon:g})"
+                 if func in ("token_mean_loss", "causal_lm_mean_loss") else
+                 f"apply the smoothing inside your compute_loss_func (F.cross_entropy(..., label_smoothing={epsilon:g}))")
 
 
 def copies_check(processes: int) -> Check:

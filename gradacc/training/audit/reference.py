@@ -32,6 +32,7 @@ class Reference:
     kind: str
     items: tuple            # per micro-batch (this process)
     summed_loss: float      # the window's loss summed over its items (this process)
+    losses: tuple = ()      # per micro-batch, its loss summed over its items (this process)
 
 
 @contextlib.contextmanager
@@ -75,14 +76,17 @@ class Replayer:
         self.module, self.recorder, self.rule, self.trainer = module, recorder, rule, trainer
         self.tolerance = AGREE[precision]
         self.kind = rule.kind
+        # With a compute_loss_func and label smoothing configured: per micro-batch, does its mean equal the smoothed
+        # loss computed here? (Trainer calls compute_loss_func instead of its label smoother.)
+        self.smoothing_kept: list[bool] = []
 
     def count(self, micro_batches: list[MicroBatch]) -> list[int]:
         """Each micro-batch's items: as its loss counts them (the kind's rule), or its rows for a trainer's own loss;
         None for the user's ``loss_fn``, which gives them as it is replayed."""
         if self.kind == losses.USER_LOSS:
             return None
-        if self.kind == losses.TRAINER_LOSS:
-            return [self._user_count(m) for m in micro_batches]
+        if self.kind in (losses.TRAINER_LOSS, losses.DPO):  # rows, or pairs of rows
+            return [self._user_count(m) // self.rule.rows_per_item for m in micro_batches]
         labels, shift = _labels(micro_batches[0])
         if labels is None:
             raise NotReplayable("the batch holds no labels, so the loss cannot be recomputed from the model's output: "
@@ -98,17 +102,19 @@ class Replayer:
     def replay(self, micro_batches: list[MicroBatch], divisors: list[float]) -> Reference:
         """Back-propagate each micro-batch's loss summed over its items ÷ its divisor (the window's items: the
         reference; its items × the micro-batches: their means counted equally) into ``.grad``."""
-        items, total = [], 0.0
+        items, summed_losses = [], []
         for index, (micro_batch, divisor) in enumerate(zip(micro_batches, divisors), start=1):
             summed, count = self._one(index, micro_batch)
             (summed / divisor).backward()
             items.append(count)
-            total += float(summed.detach())
-        return Reference(self.kind, tuple(items), total)
+            summed_losses.append(float(summed.detach()))
+        return Reference(self.kind, tuple(items), sum(summed_losses), tuple(summed_losses))
 
     def _one(self, index: int, micro_batch: MicroBatch) -> tuple[torch.Tensor, int]:
         if self.kind == losses.TRAINER_LOSS:
             return self._trainer_loss(index, micro_batch)
+        if self.kind == losses.DPO:
+            return self._dpo_loss(index, micro_batch)
         forward = micro_batch.trained
         labels, shift = _labels(micro_batch)
         if self.kind == losses.USER_LOSS:
@@ -123,14 +129,16 @@ class Replayer:
         output = self._forward(index, micro_batch)
         if self.kind is None:
             self.kind = self._find_kind(micro_batch, output)
-        if self.rule.compute_loss_func is not None or self.rule.label_smoother is not None:
+        if self.rule.compute_loss_func is not None:
             count = losses.items(self.kind, labels, shift)
-            if self.rule.compute_loss_func is not None:
-                mean = self.rule.compute_loss_func(output, labels, num_items_in_batch=count)
-            else:
-                mean = self.rule.label_smoother(output, labels, shift_labels=self.kind == losses.CAUSAL)
+            mean = self.rule.compute_loss_func(output, labels, num_items_in_batch=count)
+            if self.rule.label_smoothing:
+                with torch.no_grad():
+                    smoothed, _ = losses.summed(self.kind, output, labels, shift, self.rule.label_smoothing)
+                self.smoothing_kept.append(abs(float(mean) * count - float(smoothed))
+                                           <= self.tolerance * max(1.0, abs(float(smoothed))))
             return mean * count, count
-        return losses.summed(self.kind, output, labels, shift)
+        return losses.summed(self.kind, output, labels, shift, self.rule.label_smoothing)
 
     def _forward(self, index: int, micro_batch: MicroBatch):
         forward = micro_batch.trained
@@ -156,13 +164,30 @@ class Replayer:
         forward = micro_batch.trained
         return _rows(micro_batch.inputs or forward.kwargs or dict(enumerate(forward.args)))
 
+    def _dpo_loss(self, index: int, micro_batch: MicroBatch):
+        """DPO's loss computed here: the policy's forward replayed (its output checked), each sequence's log-prob
+        summed over its completion, the frozen reference's log-probs (precomputed in the batch, or the reference
+        model's forward, which draws no randomness in eval mode), and the objective of the trainer's DPOConfig."""
+        forward = micro_batch.trained
+        output = self._forward(index, micro_batch)
+        chosen, rejected = output.log_probs.float().sum(dim=1).chunk(2)  # fused head: 0 where not a completion
+        inputs = micro_batch.inputs or {}
+        if "ref_chosen_logps" in inputs:
+            ref_chosen, ref_rejected = inputs["ref_chosen_logps"].float(), inputs["ref_rejected_logps"].float()
+        else:
+            kwargs = {k: v for k, v in forward.kwargs.items() if k != "output_router_logits"}
+            with torch.no_grad(), as_recorded(forward.autocast):
+                reference = self.trainer.ref_model(*forward.args, **kwargs)
+            ref_chosen, ref_rejected = reference.log_probs.float().sum(dim=1).chunk(2)
+        return self.rule.dpo.summed(chosen, rejected, ref_chosen, ref_rejected), int(chosen.numel())
+
     def _trainer_loss(self, index: int, micro_batch: MicroBatch):
         """A trainer whose loss is its own (no labels in the batch: TRL's DPO): its compute_loss, replayed whole from
         the random state it started from, is the micro-batch's mean; its items are the batch's rows."""
         trainer, inputs = self.trainer, micro_batch.inputs
         mean = self._run(index, micro_batch, micro_batch.rng, (),
                          lambda: _call_compute_loss(trainer, self.module, detached(inputs)))
-        count = _rows(inputs)
+        count = _rows(inputs) // self.rule.rows_per_item
         return mean * count, count
 
     def _run(self, index, micro_batch, rng, autocast, call, first_only=False):

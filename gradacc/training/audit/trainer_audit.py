@@ -20,10 +20,51 @@ from gradacc.training import distributed
 from gradacc.training.audit import losses
 from gradacc.training.audit.capture import MicroBatch, Patches, RandomState, Recorder, WindowLog, detached
 from gradacc.training.audit.measure import Setup, measure
-from gradacc.training.audit.verdict import Check, Verdict, publish
+from gradacc.training.audit.verdict import NOT_JUDGED, Check, Verdict, publish
 
 # How far the logged loss may be from the window's mean loss, by precision.
 LOGGED = {"fp32": 1e-3, "bf16": 2e-2, "fp16": 2e-2}
+# Trainers whose objective is not a loss of the model's outputs against labels: reinforcement learning's surrogates,
+# normalised their own way over generation batches. Not judged against a loss they do not train on.
+RL_TRAINERS = {"GRPOTrainer": "a clipped policy-gradient surrogate over sampled completions",
+               "RLOOTrainer": "a REINFORCE leave-one-out surrogate over sampled completions",
+               "PPOTrainer": "a clipped policy-gradient surrogate with a value head",
+               "OnlineDPOTrainer": "DPO on completions sampled during training"}
+# The modules whose compute_loss and training_step are the frameworks' own (not a user's override).
+FRAMEWORKS = ("transformers.", "trl.", "peft.")
+
+
+def _trainers_own_rule(trainer, inputs: dict) -> losses.LossRule:
+    """A trainer whose batches hold no labels: DPO's loss computed by the audit where it knows the objective and
+    the reference's log-probs (precomputed, or a reference model); else the trainer's compute_loss, replayed."""
+    is_dpo = any(c.__name__ == "DPOTrainer" and c.__module__.startswith("trl.") for c in type(trainer).__mro__)
+    if not is_dpo:
+        return losses.LossRule(losses.TRAINER_LOSS)
+    objective = losses.DPOObjective.of(trainer.args)
+    has_reference = "ref_chosen_logps" in inputs or getattr(trainer, "ref_model", None) is not None
+    aux = getattr(trainer, "aux_loss_enabled", False)  # an MoE router loss added to DPO's: not computed here
+    if objective is None or not has_reference or aux:
+        return losses.LossRule(losses.TRAINER_LOSS, rows_per_item=2)
+    return losses.LossRule(losses.DPO, dpo=objective, rows_per_item=2)
+
+
+def user_override(trainer) -> str | None:
+    """"YourTrainer.compute_loss" (or training_step) when a class of the user's own overrides it; else None."""
+    for name in ("compute_loss", "training_step"):
+        owner = next((c for c in type(trainer).__mro__ if name in vars(c)), None)
+        if owner is not None and not owner.__module__.startswith(FRAMEWORKS):
+            return f"{owner.__name__}.{name}"
+    return None
+
+
+def objective_unknown(trainer) -> str | None:
+    """Why the trainer's objective is none the audit computes (an RL trainer's), in one sentence; None otherwise."""
+    for cls in type(trainer).__mro__:
+        if cls.__name__ in RL_TRAINERS and cls.__module__.startswith("trl."):
+            return (f"the loss is not the model's own: {cls.__name__} trains on {RL_TRAINERS[cls.__name__]}, which "
+                    "the audit does not compute; give it your objective per batch, audit_trainer(trainer, "
+                    "loss_fn=lambda model, batch: (summed loss, items))")
+    return None
 
 
 class _Window:
@@ -54,12 +95,16 @@ class _Window:
             micro_batch = MicroBatch(inputs=detached(dict(inputs)), rng=RandomState.take(),
                                      counted_items=None if counted is None else float(counted))
             first = len(self.recorder.forwards)
+        result = None
         try:
-            return original(model, inputs, *args, **kwargs)
+            result = original(model, inputs, *args, **kwargs)
+            return result
         finally:
             self._depth -= 1
             if watching:
                 micro_batch.forwards = self.recorder.forwards[first:]
+                loss = result[0] if isinstance(result, tuple) else result
+                micro_batch.returned = float(loss.detach().float().mean()) if torch.is_tensor(loss) else None
                 self.micro_batches.append(micro_batch)
 
     def _training_step(self, original, *args, **kwargs):
@@ -77,23 +122,37 @@ class _Window:
             with contextlib.suppress(RuntimeError):
                 accelerator.unscale_gradients()
         first_inputs = self.micro_batches[0].inputs if self.micro_batches else {}
+        smoothing = float(getattr(args, "label_smoothing_factor", 0.0) or 0.0)
+        override = user_override(trainer)
+        unknown = objective_unknown(trainer)
+        if self.loss_fn is None and unknown:
+            self.verdict = self._not_judged(unknown)
+            return
         if self.loss_fn is not None:
             rule, custom = losses.LossRule(losses.USER_LOSS, loss_fn=self.loss_fn), "loss_fn"
         elif "labels" not in first_inputs:
-            rule, custom = losses.LossRule(losses.TRAINER_LOSS), "compute_loss"
+            rule, custom = _trainers_own_rule(trainer, first_inputs), override or "compute_loss"
+        elif override and override.endswith(".compute_loss"):  # judged against the model's own loss, from its
+            rule, custom = losses.LossRule(None, label_smoothing=smoothing), override  # logits: is it that loss?
         elif trainer.compute_loss_func is not None:
-            rule, custom = losses.LossRule(None, compute_loss_func=trainer.compute_loss_func), "compute_loss_func"
-        elif trainer.label_smoother is not None:
-            rule, custom = losses.LossRule(None, label_smoother=trainer.label_smoother), "label_smoother"
-        else:
-            rule, custom = losses.LossRule(None), None
+            rule, custom = losses.LossRule(None, compute_loss_func=trainer.compute_loss_func,
+                                           label_smoothing=smoothing), "compute_loss_func"
+        else:  # Trainer's own loss, its label smoothing included
+            rule, custom = losses.LossRule(None, label_smoothing=smoothing), None
         wrapped = trainer.model_wrapped
         setup = Setup("trainer", trainer.model, self.recorder, args.gradient_accumulation_steps, args.world_size,
                       "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32", rule, custom, trainer,
                       wrapped.no_sync if wrapped is not trainer.model and hasattr(wrapped, "no_sync")
-                      else contextlib.nullcontext, losses.model_name(trainer.model))
+                      else contextlib.nullcontext, losses.model_name(trainer.model), override=override)
         counted = next((m.counted_items for m in self.micro_batches if m.counted_items is not None), None)
         self.verdict = measure(setup, self.micro_batches, self.log, counted_items=counted)
+
+    def _not_judged(self, meaning: str) -> Verdict:
+        args = self.trainer.args
+        return Verdict(who="trainer", kind=None, k=args.gradient_accumulation_steps,
+                       micro_batches=len(self.micro_batches), num_processes=args.world_size,
+                       precision="bf16" if args.bf16 else "fp16" if args.fp16 else "fp32", gradient=NOT_JUDGED,
+                       meaning=meaning, model=losses.model_name(self.trainer.model))
 
     def finish(self, state) -> Verdict | None:
         self.log.detach()
@@ -107,7 +166,7 @@ class _Window:
             # Trainer logs the mean over processes of what each added up.
             logged = distributed.sum_over_ranks([self.logged_loss], self.trainer.args.device)[0] \
                 / max(1, self.trainer.args.world_size)
-            checks.append(_logged_loss_check(logged, verdict))
+            checks.append(_logged_loss_check(logged, verdict, user_override(self.trainer)))
         verdict = replace(verdict, checks=verdict.checks + tuple(checks))
         state.log_history.append({"gradacc_audit": verdict.as_dict(), "step": state.global_step})
         return verdict
@@ -122,7 +181,7 @@ def _scheduler_check(steps: int) -> Check:
                  "too fast", "let Trainer step it (once per optimizer step), not training_step or compute_loss")
 
 
-def _logged_loss_check(logged: float, verdict: Verdict) -> Check:
+def _logged_loss_check(logged: float, verdict: Verdict, override: str | None) -> Check:
     """The loss Trainer logs for the window against the window's mean loss; when it is off by the gradient's own
     scale, one cause explains both."""
     ratio = logged / verdict.window_loss
@@ -132,8 +191,8 @@ def _logged_loss_check(logged: float, verdict: Verdict) -> Check:
         return Check("logged_loss", True, detail)
     if verdict.fit is not None and abs(ratio - verdict.fit.scale) <= tolerance * max(1.0, ratio):
         return Check("logged_loss", False, detail + ", by the gradient's own cause")
-    return Check("logged_loss", False, detail, "return from training_step the loss on the scale it is "
-                 "back-propagated (Trainer logs the sum of what training_step returns over the window)")
+    return Check("logged_loss", False, detail, f"return from {override or 'training_step'} the loss on the scale it "
+                 "is back-propagated (Trainer logs the sum of what training_step returns over the window)")
 
 
 class AccumulationAudit(TrainerCallback):
@@ -145,7 +204,10 @@ class AccumulationAudit(TrainerCallback):
     compute from the model's output (default: the model's own kind of loss, from its logits and labels).
     """
 
-    def __init__(self, trainer, *, loss_fn=None, json_path=None):
+    def __init__(self, trainer=None, *, loss_fn=None, json_path=None):
+        if trainer is None:  # callbacks=[AccumulationAudit()], as callbacks are usually added: it needs the trainer
+            raise TypeError("AccumulationAudit needs its trainer, which a callback list cannot give it: build the "
+                            "Trainer, then audit = gradacc.audit.audit_trainer(trainer)")
         self.trainer = trainer
         self.loss_fn = loss_fn
         self.json_path = json_path

@@ -84,6 +84,8 @@ class Verdict:
     fit: Fit | None = None
     weighted_fit: Fit | None = None  # against "each micro-batch's mean counted equally", when it was fitted
     items: tuple = ()              # per micro-batch, this process
+    micro_batch_losses: tuple = ()  # per micro-batch, its loss summed over its items in the replay (this process)
+    reference: str = ""            # the user's own loss code it was judged against ("" when computed from the logits)
     window_items: float | None = None
     counted_items: float | None = None
     window_loss: float | None = None  # the window's mean loss over its items (all processes)
@@ -125,10 +127,11 @@ def summary_line(verdict: Verdict) -> str:
     where = f"gradacc audit ({verdict.who}{', ' + verdict.model if verdict.model else ''})"
     if not verdict.judged:
         return f"{where}: not judged — {verdict.meaning}"
+    against = f"; judged against {verdict.reference}" if verdict.reference else ""
     if verdict.ok:
         fit = verdict.fit
         return (f"{where}: exact — {verdict.meaning} (scale {fit.scale:.5g} ± {fit.se:.1g}, relative error "
-                f"{fit.rel_error:.1e}, k={verdict.k}, {verdict.precision})")
+                f"{fit.rel_error:.1e}, k={verdict.k}, {verdict.precision}{against})")
     parts = []
     if verdict.gradient != EXACT:
         parts.append(f"gradient {verdict.gradient}: {verdict.meaning}" + (f". Fix: {verdict.fix}" if verdict.fix
@@ -136,7 +139,7 @@ def summary_line(verdict: Verdict) -> str:
     for check in verdict.checks:
         if check.ok is False:
             parts.append(check.detail + (f". Fix: {check.fix}" if check.fix else ""))
-    return f"{where}: " + "; ".join(parts)
+    return f"{where}: " + "; ".join(parts) + against
 
 
 def publish(verdict: Verdict, json_path=None) -> None:

@@ -134,6 +134,13 @@ class ClassifierDividedByK(Classifier):
         return super().training_step(batch, batch_idx) / self.trainer.accumulate_grad_batches
 
 
+class ClassifierTimesK(Classifier):
+    """Multiplies by k, undoing Lightning's division."""
+
+    def training_step(self, batch, batch_idx):
+        return super().training_step(batch, batch_idx) * self.trainer.accumulate_grad_batches
+
+
 class ClassifierClippingEachBackward(Classifier):
     """Clips after every backward, inside the window."""
 
@@ -285,15 +292,17 @@ def test_the_epochs_short_last_window_is_named_when_asked_for():
 
 @pytest.mark.parametrize("module_cls, cause, said", [
     (ClassifierDividedByK, V.DIVIDED_TWICE, "do not divide the loss by accumulate_grad_batches in training_step"),
+    (ClassifierTimesK, V.K_TIMES, "return the micro-batch's mean loss from training_step as it is"),
     (ClassifierClippingEachBackward, V.CLIPPED, "Trainer(gradient_clip_val=...)")],
-    ids=["divided by k twice", "clipped after each backward"])
-def test_a_loss_divided_by_k_twice_or_clipped_inside_the_window_is_named_with_lightnings_fix(module_cls, cause, said):
+    ids=["divided by k twice", "times k", "clipped after each backward"])
+def test_a_loss_scaled_by_k_or_clipped_inside_the_window_is_named_with_lightnings_fix(module_cls, cause, said):
     verdict, truth, _ = run(module_cls, classification_data(32), kind="classification", labels=class_labels,
                             max_steps=1, loss_fn=summed_cross_entropy)
     assert verdict.gradient == cause and said in verdict.fix, verdict.line
-    if cause == V.DIVIDED_TWICE:
+    if cause in (V.DIVIDED_TWICE, V.K_TIMES):
         matches_truth(verdict, truth)
-        assert verdict.fit.scale == pytest.approx(1 / K, rel=1e-5)
+        assert verdict.fit.scale == pytest.approx(1 / K if cause == V.DIVIDED_TWICE else K, rel=1e-5)
+        assert "Trainer" not in verdict.meaning and "accelerator" not in verdict.meaning, verdict.line
     else:
         assert [c.after_micro_batch for c in verdict.clips] == [1, 2, 3, 4]
         assert said in verdict.check("clipping").fix

@@ -247,6 +247,9 @@ def in_lightning_terms(verdict: Verdict, items: str) -> Verdict:
     changes = {}
     if fix is not None:
         changes["fix"] = fix.format(items=items, j=verdict.micro_batches, k=verdict.k)
+    if verdict.gradient == K_TIMES:  # the catalogue's reason is Trainer's or Accelerate's
+        changes["meaning"] = (verdict.meaning.split("): ", 1)[0] + "): training_step returned k× each micro-batch's "
+                              "mean loss, and Lightning divided it by k")
     if not verdict.judged and "loss_fn" in verdict.meaning:
         changes["meaning"] = verdict.meaning.split(": pass loss_fn")[0] + f": pass {LOSS_FN}"
     checks = tuple(replace(c, fix=FIXES[CLIPPED]) if c.name == "clipping" and c.ok is False else c

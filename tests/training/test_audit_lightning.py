@@ -141,6 +141,14 @@ class ClassifierTimesK(Classifier):
         return super().training_step(batch, batch_idx) * self.trainer.accumulate_grad_batches
 
 
+class ClassifierZeroingEachStep(Classifier):
+    """Zeroes the gradients at the start of every training_step, inside the window."""
+
+    def training_step(self, batch, batch_idx):
+        self.optimizers().zero_grad()
+        return super().training_step(batch, batch_idx)
+
+
 class ClassifierClippingEachBackward(Classifier):
     """Clips after every backward, inside the window."""
 
@@ -293,9 +301,10 @@ def test_the_epochs_short_last_window_is_named_when_asked_for():
 @pytest.mark.parametrize("module_cls, cause, said", [
     (ClassifierDividedByK, V.DIVIDED_TWICE, "do not divide the loss by accumulate_grad_batches in training_step"),
     (ClassifierTimesK, V.K_TIMES, "return the micro-batch's mean loss from training_step as it is"),
-    (ClassifierClippingEachBackward, V.CLIPPED, "Trainer(gradient_clip_val=...)")],
-    ids=["divided by k twice", "times k", "clipped after each backward"])
-def test_a_loss_scaled_by_k_or_clipped_inside_the_window_is_named_with_lightnings_fix(module_cls, cause, said):
+    (ClassifierClippingEachBackward, V.CLIPPED, "Trainer(gradient_clip_val=...)"),
+    (ClassifierZeroingEachStep, V.ZEROED, "remove zero_grad from training_step")],
+    ids=["divided by k twice", "times k", "clipped after each backward", "zeroed in each training_step"])
+def test_a_loss_scaled_by_k_clipped_or_zeroed_inside_the_window_is_named_with_lightnings_fix(module_cls, cause, said):
     verdict, truth, _ = run(module_cls, classification_data(32), kind="classification", labels=class_labels,
                             max_steps=1, loss_fn=summed_cross_entropy)
     assert verdict.gradient == cause and said in verdict.fix, verdict.line
@@ -303,9 +312,11 @@ def test_a_loss_scaled_by_k_or_clipped_inside_the_window_is_named_with_lightning
         matches_truth(verdict, truth)
         assert verdict.fit.scale == pytest.approx(1 / K if cause == V.DIVIDED_TWICE else K, rel=1e-5)
         assert "Trainer" not in verdict.meaning and "accelerator" not in verdict.meaning, verdict.line
-    else:
+    elif cause == V.CLIPPED:
         assert [c.after_micro_batch for c in verdict.clips] == [1, 2, 3, 4]
         assert said in verdict.check("clipping").fix
+    else:
+        assert "after micro-batch 1, 2, 3 of 4" in verdict.meaning, verdict.line
 
 
 def test_bf16_mixed_a_token_mean_is_still_weighted_by_micro_batch_and_the_fix_is_exact():

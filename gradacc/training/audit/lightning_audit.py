@@ -132,6 +132,11 @@ class AuditCallback(Callback):
         self.log = WindowLog(lambda: self._backwards, trainer.optimizers[0], pl_module)
         self.log.attach()
         self.patches = Patches()
+        # self.optimizers() hands training_step a LightningOptimizer: a copy of the torch optimizer's attributes
+        # (taken before the log patched its zero_grad), so its zero_grad is watched too.
+        wrapped_optimizers = pl_module.optimizers(use_pl_optimizer=True)
+        for optimizer in wrapped_optimizers if isinstance(wrapped_optimizers, list) else [wrapped_optimizers]:
+            self.patches.method(optimizer, "zero_grad", self.log._zero_grad)
         self.patches.method(pl_module, "training_step", self._training_step)
         self.patches.method(pl_module, "on_before_optimizer_step", self._before_optimizer_step(trainer))
 

@@ -185,7 +185,7 @@ class _CloseTruth(L.Callback):
 
 
 def run(module_cls, data, *, kind=None, labels=None, k=K, epochs=1, max_steps=-1, audited=True, collate=None,
-        **audit_options):
+        clip=1.0, **audit_options):
     """``Trainer(accumulate_grad_batches=k).fit`` on CPU; (verdict, truth result, weights after the run)."""
     from gradacc.audit import AuditCallback
 
@@ -208,7 +208,7 @@ def run(module_cls, data, *, kind=None, labels=None, k=K, epochs=1, max_steps=-1
         module.configure_gradient_clipping = truth_then_clip
     trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=epochs, max_steps=max_steps,
                         accumulate_grad_batches=k, callbacks=callbacks, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, gradient_clip_val=1.0)
+                        enable_progress_bar=False, enable_model_summary=False, gradient_clip_val=clip)
     trainer.fit(module, loader)
     if truth is not None:
         truth.close()
@@ -349,6 +349,28 @@ def test_the_same_callback_audits_each_fit_it_is_given_to():
         trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=4))
         verdicts.append(audit.verdict)
     assert [v.gradient for v in verdicts] == [V.EXACT, V.SHORT_WINDOW], [v.line for v in verdicts]
+
+
+class ManualClassifier(Classifier):
+    """Manual optimization: the loop is the module's own, Lightning divides nothing."""
+
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        optimizer = self.optimizers()
+        self.manual_backward(F.cross_entropy(self(batch[0]), batch[1]))
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def test_manual_optimization_is_not_watched_and_the_run_is_unchanged():
+    """Lightning refuses k > 1 and its own clipping with manual optimization: k = 1, no clipping."""
+    verdict, _, weights = run(ManualClassifier, classification_data(16), k=1, clip=None, loss_fn=summed_cross_entropy)
+    _, _, plain = run(ManualClassifier, classification_data(16), k=1, clip=None, audited=False)
+    assert verdict is None
+    assert all(torch.equal(a, b) for a, b in zip(weights, plain, strict=True))
 
 
 def test_a_loss_outside_a_model_the_audit_knows_asks_for_loss_fn():

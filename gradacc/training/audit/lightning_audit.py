@@ -104,11 +104,15 @@ class AuditCallback(Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if self.state == JUDGED:  # the next window's first batch: the judged one is over
             self._finish(trainer)
+        if self.state == WATCHING and len(self._micro_batches) >= trainer.accumulate_grad_batches:
+            self._finish(trainer)  # no optimizer step after k micro-batches (training_step returned None): unjudged
         if self.state != IDLE:
             return
         if self._epoch is None:
             self._epoch = trainer.current_epoch
-        if trainer.current_epoch == self._epoch and batch_idx == self._start_index(trainer):
+        if not pl_module.automatic_optimization:  # manual optimization: no window of Lightning's to judge
+            self.state = DONE
+        elif trainer.current_epoch == self._epoch and batch_idx == self._start_index(trainer):
             self._watch(trainer, pl_module)
 
     def on_after_backward(self, trainer, pl_module):

@@ -9,6 +9,9 @@
     ...
     print(audit.verdict.line)                               # after the first optimizer step
 
+``audit_loop(model, optimizer, loss_fn=...)``: ``loss_fn(model, batch) -> (summed loss, items)`` for a model whose
+loss is not a 🤗 head's from labels (nanoGPT's ``model(x, y)``).
+
 ``audit.verdict`` is a ``Verdict``: ``gradient`` (the cause: "exact", "k× too large", ...), ``meaning``, ``fix``,
 ``fit`` (scale, residual, its standard error, relative error), ``checks`` (clipping, scheduler, logged loss), ``ok``,
 ``line`` and ``as_dict()``. The fixes it names for Trainer: ``token_mean_loss`` (classifiers, token classifiers),

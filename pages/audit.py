@@ -16,8 +16,10 @@ runner = server.audit_runner()
 limits = server.limits()
 
 st.title("Is Trainer's default right for your model?")
-st.markdown("A stock 🤗 `Trainer` (its defaults, the standard collator for the model's task) trains one optimizer "
-            "step of k micro-batches with gradacc's audit attached: it replays the window, computes "
+st.markdown("A stock 🤗 `Trainer` (its defaults, the standard collator for the model's task: "
+            "`DataCollatorWithPadding` for a classifier, `DataCollatorForLanguageModeling(mlm=False)` for a causal LM, "
+            "labels the input ids as a user's run has them) trains one optimizer step of k micro-batches of the "
+            "chosen data with gradacc's audit attached: it replays the window, computes "
             "the gradient of the window's mean loss, compares it with the gradient Trainer applies, and names the "
             "cause of any difference with its fix for this model.")
 

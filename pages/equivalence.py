@@ -63,8 +63,10 @@ st.subheader("Trainer's default, by model family")
 family_caption, family_rows = equivalence_view.family_table()
 st.caption(family_caption)
 st.dataframe(family_rows, hide_index=True, key="family_table",
-             column_config={name: st.column_config.NumberColumn(format="%.2e")
-                            for name in ("exact", "naive", "Trainer library default")})
+             column_config={**{name: st.column_config.NumberColumn(format="%.2e")
+                               for name in ("exact", "naive", "Trainer library default")},
+                            equivalence_view.AUDIT_COLUMN: st.column_config.TextColumn(
+                                help=equivalence_view.AUDIT_HELP)})
 
 st.header("When accumulation is *not* a big batch")
 st.markdown("Everything above assumes a loss that is a sum over examples. Two common losses couple the examples of "

@@ -26,7 +26,9 @@ st.markdown(f"#### {server.PITCH}")
 demo_column, train_column = st.container(key="home-links").columns([3, 2], gap="large")
 with demo_column:
     st.subheader("Watch a demo")
-    st.caption("One click opens it; press **Run this demo** there: two runs side by side, about half a minute.")
+    st.caption(f"One click opens it; press **Run this demo** there: its runs side by side, live, then the result, "
+               f"{demos.MEASURED_RESULT_S[0]}–{demos.MEASURED_RESULT_S[1]} s after the click on a shared 2-vCPU "
+               "machine (measured; longer when it is busy).")
     for scenario in demos.SCENARIOS.values():
         st.page_link("pages/demos.py", label=scenario.title, icon="🎬", query_params={"demo": scenario.name})
 with train_column:

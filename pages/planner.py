@@ -56,6 +56,9 @@ try:
 except GradaccError as error:
     measurable = False
     errors.show(error.by_field, general)
+if errors.empty and measurable:  # an emptied length: the check took the default; the field says it is empty
+    measurable = False
+    errors.show({}, general)
 
 wanted = (model, max_seq_length)
 if st.button("Measure", type="primary", key="measure", disabled=not measurable,
@@ -89,11 +92,12 @@ settings = measurement["settings"]
 st.subheader(f"{measurement['model']} at {measurement['max_seq_length']} tokens: {len(settings)} settings measured")
 budget_column, target_column = st.columns(2)
 with budget_column:
-    budget_mb = st.number_input("Memory budget (MB)", step=50.0, format="%.0f", key=K + "budget_mb",
-                                persist_state="session")
-    errors.slot("budget_mb")
+    budget_mb = inputs.number_field(K, "budget_mb", errors, whole=False, step=50.0, format="%.0f")
 with target_column:
     target = inputs.number_field(K, "target_effective_batch", errors, step=16)
+if errors.empty:  # nothing to plan for until both are typed
+    errors.show({}, general)
+    st.stop()
 
 try:
     plan = planner.plan_levers(settings, budget_mb, target)
@@ -181,7 +185,7 @@ if top:
         if shares_learning_rate(optimizer, levers["optimizer"]):
             del levers["optimizer"]  # the same rule (adamw-fused stays fused), and the form's learning rate
         # Another optimizer takes its own rate from the recipe (measured for this model: allowed_rows offers no other).
-        train_form.carry_train_settings(limits, model=measurement["model"],
+        train_form.carry_train_settings(limits, "Memory planner", model=measurement["model"],
                                         max_seq_length=measurement["max_seq_length"],
                                         micro_batch_size=chosen["micro_batch_size"],
                                         grad_accum_steps=chosen["grad_accum_steps"],

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from gradacc.app import charts, form, inputs, navigation, pacing, runview, server, train_form, warmup_status
+from gradacc.app import charts, form, inputs, navigation, pacing, runview, scroll, server, train_form, warmup_status
 from gradacc.app.charts import fsdp as fsdp_charts
 from gradacc import units
 from gradacc.training.run import health
@@ -26,6 +26,7 @@ warmup_status.warm_up_status()
 st.caption("This deployment: " + " · ".join(limits.describe()) + ".")
 
 train_form.prepare_train_form(limits)  # first values, and what another page (the planner) suggested since
+filled = st.container(key="train-filled")  # the form's top: what the planner filled, once the values are known
 errors = inputs.FieldErrors()
 data_column, settings_column = st.columns(2, gap="large")
 with data_column:
@@ -51,6 +52,11 @@ with settings_column:
 
 config = RunConfig(backend=backend, model=model, dataset=dataset, task=task, text_column=text_column,
                    label_column=label_column, gradcache_mini_batch=gradcache_mini_batch, **settings)
+filled_note, just_filled = train_form.filled_note(config)
+if filled_note:
+    filled.info(filled_note, icon="🧠")
+if just_filled:  # the planner's button sat far down its page, and the Train page opens at that scroll
+    scroll.into_view("train-filled", nonce=filled_note)
 train_form.keep_train_config(config)  # the other pages read the Train form's settings from here
 train_examples, data_problems = inputs.train_examples(config)
 checked, problems = form.check(config, limits, train_examples)  # checked once, here: every problem at once
@@ -58,6 +64,7 @@ if dataset_problem:
     problems["dataset"] = dataset_problem
 for field, message in data_problems.items():
     problems.setdefault(field, message)
+problems |= errors.empty  # an emptied field: the check took some for the recipe's value, the rest "got None"
 
 # What the settings mean, updated as the visitor types.
 effective, steps, examples = st.columns(3)
@@ -90,6 +97,10 @@ if run_id and st.query_params.get("run") != run_id:
     st.query_params["run"] = run_id
 
 
+# At 1280×720 the form fills the screen and the run's panel starts below it: after Start the page scrolls Start and
+# Stop to the top once, the run's panel under them, as the Demos page does with its runs (gradacc.app.scroll).
+SCROLL_TO_RUN = "train.scroll_to_run"
+
 
 def start(run_config: RunConfig) -> None:  # the checked form, or a Fit with accumulation to check
     try:
@@ -98,12 +109,13 @@ def start(run_config: RunConfig) -> None:  # the checked form, or a Fit with acc
         general.error(error.message)
         return
     st.session_state["run_id"] = new_run  # the rerun below puts it in the URL too
+    st.session_state[SCROLL_TO_RUN] = new_run  # the rerun below brings its panel into view, Stop above it
     train_form.suggest_train_settings(micro_batch_size=run_config.micro_batch_size,
                               grad_accum_steps=run_config.grad_accum_steps)  # the form shows what now runs
     st.rerun()  # redraw with the live panel polling
 
 
-start_column, stop_column, _ = st.columns([1, 1, 5])
+start_column, stop_column, _ = st.container(key="train-buttons").columns([1, 1, 5])
 if start_column.button("Start", type="primary", key="start", disabled=bool(problems) or own_live,
                        help="Fix the settings marked in red first." if problems else None):
     start(checked)
@@ -190,4 +202,6 @@ def run_charts(current):
             st.plotly_chart(fsdp_charts.sharding_figure(curves), key="sharding_chart")
 
 
+if run_id and st.session_state.pop(SCROLL_TO_RUN, None) == run_id:
+    scroll.into_view("train-buttons", nonce=run_id)
 run_panel()

@@ -232,8 +232,11 @@ def pitfall_scenario(pitfall: str, name: str, title: str, explanation: str, expe
                      **base) -> Scenario:
     """The right plain loop, then the same run with one deliberately wrong line (``pitfalls``); the broken run's
     warnings say what the line broke, measured against the right loop in that same run."""
+    report = PITFALLS[pitfall]
     return Scenario(
-        name=name, title=f"{title} ({PITFALLS[pitfall]})",
+        # The upstream report ("accelerate #963") where there is one. zero_grad's entry has none, only the mistake's
+        # name, which its title already says: "... inside the accumulation window (zero_grad inside the window)".
+        name=name, title=f"{title} ({report})" if "#" in report else title,
         explanation=explanation + f"\n\nThe Code page shows the wrong line in red beside the right one (pick "
                                   f"**{pitfall}** under *Break it on purpose*).",
         # tiny-bert over 32,000 examples: enough steps for a speaker to talk over. Its recipe's learning rate
@@ -361,6 +364,11 @@ FSDP_SYNC = Scenario(
     expect="Loss curves that match · per-window sync holds 2× the gradient memory per process, per-micro-batch sync "
            "sends 4× the bytes.",
 )
+
+# The quickest and the slowest demo's result, in seconds from the click: the "Headline" column of docs/demos.md,
+# measured at stage size on a shared 2-vCPU machine. The landing page promises this range, no other figure;
+# tests/analysis/test_demos.py keeps it equal to that table.
+MEASURED_RESULT_S = (24, 69)
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (SAME_CURVE, NAIVE_VS_EXACT, TRAINER_PITFALL,
                                                       NAIVE_VS_EXACT_LM, MEMORY_WALL, IN_BATCH_NEGATIVES, BATCH_NORM,

@@ -16,8 +16,27 @@ audit = audit_accelerate(accelerator, model, optimizer)  # one line before your 
 for batch in train_dataloader:                           # the loop, unchanged
     ...
 print(audit.verdict.line)'''
+OWN_LOOP = '''from gradacc.audit import audit_loop
+
+audit = audit_loop(model, optimizer)  # one line before your loop: loss.backward() per micro-batch, step every k
+for batch in loader:                  # the loop, unchanged
+    ...
+print(audit.verdict.line)'''
 OWN_SCRIPT = '''pip install gradacc
-gradacc audit --strict -- python train.py --your-args  # unchanged; exits 3 on a wrong verdict'''
+gradacc audit --strict -- python train.py --your-args  # unchanged; exits 3 when wrong, 4 when nothing was judged'''
+
+
+# Where the Audit page and the Equivalence page's family table seem to disagree: a causal LM whose items this stock
+# Trainer miscounts, which the table, on gradacc's own batches, shows right. Both are measured; the first label of
+# each text differs.
+OTHER_PAGE = ("Why the Equivalence page's table by model family shows Trainer's default right for causal LMs: it "
+              "trained on gradacc's own batches, where each text's first label is already -100, so Trainer's count "
+              "of labels is the tokens the loss predicts. Here the batches are a stock Trainer's, from 🤗's "
+              "DataCollatorForLanguageModeling, which keeps the first label; on this model Trainer counts it, one "
+              "item per text too many.")
+# The audit's words for a miscount and for a causal LM's loss (gradacc.training.audit.verdict.MISCOUNTED and
+# losses.CAUSAL, written out: losses imports torch, and this page paints before torch loads).
+MISCOUNTED, CAUSAL = "items miscounted", "causal LM"
 
 
 def draw(verdict: dict) -> None:
@@ -34,6 +53,8 @@ def draw(verdict: dict) -> None:
     problems = [check for check in verdict["checks"] if check["ok"] is False and check["fix"]]
     for check in problems:
         st.markdown(f"**Also:** {check['detail']}. Fix: {check['fix']}.")
+    if verdict["gradient"] == MISCOUNTED and (verdict["kind"] or "").startswith(CAUSAL):
+        st.info(OTHER_PAGE, icon="⚖️")
     st.dataframe(numbers(verdict), hide_index=True, key="audit_numbers")
     st.markdown("\n".join(f"- {check['name'].replace('_', ' ').capitalize()}: {check['detail']}."
                           for check in verdict["checks"]))
@@ -61,10 +82,12 @@ def numbers(verdict: dict) -> list[dict]:
 
 
 def own_script() -> None:
-    """The lines that audit a visitor's own training, three ways."""
+    """The lines that audit a visitor's own training, four ways."""
     st.markdown("Your own `Trainer` (TRL's trainers too):")
     st.code(OWN_TRAINER, language="python")
     st.markdown("Your own Accelerate loop:")
     st.code(OWN_ACCELERATE, language="python")
+    st.markdown("Your own plain PyTorch loop:")
+    st.code(OWN_LOOP, language="python")
     st.markdown("Or your script as it is, in CI:")
     st.code(OWN_SCRIPT, language="bash")

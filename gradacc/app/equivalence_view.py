@@ -16,9 +16,20 @@ from gradacc.analysis.equivalence import rows as report_rows  # light: torch is 
 EXACT_LOOKS_LIKE = EXACT_LIMIT  # float32 rounding of a sum of micro-batch gradients stays well below this
 # `python -m gradacc bench families`' rows (see gradacc.bench.families.PAGE_TABLE): measured, not computed here.
 FAMILY_TABLE = Path(__file__).with_name("trainer_default_by_family.json")
-# gradacc.audit with the family's dropout on, where accumulation is right: bench.families.AUDIT_WAYS' verdicts.
-AUDIT_COLUMN = "gradacc audit, dropout on (Trainer + fix / Accelerate)"
+# gradacc.audit with the family's dropout on, where accumulation is right: bench.families.AUDIT_WAYS' verdicts. The
+# header is short: at 1280×720 the long one pushed the table past the page, and the last column was cut. Its whole
+# meaning is in AUDIT_HELP (the header's tooltip) and the caption.
+AUDIT_COLUMN = "audit, dropout on"
+AUDIT_HELP = ("gradacc's audit on the same model with its dropout at 0.1: a Trainer with the fix / the Accelerate "
+              "recipe. Accumulation is right there, so anything but exact would be a false alarm.")
 AUDIT_WAYS = ("audit_trainer_fixed", "audit_accelerate_recipe")
+# Which data and collator the family table used, and why the Audit page finds a causal LM miscounted where the table
+# says "right": both are measured; they differ in the first label of each text (gradacc.analysis.stock_audit).
+FAMILY_DATA = ("The data and batches are gradacc's own (builtin-sentiment; builtin-text for the causal LMs), and "
+               "gradacc sets each text's first label to -100 (the first token predicts nothing), so Trainer's count "
+               "of labels, num_items_in_batch, is the tokens the loss predicts. A stock Trainer batched by 🤗's "
+               "DataCollatorForLanguageModeling keeps that first label, and on a GPT-2-style model Trainer counts "
+               "it: the Audit page trains that stock Trainer and finds the items miscounted, one per text too many.")
 CASE_NAMES = {"equal_windows": "equal windows", "short_last_window": "short last window",
               "token_level": "token-level loss", "language_model": "language model (tiny-gpt)"}
 
@@ -128,9 +139,10 @@ def family_table() -> tuple[str, list[dict]]:
                f"of each family written with save_pretrained, checked on the Trainer backend with m = "
                f"{settings['micro_batch_size']}, k = {k}, equal windows (dropout set to 0 on every family). Trainer's "
                "library default skips its own ÷ k for a model whose forward takes **kwargs: a causal LM's loss "
-               "uses num_items_in_batch and comes out right, a classifier head ignores it and gets k× the gradient. "
-               "The last column: gradacc's audit on the same model with its dropout at 0.1, where accumulation is "
-               "right (a Trainer with the fix, the Accelerate recipe): anything but exact would be a false alarm.")
+               "uses num_items_in_batch and comes out right on this data, a classifier head ignores it and gets k× "
+               f"the gradient. {FAMILY_DATA} The last column: gradacc's audit on the same model with its dropout at "
+               "0.1, where accumulation is right (a Trainer with the fix, the Accelerate recipe): anything but exact "
+               "would be a false alarm.")
     rows = []
     for row in table["rows"]:
         if "exact" in row:

@@ -132,6 +132,19 @@ def describe_moves(model: str, moves: dict) -> str:
     return f"Set to {kind}: {shown}. Fields you changed keep your values."
 
 
+def describe_filled(source: str, filled: dict) -> str:
+    """'Filled from the Memory planner: Micro-batch size (m) 8, Accumulation steps (k) 8, Gradient checkpointing
+    on, ...': every field another page set on the form, by its label, in the order it was given."""
+
+    def shown(value) -> str:
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        return f"{value:g}" if isinstance(value, float) else str(value)
+
+    return f"Filled from the {source}: " + ", ".join(f"{field_label(name)} {shown(value)}"
+                                                     for name, value in filled.items()) + "."
+
+
 def describe_dataset_move(model: str, dataset: str) -> str:
     return f"Dataset set to {dataset}, the built-in data for {model}."
 

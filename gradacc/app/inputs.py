@@ -40,10 +40,12 @@ def defaults(values: dict) -> None:
 
 
 class FieldErrors:
-    """Room right under each widget for its error, filled once every value is known."""
+    """Room right under each widget for its error, filled once every value is known; and the number fields the
+    visitor emptied (``empty``: {field: the sentence that says so}), which no check of the value can word."""
 
     def __init__(self):
         self._slots: dict[str, object] = {}
+        self.empty: dict[str, str] = {}
 
     def slot(self, *fields: str) -> None:
         room = st.container()
@@ -51,23 +53,31 @@ class FieldErrors:
             self._slots[field] = room
 
     def show(self, errors: dict[str, str], elsewhere) -> None:
-        """Each message under its widget; messages of fields without a widget go to ``elsewhere``."""
-        for field, message in errors.items():
+        """Each message under its widget; messages of fields without a widget go to ``elsewhere``. An emptied field
+        says it is empty, whatever a check made of its None ("got None"), or if a check took None for a default."""
+        for field, message in (errors | self.empty).items():
             self._slots.get(field, elsewhere).error(message)
 
 
-def number_field(prefix: str, field: str, errors: FieldErrors, *, whole: bool = True, **options):
-    """A number input labelled as ``labels.FIELD_LABELS`` says, with its error slot right under it.
+def number_field(prefix: str, field: str, errors: FieldErrors, *, whole: bool = True, may_be_empty: bool = False,
+                 **options):
+    """A number input labelled as ``labels.FIELD_LABELS`` says, with its error slot right under it; its first value
+    comes from session state (``defaults``).
 
     A whole-number field is a float input shown with ``%g``: the browser's integer input turns a typed 2.5
     into 2 without a word, while this passes 2.5 on for ``RunConfig.check`` to refuse. Whole values
     come back as ``int``.
+
+    A field the visitor empties gives None and is said to be empty (``errors.empty``) unless ``may_be_empty``: a
+    field that cannot be empty would read 0, and the check then answered "got 0" to a visitor who typed nothing.
     """
     if whole:
         options.setdefault("format", "%g")
         options["step"] = float(options.get("step", 1))
-    value = st.number_input(field_label(field), key=prefix + field, persist_state="session", **options)
+    value = st.number_input(field_label(field), key=prefix + field, persist_state="session", value=None, **options)
     errors.slot(field)
+    if value is None and not may_be_empty:
+        errors.empty[field] = f"{field_label(field)} is empty: type {'a whole number' if whole else 'a number'}."
     if whole and isinstance(value, float) and value.is_integer():
         return int(value)
     return value
@@ -150,7 +160,8 @@ def learning_rate_input(prefix: str, errors: FieldErrors, model: str) -> float |
     recipe_rate = recipes.learning_rate(model, optimizer)
     st.session_state[prefix + "learning_rate"] = recipes.learning_rate(model, optimizer,
                                                                        st.session_state.get(prefix + OWN_LEARNING_RATE))
-    return number_field(prefix, "learning_rate", errors, whole=False, step=1e-4, format="%.1e",
+    # may_be_empty: emptied, it shows the recipe's rate again; empty, the recipe has none, and the check says so.
+    return number_field(prefix, "learning_rate", errors, whole=False, may_be_empty=True, step=1e-4, format="%.1e",
                         on_change=_keep_own_learning_rate, args=(prefix, recipe_rate))
 
 

@@ -12,9 +12,20 @@ import streamlit as st
 from gradacc.app import server
 
 
+# Streamlit keeps a widget's or a metric's label on one line and cuts what does not fit with "…": on a projector
+# (1280×720) the Train form's toggle read "Shard the model (…". A cut label reads as another setting; they wrap.
+WRAPPED_LABELS = """<style>
+[data-testid=stWidgetLabel] .stMarkdownEllipsis, [data-testid=stWidgetLabel] .stMarkdownEllipsis p,
+[data-testid=stMetricLabel] .stMarkdownEllipsis, [data-testid=stMetricLabel] .stMarkdownEllipsis p {
+  white-space: normal; overflow: visible; text-overflow: clip;
+}
+</style>"""
+
+
 def main() -> None:
     st.set_page_config(page_title="gradacc: gradient accumulation, live", page_icon="🧮", layout="wide")
     server.run_manager()  # the first visitor creates it: marks interrupted runs, starts warming up
+    st.html(WRAPPED_LABELS)
 
     navigation = st.navigation([
         # The landing page: what gradacc shows, one click to each demo or to Train.

@@ -21,6 +21,10 @@ from gradacc.serving.limits import Limits
 TRAIN_CONFIG = "train_config"
 TRAIN_FORM = f"{FORM}train."  # the Train form's widget keys: only the Train page and this section use them
 _TRAIN_CONFIG_SHOWN = "train_config.shown"  # the config the Train form's widgets showed when it last drew
+# What another page last filled on the Train form: (the page, {field: value}), until the form shows other values;
+# and whether the form has said so yet.
+_FILLED = "train_config.filled"
+_FILLED_SAID = "train_config.filled.said"
 # The visitor's own learning rate (None: the recipe's for the form's model and optimizer; inputs.learning_rate_input).
 OWN_RATE = TRAIN_FORM + OWN_LEARNING_RATE
 # The Train form's widgets, by RunConfig field (the model and the data have pickers of their own; the learning
@@ -41,13 +45,15 @@ def suggest_train_settings(**changes) -> None:
     st.session_state[TRAIN_CONFIG] = RunConfig.from_dict(train_config().to_dict() | changes)
 
 
-def carry_train_settings(limits: Limits, **changes) -> None:
-    """Another page's settings for the Train form, carried whole (the planner's model, m, k, budget and levers).
+def carry_train_settings(limits: Limits, source: str, **changes) -> None:
+    """Another page's settings for the Train form, carried whole (the planner's model, m, k, budget and levers);
+    ``source`` names the page, which the form's top then says filled it (``filled_note``).
 
     A new model or optimizer brings what choosing it on the Train page brings (``form.follow``): the fields still at
     the old model's recipe move to the new one's, the built-in data follows its task, and the form says so.
     ``changes`` win over the recipe. An optimizer of another update rule takes its own rate from the recipe."""
     current = train_config()
+    st.session_state[_FILLED], st.session_state[_FILLED_SAID] = (source, dict(changes)), False
     model, optimizer = changes.get("model", current.model), changes.get("optimizer", current.optimizer)
     if not shares_learning_rate(current.optimizer, optimizer):
         st.session_state[OWN_RATE] = None  # the visitor's rate was for another rule
@@ -92,6 +98,22 @@ def prepare_train_form(limits: Limits) -> None:
         st.session_state.update(model_widget_values("train", shared.model))
     if shared.dataset != shown.dataset and shared.dataset in BUILTIN_DATASETS:
         st.session_state[f"{TRAIN_FORM}dataset_choice"] = shared.dataset
+
+
+def filled_note(config: RunConfig) -> tuple[str | None, bool]:
+    """The sentence for the Train form's top after another page filled it, saying what it filled (None once the
+    visitor has changed one of those fields: the form no longer shows what that page chose; or if none did), and
+    whether this is the first time the form says it."""
+    filled = st.session_state.get(_FILLED)
+    if filled is None:
+        return None, False
+    source, values = filled
+    if any(getattr(config, name) != value for name, value in values.items()):
+        del st.session_state[_FILLED]
+        return None, False
+    first = not st.session_state.get(_FILLED_SAID)
+    st.session_state[_FILLED_SAID] = True
+    return form.describe_filled(source, values), first
 
 
 def keep_train_config(config: RunConfig) -> None:

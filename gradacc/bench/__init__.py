@@ -12,7 +12,8 @@
               not the big batch
     learning-rates  SGD's and Adafactor's learning rates for each built-in model's recipe (a short sweep)
     learning-steps  the fewest optimizer steps from which each built-in classifier learns at its recipe's rate
-    audit     what gradacc.audit costs a Trainer run: its seconds against one window's forward+backward, once
+    audit     what gradacc.audit costs a Trainer run and a plain loop: its seconds against one window's
+              forward+backward, once
     fsdp      sharded (FSDP) on 2 processes: gradient bytes per rank and bytes sent per window, per-window vs
               per-micro-batch sync, and the formula that takes them to 1B-70B models
 

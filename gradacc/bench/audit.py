@@ -3,7 +3,9 @@
 A stock ``transformers.Trainer`` (no ``compute_loss_func``: the #47688 case) on tiny-bert, and in the full run
 also on all-MiniLM-L6-v2 (22M parameters), trains ``steps`` optimizer steps with the audit callback and,
 paired in the same round, without it. A timing callback clocks each window from ``on_step_begin`` to
-``on_pre_optimizer_step`` (its k forwards and backwards, and the clipping). Three figures, each over the median
+``on_pre_optimizer_step`` (its k forwards and backwards, and the clipping). The same models also train in a plain
+PyTorch loop (``loss = model(**batch).loss / k``, with ``audit_loop`` or without), its windows clocked from the
+window's first forward to just before ``optimizer.step()``, where the audit judges. Three figures, each over the median
 window of the same run (windows 2..steps; the first pays the lazy initialisation):
 
 - ``forward+backward ÷ window``: the reference's own pass(es) over the window;
@@ -23,18 +25,22 @@ import statistics
 import time
 
 import plotly.graph_objects as go
+import torch
 from transformers import TrainerCallback
 
-from gradacc.analysis.stock_audit import audit_stock_trainer
+from gradacc.analysis.stock_audit import audit_stock_trainer, stock_collator, stock_examples
+from gradacc.audit import audit_loop
 from gradacc.bench import report
 from gradacc.config import RunConfig
 from gradacc.training.run.engine import quiet_libraries
+from gradacc.training.sources import data, models
 
 # Per model: optimizer steps per run and rounds (even: each of with/without goes first equally often).
 FULL = dict(micro_batch_size=8, grad_accum_steps=4, max_seq_length=64,
             models={"tiny-bert": dict(steps=8, rounds=6), "all-MiniLM-L6-v2": dict(steps=5, rounds=4)})
 QUICK = dict(micro_batch_size=4, grad_accum_steps=2, max_seq_length=32, models={"tiny-bert": dict(steps=3, rounds=2)})
 MODES = {"dropout on": 0.1, "dropout off": 0.0}
+WAYS = ("trainer", "plain loop")  # the plain loop with dropout on only: the replay is the same either way
 GOAL = 1.0
 
 
@@ -68,6 +74,39 @@ def measure(config: RunConfig, steps: int, audited: bool) -> dict:
             "reference": verdict.replay if verdict else None, "gradient": verdict.gradient if verdict else None}
 
 
+def measure_loop(config: RunConfig, steps: int, audited: bool) -> dict:
+    """A plain loop over the same model and data as the Trainer's run (the stock examples and collator)."""
+    config = config.check()
+    config = config.replace(task=models.infer_task(config))
+    m, k = config.micro_batch_size, config.grad_accum_steps
+    config = config.replace(train_samples=m * k * steps, eval_samples=8)
+    text = data.load_text_data(config, None)
+    loaded = models.load(config, text.num_labels, text.label_names)
+    collate = stock_collator(loaded.tokenizer, config.task)
+    examples = stock_examples(loaded.tokenizer, text.train_texts, text.train_labels, config.max_seq_length)
+    batches = [collate(examples[i:i + m]) for i in range(0, len(examples), m)]
+    torch.manual_seed(config.seed)
+    model = loaded.model
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    audit = audit_loop(model, optimizer) if audited else None
+    windows, step_seconds = [], []
+    for window in range(steps):
+        began = time.perf_counter()
+        for batch in batches[window * k:(window + 1) * k]:
+            (model(**batch).loss / k).backward()
+        windows.append(time.perf_counter() - began)
+        optimizer.step()
+        optimizer.zero_grad()
+        step_seconds.append(time.perf_counter() - began)
+    verdict = audit.verdict if audit else None
+    window, step = statistics.median(windows[1:]), statistics.median(step_seconds[1:])
+    return {"audit_seconds": verdict.audit_seconds if verdict else None,
+            "reference_seconds": verdict.reference_seconds if verdict else None, "window_s": window,
+            "first_step_extra_s": step_seconds[0] - step, "audits": 1 if verdict else 0,
+            "reference": verdict.replay if verdict else None, "gradient": verdict.gradient if verdict else None}
+
+
 def run(quick: bool = False, threads: int = 1) -> dict:
     started = time.perf_counter()
     size = QUICK if quick else FULL
@@ -75,18 +114,21 @@ def run(quick: bool = False, threads: int = 1) -> dict:
                                                         "modes": MODES})
     quiet_libraries()
     rows = []
-    for (model, runs_of), (mode, dropout) in ((m, d) for m in size["models"].items() for d in MODES.items()):
+    cases = [(m, d, way) for m in size["models"].items() for way in WAYS for d in MODES.items()
+             if way == "trainer" or d[0] == "dropout on"]
+    for (model, runs_of), (mode, dropout), way in cases:
         steps, rounds = runs_of["steps"], runs_of["rounds"]
+        timed = measure if way == "trainer" else measure_loop
         config = RunConfig(model=model, micro_batch_size=size["micro_batch_size"],
                            grad_accum_steps=size["grad_accum_steps"], max_seq_length=size["max_seq_length"],
                            dropout=dropout)
         audit_ratios, reference_ratios, extra_ratios, windows, audits = [], [], [], [], set()
-        measure(config, 2, audited=False)  # warm-up: the first run of a mode pays for new shapes
+        timed(config, 2, audited=False)  # warm-up: the first run of a mode pays for new shapes
         for round_index in range(rounds):
-            report.progress(f"{model}, {mode}: round {round_index + 1} of {rounds}")
+            report.progress(f"{model}, {way}, {mode}: round {round_index + 1} of {rounds}")
             # Which goes first alternates (an even number of rounds: each first equally often).
             order = (True, False) if round_index % 2 == 0 else (False, True)
-            runs = {audited: measure(config, steps, audited) for audited in order}
+            runs = {audited: timed(config, steps, audited) for audited in order}
             with_audit, without = runs[True], runs[False]
             audit_ratios.append(with_audit["audit_seconds"] / with_audit["window_s"])
             reference_ratios.append(with_audit["reference_seconds"] / with_audit["window_s"])
@@ -95,7 +137,7 @@ def run(quick: bool = False, threads: int = 1) -> dict:
             windows.append(without["window_s"])
             audits.add(with_audit["audits"])
             reference, gradient = with_audit["reference"], with_audit["gradient"]
-        rows.append({"model": model, "mode": mode, "reference": reference, "gradient": gradient,
+        rows.append({"model": model, "way": way, "mode": mode, "reference": reference, "gradient": gradient,
                      "window_s": round(statistics.median(windows), 4), "audit_vs_window": report.spread(audit_ratios),
                      "reference_vs_window": report.spread(reference_ratios),
                      "first_step_extra_vs_window": report.spread(extra_ratios), "audits_per_run": sorted(audits)})
@@ -119,19 +161,20 @@ def figure(result: dict):
     for key, name in (("reference_vs_window", "its forward+backward ÷ window"), ("audit_vs_window", "audit ÷ window"),
                       ("first_step_extra_vs_window",
                                                              "first step's extra ÷ window (paired)")):
-        figure.add_trace(go.Bar(x=[f"{r['model']}<br>{r['mode']}" for r in rows], y=[r[key]["median"] for r in rows],
-                                name=name))
+        figure.add_trace(go.Bar(x=[f"{r['model']}<br>{r.get('way', 'trainer')}, {r['mode']}" for r in rows],
+                                y=[r[key]["median"] for r in rows], name=name))
     figure.add_hline(y=GOAL, line_dash="dash", annotation_text="one window's forward+backward")
     settings = result["settings"]
-    figure.update_layout(title=f"gradacc.audit's cost, once per run (stock Trainer, m={settings['micro_batch_size']}, "
-                               f"k={settings['grad_accum_steps']})", yaxis_title="× one window", barmode="group")
+    figure.update_layout(title=f"gradacc.audit's cost, once per run (stock Trainer and a plain loop, "
+                               f"m={settings['micro_batch_size']}, k={settings['grad_accum_steps']})",
+                         yaxis_title="× one window", barmode="group")
     return figure
 
 
 def table(result: dict) -> tuple[list[str], list[list]]:
-    headers = ["model", "dropout", "verdict", "window s", "its forward+backward ÷ window", "audit ÷ window (median)",
+    headers = ["model", "way", "dropout", "verdict", "window s", "its forward+backward ÷ window", "audit ÷ window (median)",
                "min–max", "first step's extra ÷ window", "audits per run"]
-    rows = [[r["model"], r["mode"], r["gradient"], r["window_s"], r["reference_vs_window"]["median"],
+    rows = [[r["model"], r.get("way", "trainer"), r["mode"], r["gradient"], r["window_s"], r["reference_vs_window"]["median"],
              r["audit_vs_window"]["median"],
              f"{r['audit_vs_window']['min']:.2f}–{r['audit_vs_window']['max']:.2f}",
              r["first_step_extra_vs_window"]["median"], ",".join(map(str, r["audits_per_run"]))]

@@ -31,11 +31,12 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 from torch.distributed.tensor import DTensor
 
 from gradacc.errors import GradaccError, one_line
 from gradacc.training import distributed
+from gradacc.training.compat.torch import (DefaultAllGather, DefaultReduceScatter, fsdp_params, local_tensor,
+                                           unsharded_grad)
 
 
 # ---- wrapping ---------------------------------------------------------------------------------------
@@ -125,18 +126,13 @@ def _nbytes(tensor) -> int:
     if tensor is None:
         return 0
     if isinstance(tensor, DTensor):
-        tensor = tensor._local_tensor
+        tensor = local_tensor(tensor)
     return tensor.numel() * tensor.element_size()
 
 
 def _fsdp_params(model) -> list:
     """FSDP's per-parameter records (internal: ``FSDPParam``), which own the unsharded accumulation buffers."""
-    found = []
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            for group in module._get_fsdp_state()._fsdp_param_groups:
-                found.extend(group.fsdp_params)
-    return found
+    return [p for module in model.modules() if isinstance(module, FSDPModule) for p in fsdp_params(module)]
 
 
 def gradient_bytes(model) -> int:
@@ -146,9 +142,7 @@ def gradient_bytes(model) -> int:
     FSDP2 has no public API for the latter: tests/training/test_fsdp.py pins what they hold."""
     held = 0
     for fsdp_param in _fsdp_params(model):
-        unsharded = getattr(fsdp_param, "_unsharded_param", None)  # exists after FSDP's lazy init
-        if unsharded is not None:
-            held += _nbytes(unsharded.grad)
+        held += _nbytes(unsharded_grad(fsdp_param))
         held += _nbytes(getattr(fsdp_param, "unsharded_accumulated_grad", None))
         held += _nbytes(fsdp_param.sharded_param.grad)
     return held

@@ -128,6 +128,29 @@ def alert(within: Page | Locator, text: str | re.Pattern) -> Locator:
     return within.locator("[data-testid=stAlert]").filter(has_text=text)
 
 
+# Text the page draws cut: an element Streamlit ends with "…" (a widget's or a metric's label kept on one line)
+# whose text is wider than its box, and a table (st.dataframe, drawn on a canvas) wider than its frame, whose last
+# columns and their headers are then off the page until someone scrolls it.
+_CUT_TEXT = """() => {
+  const cut = [];
+  for (const box of document.querySelectorAll('[data-testid=stMain] *')) {
+    const drawn = box.getBoundingClientRect();
+    if (drawn.width === 0 || drawn.height === 0) continue;
+    if (getComputedStyle(box).textOverflow === 'ellipsis' && box.scrollWidth > box.clientWidth)
+      cut.push(`${JSON.stringify(box.innerText)}: ${box.scrollWidth} px of text in ${box.clientWidth}`);
+  }
+  for (const scroller of document.querySelectorAll('[data-testid=stMain] [data-testid=stDataFrame] .dvn-scroller'))
+    if (scroller.scrollWidth > scroller.clientWidth)
+      cut.push(`a table ${scroller.scrollWidth} px wide in ${scroller.clientWidth}`);
+  return cut;
+}"""
+
+
+def cut_text(page: Page) -> list[str]:
+    """What the page shows cut off now (see _CUT_TEXT), one line each; [] when every label and table fits."""
+    return page.evaluate(_CUT_TEXT)
+
+
 def screenshot(page: Page, path, max_height: int = 3000) -> None:
     """The whole page: Streamlit scrolls inside its main area, so Playwright's full_page alone shows only
     the viewport. Grow the viewport to the content's height for the picture, then put it back."""

@@ -69,3 +69,23 @@ def test_a_bad_scale_is_refused_with_the_variable_name(monkeypatch):
     monkeypatch.setenv(demos.SCALE_ENV, "-1")
     with pytest.raises(GradaccError, match="GRADACC_DEMO_SCALE"):
         demos.demo_scale()
+
+
+def test_the_landing_pages_range_of_demo_times_is_the_measured_one_in_docs():
+    # docs/demos.md's table: | Link | What it shows | First progress | First point | Headline | Last run | Load |
+    from support import ROOT
+
+    rows = [line.split("|")[1:-1] for line in (ROOT / "docs" / "demos.md").read_text(encoding="utf-8").splitlines()
+            if line.startswith("| `/demos?demo=")]
+    headlines = {cells[0].strip().strip("`").split("=")[1]: float(cells[4].strip().removesuffix(" s"))
+                 for cells in rows}
+    assert set(headlines) == set(demos.SCENARIOS)  # every demo measured
+    assert demos.MEASURED_RESULT_S == (min(headlines.values()), max(headlines.values()))
+
+
+def test_a_titles_parenthesis_says_something_its_title_does_not():
+    # "zero_grad() inside the accumulation window (zero_grad inside the window)" said it twice on the landing page.
+    for scenario in demos.SCENARIOS.values():
+        title, _, aside = scenario.title.partition(" (")
+        words = {word.strip("():").lower() for word in title.split()}
+        assert not {word for word in aside.rstrip(")").lower().split() if len(word) > 3} & words, scenario.title

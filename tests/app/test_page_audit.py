@@ -3,6 +3,8 @@ audit one's own script; bad input in one sentence next to its field."""
 
 from app_support import alerts, error_after, open_app, page_text, run_until, set_numbers
 
+from gradacc.app import audit_view
+
 AUDIT_TIMEOUT_S = 120
 
 
@@ -22,6 +24,7 @@ def test_a_stock_trainer_on_tiny_bert_is_k_times_too_large_with_its_fix_and_the_
     assert at.status and at.status[0].state == "running"  # the page came back at once; the audit trains elsewhere
     run_until(at, audited, AUDIT_TIMEOUT_S, "the stock-Trainer audit", every=0.5)
     said = " ".join(alerts(at))
+    assert "Equivalence page" not in said  # a classifier's k× has nothing to do with the first label
     assert "The gradient is k× too large:" in said and "#47688" in said, said
     assert "compute_loss_func=gradacc.audit.token_mean_loss" in page_text(at)
     table = at.dataframe[0].value
@@ -37,6 +40,10 @@ def test_tiny_gpt_with_the_standard_collator_shows_trainers_miscount(app_home):
     run_until(at, audited, AUDIT_TIMEOUT_S, "the stock-Trainer audit of tiny-gpt", every=0.5)
     assert "The gradient is items miscounted:" in " ".join(alerts(at)), page_text(at)
     assert 'model.loss_type = "ForCausalLM"' in page_text(at)
+    # The Equivalence page's family table says Trainer's default is right for causal LMs: this page says which
+    # collator it used, and why the two differ.
+    assert "DataCollatorForLanguageModeling(mlm=False)" in at.markdown[0].value
+    assert [box.value for box in at.info if "Equivalence page" in box.value] == [audit_view.OTHER_PAGE]
 
 
 def test_bad_input_is_one_sentence_next_to_its_field_and_never_a_traceback(app_home, tmp_path):

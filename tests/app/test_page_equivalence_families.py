@@ -14,6 +14,8 @@ def test_the_page_shows_trainers_default_by_family(app_home):
     assert not at.exception
     assert "Trainer's default, by model family" in [header.value for header in at.subheader]
     assert f"transformers {stored['settings']['transformers']}" in page_text(at)
+    # Which data and collator: the Audit page finds a stock Trainer's causal LM miscounted, and this says why.
+    assert equivalence_view.FAMILY_DATA in page_text(at) and "DataCollatorForLanguageModeling" in page_text(at)
     assert len(at.dataframe) == 1  # no check has run: this table is the only one
     table = at.dataframe[0].value
     assert list(table.columns) == ["family", "kind", "exact", "naive", "Trainer library default",

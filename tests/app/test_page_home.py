@@ -19,6 +19,10 @@ def test_the_landing_page_says_what_gradacc_shows_and_offers_the_demos_and_train
     assert links["Train"][0].endswith("train")
     assert links["Audit: is Trainer's default right for your model?"][0].endswith("audit")
     assert not at.exception and not at.button  # nothing to press here but links
+    # Its times are the measured ones (docs/demos.md, tests/analysis/test_demos.py), not a promise.
+    quickest, slowest = demos.MEASURED_RESULT_S
+    assert any(f"the result, {quickest}–{slowest} s after the click" in caption.value for caption in at.caption)
+    assert not any("half a minute" in caption.value for caption in at.caption)
 
 
 def test_an_old_run_link_opens_the_run_on_train(app_home):

@@ -75,6 +75,15 @@ def test_a_bad_budget_or_target_is_refused_next_to_its_field(app_home):
     assert not at.exception
 
 
+def test_an_emptied_field_says_it_is_empty_and_nothing_is_measured_or_planned(app_home):
+    at = measured_page({"budget_mb": None})
+    assert error_after(at, "form.planner.budget_mb") == "Memory budget (MB) is empty: type a number."
+    assert not at.exception and not at.success and not at.dataframe  # no pick, no ranking
+    set_numbers(at, "planner", {"budget_mb": 3.0, "max_seq_length": None})
+    assert error_after(at, "form.planner.max_seq_length") == "Max sequence length (tokens) is empty: type a whole number."
+    assert at.button(key="measure").disabled
+
+
 def test_use_these_settings_carries_m_k_the_levers_and_the_optimizers_own_learning_rate_to_the_train_page(app_home):
     # 3 MB: AdamW does not fit; tiny-bert's recipe has a measured rate for Adafactor, so the planner offers it.
     at = measured_page({"budget_mb": 3.0, "target_effective_batch": 64})
@@ -100,6 +109,14 @@ def test_use_these_settings_carries_m_k_the_levers_and_the_optimizers_own_learni
     assert at.toggle(key="form.train.gradient_checkpointing").value is True
     assert at.radio(key="form.train.precision").value == "bf16"
     assert at.selectbox(key="form.train.optimizer").value == "adafactor"
+    # The form's top says it was just filled, and with what.
+    filled = [box.value for box in at.info if box.value.startswith("Filled from the Memory planner: ")]
+    assert filled == [f"Filled from the Memory planner: Model tiny-bert, Max sequence length (tokens) {LENGTH}, "
+                      f"Micro-batch size (m) {m}, Accumulation steps (k) {k}, Memory budget (MB) 3, "
+                      f"Gradient checkpointing on, Precision bf16, Optimizer adafactor, Epochs {config.epochs}."]
+    # Once the visitor changes what the planner filled, the form no longer says the planner chose it.
+    at.number_input(key="form.train.grad_accum_steps").set_value(k + 1).run()
+    assert not [box.value for box in at.info if box.value.startswith("Filled from")]
 
 
 def test_the_plan_reaches_the_code_page_and_later_train_edits_are_kept(app_home):

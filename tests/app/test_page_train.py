@@ -86,6 +86,22 @@ def test_bad_values_are_refused_next_to_their_field_and_start_is_disabled(app_ho
     assert not at.error and not at.button(key="start").disabled
 
 
+def test_an_emptied_number_field_says_it_is_empty_by_its_label_and_start_is_disabled(app_home):
+    # The browser sends None for a field the visitor clears; before, the field put 0 there and the check answered
+    # "got 0", and Epochs or Dropout emptied quietly took the recipe's value.
+    at = open_app()
+    set_numbers(at, "train", {"micro_batch_size": None, "epochs": None, "dropout": None})
+    assert not at.exception
+    assert error_after(at, "form.train.micro_batch_size") == "Micro-batch size (m) is empty: type a whole number."
+    assert error_after(at, "form.train.epochs") == "Epochs is empty: type a whole number."
+    assert error_after(at, "form.train.dropout") == "Dropout is empty: type a number."
+    assert not any("got" in error.value for error in at.error), [error.value for error in at.error]
+    assert at.button(key="start").disabled and metric(at, "Effective batch") == "—"
+
+    set_numbers(at, "train", {"micro_batch_size": 8, "epochs": 1, "dropout": 0.0})
+    assert not at.error and not at.button(key="start").disabled
+
+
 def test_a_run_goes_from_start_to_completed_with_curves_and_f1(app_home):
     at = open_app()
     set_numbers(at, "train", SMALL_RUN)

@@ -26,5 +26,6 @@ def test_the_audit_page_gives_tiny_berts_verdict_and_its_fix_at_1280x720(page, a
     expect(main.locator("[data-testid=stCode]").filter(has_text="audit_trainer(trainer)")).to_be_visible()
     box = verdict.bounding_box()
     assert box and box["x"] >= 0 and box["x"] + box["width"] <= PROJECTOR["width"], box  # whole, not cut
+    assert st_ui.cut_text(page) == []  # and every label and table header
     st_ui.expect_no_exception(page)
     st_ui.screenshot(page, artifacts / "audit-result-1280x720.png")

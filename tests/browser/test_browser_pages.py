@@ -76,3 +76,21 @@ def test_the_landing_page_shows_every_demo_title_whole(page, artifacts, screen):
     assert all(scenario.title in titles for scenario in demos.SCENARIOS.values()), titles
     assert [(text, cut) for text, cut in found if cut] == []
     page.screenshot(path=str(artifacts / f"page-start-here-{screen['width']}x{screen['height']}.png"))
+
+
+def test_no_label_or_column_header_is_cut_off_on_any_page_at_1280x720(page, artifacts):
+    """On a projector a cut label reads as another setting ("Shard the model (…"), and a table wider than the page
+    hides its last column. Every page, its expanders open."""
+    page.set_viewport_size(PROJECTOR)
+    cut = {}
+    for link in LINKS:
+        st_ui.open_app(page, link)
+        expect(st_ui.main(page).locator("h1").first).to_be_visible()
+        for summary in st_ui.main(page).locator("[data-testid=stExpander] summary").all():
+            summary.click()
+        if link == "/equivalence":
+            expect(st_ui.main(page).locator("[data-testid=stDataFrame] .dvn-scroller").first).to_be_visible()  # the families
+        st_ui.wait_for_app(page)
+        cut[link] = st_ui.cut_text(page)
+        st_ui.screenshot(page, artifacts / f"page-{link.strip('/').split('?')[0] or 'home'}-1280x720.png")
+    assert {link: found for link, found in cut.items() if found} == {}

@@ -76,11 +76,18 @@ def test_the_default_pick_learns_on_the_train_page_at_1280x720(page, artifacts):
                                             r"\d+ in the 2 epochs of tiny-bert's recipe, too few: .* Train \d+ epochs"))
     epochs, steps = map(int, re.search(r"Train (\d+) epochs \((\d+) steps\)", pick.inner_text()).groups())
     expect(st_ui.metric_value(page, "Epochs")).to_have_text(str(epochs))
+    assert st_ui.cut_text(page) == []  # every label and the ranking's headers whole on the projector
     st_ui.screenshot(page, artifacts / "planner-pick-steps-1280x720.png")
 
     st_ui.click(page, "Use these settings on the Train page")
     st_ui.wait_for_app(page)
     expect(page.get_by_role("heading", name="Gradient accumulation, live")).to_be_visible()
+    # The form says at its top, on screen, that the planner just filled it, and with what.
+    filled = st_ui.alert(page, re.compile(r"Filled from the Memory planner: Model tiny-bert, .*Micro-batch size \(m\) "
+                                          r"\d+, Accumulation steps \(k\) \d+, .*Gradient checkpointing (on|off), "
+                                          rf"Precision \w+, .*Epochs {epochs}\.$"))
+    expect(filled).to_be_in_viewport(ratio=1)
+    page.screenshot(path=str(artifacts / "train-filled-from-planner-1280x720.png"))
     expect(st_ui.number_input(page, "Epochs")).to_have_value(str(epochs))
     expect(st_ui.metric_value(page, "Optimizer steps")).to_have_text(str(steps))
     train_page.wait_for_libraries(page)

@@ -2,6 +2,7 @@
 
 import re
 
+from chromium import PROJECTOR
 from playwright.sync_api import expect
 
 import st_ui
@@ -36,6 +37,24 @@ def test_run_draws_loss_memory_and_f1(page, artifacts):
     # Also the README's picture, copied to docs/ by hand with scripts/update_screenshot.py: tests write only
     # under test-artifacts/.
     st_ui.screenshot(page, artifacts / "train-completed.png")
+
+
+def test_after_start_the_run_panel_is_in_view_at_1280x720(page, artifacts):
+    """On a projector the form fills the screen and Start sits at its foot: the run's panel, below it, must come into
+    view without the speaker scrolling."""
+    page.set_viewport_size(PROJECTOR)
+    st_ui.open_app(page)
+    train_page.configure(page, micro_batch=8, grad_accum_steps=2, epochs=1, train_samples=64, eval_samples=32)
+    # A person scrolls down until Start shows at the foot of the screen, and clicks it: the panel is below the fold.
+    st_ui.button(page, "Start").evaluate("button => button.scrollIntoView({block: 'end'})")
+    expect(st_ui.main(page).locator("[data-testid=stAlert]").filter(has_text="Press Start to train")
+           ).not_to_be_in_viewport()
+    train_page.start(page)
+    expect(train_page.status_panel(page)).to_be_in_viewport(ratio=1)  # whole: its status line and its progress
+    expect(st_ui.button(page, "Start")).to_be_in_viewport()  # and Stop beside it, while the run goes
+    page.screenshot(path=str(artifacts / "train-after-start-1280x720.png"))
+    train_page.wait_until_ended(page, "Completed")
+    assert st_ui.cut_text(page) == []  # the ended run's scores and metrics too
 
 
 def test_stop_ends_a_run(page, artifacts):
@@ -88,6 +107,12 @@ def test_bad_value_gives_one_line_reason(page, artifacts):
     st_ui.set_number(page, "Micro-batch size (m)", 4)
     expect(reason).to_have_count(0)
     expect(st_ui.button(page, "Start")).to_be_enabled()
+
+    # An emptied field is said to be empty, in the field's own words, not "got 0".
+    st_ui.set_number(page, "Micro-batch size (m)", "", shown="")
+    expect(st_ui.alert(page, "Micro-batch size (m) is empty: type a whole number.")).to_have_count(1)
+    expect(st_ui.alert(page, "got 0")).to_have_count(0)
+    expect(st_ui.button(page, "Start")).to_be_disabled()
 
 
 def plotly_requests(page) -> list[str]:

@@ -199,3 +199,24 @@ def test_a_loop_that_never_steps_is_not_judged_and_says_so():
     verdict = audit.finish()
     assert not verdict.judged and verdict.meaning == ("the loop ran 1 forward of the model with gradients on and "
                                                       "optimizer.step() never ran")
+
+
+def test_the_audit_leaves_nothing_installed_when_it_ends():
+    """Hooks on the model, the optimizer's step and zero_grad, clipping and the scheduler's step: each put back as it
+    was once the verdict is read, so the rest of the run is the user's code alone."""
+    from torch.optim.lr_scheduler import LRScheduler
+
+    from gradacc.audit import audit_loop
+
+    model = bert_classifier()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = (dict(model._forward_pre_hooks), dict(model._forward_hooks), vars(optimizer).get("step"),
+              torch.nn.utils.clip_grad_norm_, LRScheduler.step)
+    audit = audit_loop(model, optimizer)
+    batch = padding_collator()(cls_data(4))
+    model(**batch).loss.backward()
+    optimizer.step()
+    assert audit.verdict.judged
+    after = (dict(model._forward_pre_hooks), dict(model._forward_hooks), vars(optimizer).get("step"),
+             torch.nn.utils.clip_grad_norm_, LRScheduler.step)
+    assert after == before and "zero_grad" not in vars(optimizer) and "zero_grad" not in vars(model)

@@ -110,7 +110,7 @@ def test_dpo_with_a_short_micro_batch_is_told_what_does_fix_it_and_that_fix_is_e
     agrees_with_truth(verdict, truth)
     assert verdict.items == (2, 1) and verdict.gradient == V.WEIGHTED, verdict.line
     assert "dataloader_drop_last=True" in verdict.fix and "loss_is_scaled_for_ga" not in verdict.fix
-    fixed, fixed_truth = dpo(tmp_path, pairs(3), dataloader_drop_last=True, gradient_accumulation_steps=1)
+    fixed, fixed_truth = dpo(tmp_path, pairs(3), dataloader_drop_last=True)
     assert fixed.ok and fixed.items == (2,), fixed.line
     assert fixed_truth["accumulated_vs_truth"]["ratio"] == pytest.approx(1, abs=1e-6)
 

@@ -18,11 +18,14 @@ from __future__ import annotations
 import contextlib
 from dataclasses import replace
 
+from torch.nn.parallel import DistributedDataParallel
+
 from gradacc.training.audit import losses
 from gradacc.training.audit.capture import Patches, Recorder, WindowLog, micro_batches
 from gradacc.training.audit.measure import Setup, measure
 from gradacc.training.audit.verdict import Check, Verdict, publish
-from gradacc.training.distributed import SyncProbe
+from gradacc.training.compat import accelerate as compat
+from gradacc.training.compat.torch import ddp_syncs_next_backward
 
 WATCHING, JUDGED, DONE = "watching", "judged", "done"
 
@@ -42,7 +45,9 @@ class AccelerateAudit:
         self.json_path = json_path
         self.state = WATCHING
         self.backwards = 0
-        self.synced_micro_batches: int | None = None
+        # Per micro-batch: did its backward all-reduce? DDP's own flag, read at the forward (accumulate's no_sync
+        # clears it): nothing is installed on the model, so nothing is left behind.
+        self.synced: list[bool] = []
         self._verdict: Verdict | None = None
         self.recorder = Recorder(self.module, on_forward=self._on_forward)
         self.recorder.recording = True
@@ -52,11 +57,6 @@ class AccelerateAudit:
         self.patches.method(accelerator, "backward", self._backward)
         self.patches.method(optimizer, "step", self._step)
         self._wrapped = model
-        self._probe = None
-        with contextlib.suppress(RuntimeError):  # a communication hook of the user's own: syncs not counted
-            self._probe = SyncProbe.attach(model)
-        if self._probe is not None:
-            self.synced_micro_batches = 0
 
     def _micro_batch_count(self) -> int:
         return sum(1 for f in self.recorder.forwards if f.grad)
@@ -64,13 +64,13 @@ class AccelerateAudit:
     def _on_forward(self, grad: bool) -> None:
         if grad and self.state == JUDGED:  # the next window's first forward: the judged window is over
             self.finish()
+        elif grad and self.state == WATCHING and isinstance(self._wrapped, DistributedDataParallel):
+            self.synced.append(ddp_syncs_next_backward(self._wrapped))
 
     def _backward(self, original, loss, **kwargs):
         result = original(loss, **kwargs)
         if self.state == WATCHING:
             self.backwards += 1
-            if self._probe is not None and self._probe.take():
-                self.synced_micro_batches += 1
         return result
 
     def _step(self, original, *args, **kwargs):
@@ -105,9 +105,9 @@ class AccelerateAudit:
         if state != JUDGED or self._verdict is None:
             return None
         checks = [self._scheduler_check()]
-        if self.synced_micro_batches is not None:
-            ok = self.synced_micro_batches <= 1
-            checks.append(Check("sync", ok, f"gradients all-reduced in {self.synced_micro_batches} of "
+        if self.synced:
+            ok = sum(self.synced) <= 1
+            checks.append(Check("sync", ok, f"gradients all-reduced in {sum(self.synced)} of "
                                 f"{self._verdict.micro_batches} micro-batches", None if ok else
                                 "run the forward and backward inside accelerator.accumulate(model)"))
         self._verdict = replace(self._verdict, checks=self._verdict.checks + tuple(checks))
@@ -129,11 +129,7 @@ class AccelerateAudit:
     def _expected_scheduler_steps(self) -> int:
         """A prepared scheduler steps the torch one once per process per optimizer step unless batches are split
         (Accelerate's design: schedules sized in per-process steps); an unprepared one, once."""
-        for prepared in getattr(self.accelerator, "_schedulers", []):
-            if getattr(prepared, "scheduler", None) in self.log.stepped_schedulers:
-                if prepared.step_with_optimizer and not prepared.split_batches:
-                    return self.accelerator.num_processes
-        return 1
+        return compat.scheduler_steps_per_optimizer_step(self.accelerator, self.log.stepped_schedulers) or 1
 
     @property
     def verdict(self) -> Verdict | None:

@@ -20,6 +20,8 @@ import torch
 import torch.nn.utils
 from torch.optim.lr_scheduler import LRScheduler
 
+from gradacc.training.compat.torch import keep_scheduler_mark
+
 # How many values of a forward's output the fingerprint keeps (beside its shape, dtype and exact sum): a replay
 # that reproduces the output bit for bit reproduces all of them; a full copy of an LM's logits would cost memory.
 FINGERPRINT_VALUES = 4096
@@ -227,8 +229,7 @@ class Patches:
         def call(_self, *args, **kwargs):
             return wrapper(original, *args, **kwargs)
 
-        if getattr(original, "_wrapped_by_lr_sched", False):  # a scheduler built before: it would warn the user
-            call._wrapped_by_lr_sched = True
+        keep_scheduler_mark(call, original)  # a scheduler built before would warn the user
         self.set(owner, name, types.MethodType(call, owner))
 
     def undo(self) -> None:

@@ -29,8 +29,8 @@ SUMMED_LOSS = {
 CLIP_ONCE = "clip once per window: after the window's last backward, right before optimizer.step()"
 # A trainer whose loss is a mean per micro-batch and that gets no num_items_in_batch (TRL's DPO): no setting weights a
 # short micro-batch by its items; dropping it does.
-SHORT_MICRO_BATCH = ("drop the short micro-batch: TrainingArguments(dataloader_drop_last=True), or a dataset whose size "
-                     "is a multiple of per_device_train_batch_size (the trainer passes compute_loss no "
+SHORT_MICRO_BATCH = ("drop the short micro-batch: TrainingArguments(dataloader_drop_last=True), or a dataset whose "
+                     "size is a multiple of per_device_train_batch_size (the trainer passes compute_loss no "
                      "num_items_in_batch, so no setting weights a micro-batch by its items)")
 # How a loop counts a micro-batch's items, by kind, in words.
 ITEMS = {losses.CLASSIFICATION: "its labels other than -100", losses.TOKEN: "its labels other than -100",

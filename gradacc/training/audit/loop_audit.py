@@ -34,6 +34,7 @@ from gradacc.training.audit import losses
 from gradacc.training.audit.capture import Patches, Recorder, WindowLog, micro_batches
 from gradacc.training.audit.measure import Setup, measure
 from gradacc.training.audit.verdict import NOT_JUDGED, Check, Verdict, publish
+from gradacc.training.compat.torch import ddp_syncs_next_backward
 
 WATCHING, JUDGED, DONE = "watching", "judged", "done"
 
@@ -71,7 +72,7 @@ class LoopAudit:
             if self._ddp is None and not self.recorder.forwards and distributed.is_distributed():
                 self._ddp = _ddp_around(self.module)  # wrapped after the optimizer was built (nanoGPT's order)
             if self._ddp is not None:  # DDP's forward reads it: False inside no_sync(), or set by the loop itself
-                self.synced.append(bool(self._ddp.require_backward_grad_sync))
+                self.synced.append(ddp_syncs_next_backward(self._ddp))
 
     def _step(self, original, *args, **kwargs):
         if self.state == WATCHING and self._micro_batch_count():

@@ -178,7 +178,8 @@ def _smoothing_check(kept: bool, rule: losses.LossRule, kind: str) -> Check:
                  f"label_smoothing_factor={epsilon:g} is not in the loss it trains on",
                  f"pass compute_loss_func=functools.partial(gradacc.audit.{func}, label_smoothing={epsilon:g})"
                  if func in ("token_mean_loss", "causal_lm_mean_loss") else
-                 f"apply the smoothing inside your compute_loss_func (F.cross_entropy(..., label_smoothing={epsilon:g}))")
+                 "apply the smoothing inside your compute_loss_func "
+                 f"(F.cross_entropy(..., label_smoothing={epsilon:g}))")
 
 
 def copies_check(processes: int) -> Check:

@@ -9,13 +9,13 @@ buffers and random states back afterwards, so the run goes on bit-identical to a
 from __future__ import annotations
 
 import contextlib
-import copy
 from dataclasses import dataclass
 
 import torch
 
 from gradacc.training.audit import losses
 from gradacc.training.audit.capture import MicroBatch, RandomState, Recorder, detached
+from gradacc.training.compat import trl
 
 # Relative tolerance of the model's own loss against the hand-made one, by precision.
 AGREE = {"fp32": 1e-4, "bf16": 2e-2, "fp16": 2e-2}
@@ -43,8 +43,7 @@ def set_aside(module, extra_state=None):
     grads = [p.grad for p in params]
     buffers = [(b, b.detach().clone()) for b in module.buffers()]
     rng = RandomState.take()
-    kept = {name: copy.deepcopy(value) for name, value in vars(extra_state).items()
-            if name in ("_metrics", "_total_train_tokens")} if extra_state is not None else {}
+    kept = trl.kept_state(extra_state)
     for p in params:
         p.grad = None
     try:
@@ -55,8 +54,7 @@ def set_aside(module, extra_state=None):
         for b, saved in buffers:
             b.data.copy_(saved)
         rng.put_back()
-        for name, value in kept.items():
-            setattr(extra_state, name, value)
+        trl.put_back(extra_state, kept)
 
 
 @contextlib.contextmanager
@@ -177,7 +175,7 @@ class Replayer:
         else:
             kwargs = {k: v for k, v in forward.kwargs.items() if k != "output_router_logits"}
             with torch.no_grad(), as_recorded(forward.autocast):
-                reference = self.trainer.ref_model(*forward.args, **kwargs)
+                reference = trl.dpo_reference_model(self.trainer)(*forward.args, **kwargs)
             ref_chosen, ref_rejected = reference.log_probs.float().sum(dim=1).chunk(2)
         return self.rule.dpo.summed(chosen, rejected, ref_chosen, ref_rejected), int(chosen.numel())
 

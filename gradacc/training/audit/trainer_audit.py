@@ -21,6 +21,8 @@ from gradacc.training.audit import losses
 from gradacc.training.audit.capture import MicroBatch, Patches, RandomState, Recorder, WindowLog, detached
 from gradacc.training.audit.measure import Setup, measure
 from gradacc.training.audit.verdict import NOT_JUDGED, Check, Verdict, publish
+from gradacc.training.compat import transformers as compat_transformers
+from gradacc.training.compat import trl
 
 # How far the logged loss may be from the window's mean loss, by precision.
 LOGGED = {"fp32": 1e-3, "bf16": 2e-2, "fp16": 2e-2}
@@ -37,13 +39,11 @@ FRAMEWORKS = ("transformers.", "trl.", "peft.")
 def _trainers_own_rule(trainer, inputs: dict) -> losses.LossRule:
     """A trainer whose batches hold no labels: DPO's loss computed by the audit where it knows the objective and
     the reference's log-probs (precomputed, or a reference model); else the trainer's compute_loss, replayed."""
-    is_dpo = any(c.__name__ == "DPOTrainer" and c.__module__.startswith("trl.") for c in type(trainer).__mro__)
-    if not is_dpo:
+    if trl.trl_class(trainer, ("DPOTrainer",)) is None:
         return losses.LossRule(losses.TRAINER_LOSS)
     objective = losses.DPOObjective.of(trainer.args)
-    has_reference = "ref_chosen_logps" in inputs or getattr(trainer, "ref_model", None) is not None
-    aux = getattr(trainer, "aux_loss_enabled", False)  # an MoE router loss added to DPO's: not computed here
-    if objective is None or not has_reference or aux:
+    has_reference = "ref_chosen_logps" in inputs or trl.dpo_reference_model(trainer) is not None
+    if objective is None or not has_reference or trl.adds_router_loss(trainer):  # a router loss: not computed here
         return losses.LossRule(losses.TRAINER_LOSS, rows_per_item=2)
     return losses.LossRule(losses.DPO, dpo=objective, rows_per_item=2)
 
@@ -59,12 +59,12 @@ def user_override(trainer) -> str | None:
 
 def objective_unknown(trainer) -> str | None:
     """Why the trainer's objective is none the audit computes (an RL trainer's), in one sentence; None otherwise."""
-    for cls in type(trainer).__mro__:
-        if cls.__name__ in RL_TRAINERS and cls.__module__.startswith("trl."):
-            return (f"the loss is not the model's own: {cls.__name__} trains on {RL_TRAINERS[cls.__name__]}, which "
-                    "the audit does not compute; give it your objective per batch, audit_trainer(trainer, "
-                    "loss_fn=lambda model, batch: (summed loss, items))")
-    return None
+    name = trl.trl_class(trainer, RL_TRAINERS)
+    if name is None:
+        return None
+    return (f"the loss is not the model's own: {name} trains on {RL_TRAINERS[name]}, which the audit does not "
+            "compute; give it your objective per batch, audit_trainer(trainer, loss_fn=lambda model, batch: (summed "
+            "loss, items))")
 
 
 class _Window:
@@ -91,7 +91,7 @@ class _Window:
         self._depth += 1
         watching = self._depth == 1 and self.recorder.recording and torch.is_grad_enabled() and model.training
         if watching:
-            counted = kwargs.get("num_items_in_batch", args[1] if len(args) > 1 else None)
+            counted = compat_transformers.num_items_in_batch(args, kwargs)
             micro_batch = MicroBatch(inputs=detached(dict(inputs)), rng=RandomState.take(),
                                      counted_items=None if counted is None else float(counted))
             first = len(self.recorder.forwards)

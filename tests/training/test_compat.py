@@ -1,0 +1,109 @@
+"""The contracts of gradacc.training.compat: each internal of another project that gradacc reads or patches, checked
+on the installed version. A failure names the project, its version and the internal that moved, so a new release
+that breaks gradacc says where (scripts/compat_newest.sh runs these against the newest releases)."""
+
+import inspect
+
+import pytest
+import torch
+
+
+def contract(project: str, name: str, holds: bool, detail: str = "") -> None:
+    import importlib
+
+    version = importlib.import_module(project).__version__
+    assert holds, f"{project} {version}: {name} moved or changed{': ' + detail if detail else ''}"
+
+
+def test_accelerate_prepared_scheduler_settings_and_its_state_singletons():
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    from gradacc.training.compat import accelerate as compat
+
+    compat.reset_accumulation_state()
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    prepared = getattr(accelerator, compat.PREPARED_SCHEDULERS, None)
+    contract("accelerate", "Accelerator._schedulers", isinstance(prepared, list) and prepared == [scheduler])
+    for name in compat.SCHEDULER_SETTINGS:
+        contract("accelerate", f"AcceleratedScheduler.{name}", hasattr(scheduler, name))
+    assert compat.scheduler_steps_per_optimizer_step(accelerator, [scheduler.scheduler]) == 1  # one process
+    assert compat.scheduler_steps_per_optimizer_step(accelerator, []) is None
+    for cls in (AcceleratorState, GradientState):
+        contract("accelerate", f"{cls.__name__}._reset_state", callable(getattr(cls, "_reset_state", None)))
+    contract("accelerate", "PartialState._shared_state", isinstance(getattr(PartialState, "_shared_state", None), dict))
+    compat.reset_accumulation_state()
+
+
+def test_transformers_trainer_compute_loss_takes_num_items_in_batch_after_model_and_inputs():
+    from transformers import Trainer
+
+    from gradacc.training.compat import transformers as compat
+
+    names = list(inspect.signature(Trainer.compute_loss).parameters)
+    contract("transformers", "Trainer.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)",
+             names[:5] == ["self", "model", "inputs", "return_outputs", "num_items_in_batch"], str(names))
+    source = inspect.getsource(Trainer.training_step)
+    contract("transformers", "Trainer.training_step calls compute_loss(model, inputs, num_items_in_batch=...)",
+             "num_items_in_batch=num_items_in_batch" in source)
+    assert compat.num_items_in_batch(("model", "inputs"), {"num_items_in_batch": 7}) == 7
+    assert compat.num_items_in_batch((False, 9), {}) == 9  # the arguments after model and inputs, by position
+    assert compat.num_items_in_batch((), {}) is None
+
+
+def test_trl_trainers_keep_the_state_a_replay_changes_and_their_classes():
+    import trl
+
+    from gradacc.training.compat import trl as compat
+
+    source = inspect.getsource(trl.trainer.sft_trainer.SFTTrainer)
+    for name in compat.REPLAY_MUTATED:
+        contract("trl", f"SFTTrainer.{name}", f"self.{name}" in source)
+    for name in ("DPOTrainer", "GRPOTrainer", "RLOOTrainer"):
+        contract("trl", name, hasattr(trl, name))
+    dpo = inspect.getsource(trl.DPOTrainer)
+    contract("trl", "DPOTrainer.ref_model", "self.ref_model" in dpo)
+    contract("trl", "DPOTrainer.aux_loss_enabled", "self.aux_loss_enabled" in dpo)
+    contract("trl", "DPOTrainer's batch is [chosen, rejected]", "chunk(2, dim=0)  # batch is [chosen, rejected]" in dpo)
+    fields = trl.DPOConfig.__dataclass_fields__
+    for name in ("loss_type", "loss_weights", "beta", "label_smoothing", "f_divergence_type", "ld_alpha",
+                 "use_weighting"):
+        contract("trl", f"DPOConfig.{name}", name in fields)
+
+    class Mine(trl.DPOTrainer):  # never built: its class is enough
+        pass
+
+    assert compat.trl_class(Mine.__new__(Mine), ("DPOTrainer",)) == "DPOTrainer"
+    assert compat.trl_class(object(), ("DPOTrainer",)) is None
+
+
+def test_torch_scheduler_mark_ddp_flag_and_fsdp_records():
+    from torch.distributed.fsdp._fully_shard import _fsdp_param
+    from torch.nn.parallel import DistributedDataParallel
+
+    from gradacc.training.compat import torch as compat
+
+    optimizer = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+    torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    contract("torch", f"optimizer.step.{compat.SCHEDULER_MARK}", getattr(optimizer.step, compat.SCHEDULER_MARK, False))
+
+    def replacement():
+        pass
+
+    compat.keep_scheduler_mark(replacement, optimizer.step)
+    assert getattr(replacement, compat.SCHEDULER_MARK)
+    contract("torch", "DistributedDataParallel.require_backward_grad_sync (set by no_sync)",
+             "self.require_backward_grad_sync = False" in inspect.getsource(DistributedDataParallel.no_sync))
+    contract("torch", "FSDPParam._unsharded_param", "self._unsharded_param" in inspect.getsource(_fsdp_param.FSDPParam))
+    contract("torch", "FSDPParam.unsharded_accumulated_grad",
+             "unsharded_accumulated_grad" in inspect.getsource(_fsdp_param.FSDPParam))
+    from torch.distributed.fsdp import FSDPModule
+
+    contract("torch", "FSDPModule._get_fsdp_state", hasattr(FSDPModule, "_get_fsdp_state"))
+    from torch.distributed.tensor import DTensor
+
+    contract("torch", "DTensor._local_tensor", "_local_tensor" in getattr(DTensor, "__slots__", ()))

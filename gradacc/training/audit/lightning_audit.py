@@ -34,6 +34,7 @@ from gradacc.training.audit.causes import ITEMS
 from gradacc.training.audit.measure import Setup, measure
 from gradacc.training.audit.verdict import (CLIPPED, DIVIDED_TWICE, K_TIMES, OTHER_LOSS, SHORT_WINDOW, WEIGHTED,
                                             ZEROED, Check, Verdict, publish)
+from gradacc.training.compat import lightning as compat
 
 IDLE, WATCHING, JUDGED, DONE = "idle", "watching", "judged", "done"
 
@@ -136,13 +137,11 @@ class AuditCallback(Callback):
         self.log = WindowLog(lambda: self._backwards, trainer.optimizers[0], pl_module)
         self.log.attach()
         self.patches = Patches()
-        # self.optimizers() hands training_step a LightningOptimizer: a copy of the torch optimizer's attributes
-        # (taken before the log patched its zero_grad), so its zero_grad is watched too.
-        wrapped_optimizers = pl_module.optimizers(use_pl_optimizer=True)
-        for optimizer in wrapped_optimizers if isinstance(wrapped_optimizers, list) else [wrapped_optimizers]:
+        for optimizer in compat.lightning_optimizers(pl_module):  # zero_grad through self.optimizers() watched too
             self.patches.method(optimizer, "zero_grad", self.log._zero_grad)
-        self.patches.method(pl_module, "training_step", self._training_step)
-        self.patches.method(pl_module, "on_before_optimizer_step", self._before_optimizer_step(trainer))
+        training_step, before_step = compat.INSTANCE_HOOKS
+        self.patches.method(pl_module, training_step, self._training_step)
+        self.patches.method(pl_module, before_step, self._before_optimizer_step(trainer))
 
     def _on_forward(self, module):
         def entered(grad: bool) -> None:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The audit against the newest transformers, TRL, PEFT, Accelerate and Lightning on the package registry: the contracts of the
-# internals gradacc relies on (tests/training/test_compat.py, each failure names the project, its version and the
-# internal) and the audit's own tests. torch stays pinned (a newer wheel could be a multi-GB CUDA build).
+# The audit against the newest transformers, TRL, PEFT, Accelerate and Lightning on the package registry: the
+# contracts of the internals gradacc relies on (tests/training/test_compat.py, each failure names the project, its
+# version and the internal) and the audit's own tests. torch stays pinned (a newer wheel could be a multi-GB CUDA
+# build).
 #
 #   bash scripts/compat_newest.sh            # a fresh .venv-newest beside .venv; prints the versions it tested
 #

@@ -148,8 +148,8 @@ def test_lightning_calls_the_hooks_on_the_instance_in_order_and_wraps_the_optimi
     module.training_step = lambda *args: order.append("instance training_step") or step(*args)
     module.on_before_optimizer_step = lambda optimizer: order.append("instance on_before_optimizer_step")
     data = torch.utils.data.TensorDataset(torch.randn(4, 2))
-    trainer = L.Trainer(accelerator="cpu", max_steps=1, callbacks=[Callback()], logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(accelerator="cpu", max_steps=1, callbacks=[Callback()], logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=4))
     contract("lightning", f"hooks looked up on the instance ({', '.join(compat.INSTANCE_HOOKS)}), in order",
              order == ["instance training_step", "callback", "instance on_before_optimizer_step", "clipping"],

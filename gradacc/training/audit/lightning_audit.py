@@ -42,8 +42,8 @@ WEIGHT_BY_ITEMS = ("in training_step return the micro-batch's loss summed over i
                    "its items{items} to a counter; in the LightningModule's on_before_optimizer_step count the "
                    "window's items over all processes (self.trainer.strategy.reduce(torch.tensor(count, "
                    "device=self.device), reduce_op='sum')), multiply every gradient by "
-                   "self.trainer.accumulate_grad_batches × self.trainer.world_size ÷ that count (Lightning divides by "
-                   "k, DDP averages over processes), then reset the counter")
+                   "self.trainer.accumulate_grad_batches × self.trainer.world_size ÷ that count (Lightning divides "
+                   "by k, DDP averages over processes), then reset the counter")
 
 # The fix of each cause in Lightning's own terms (the catalogue's Lightning column, docs/audit.md).
 FIXES = {

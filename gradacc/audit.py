@@ -1,10 +1,11 @@
 """Audit your own accumulation::
 
-    from gradacc.audit import audit_trainer, audit_accelerate, audit_loop
+    from gradacc.audit import AuditCallback, audit_accelerate, audit_loop, audit_trainer
 
     audit = audit_trainer(trainer)                          # before trainer.train() (TRL's trainers too)
     audit = audit_accelerate(accelerator, model, optimizer)  # one line before your Accelerate loop
     audit = audit_loop(model, optimizer)                    # one line before your plain PyTorch loop
+    lightning.Trainer(accumulate_grad_batches=k, callbacks=[audit := AuditCallback()])  # gradacc[lightning]
     ...
     print(audit.verdict.line)                               # after the first optimizer step
 
@@ -28,7 +29,7 @@ import importlib
 
 _HOMES = {"audit_trainer": "trainer_audit", "AccumulationAudit": "trainer_audit",
           "audit_accelerate": "accelerate_audit", "AccelerateAudit": "accelerate_audit",
-          "audit_loop": "loop_audit", "LoopAudit": "loop_audit",
+          "audit_loop": "loop_audit", "LoopAudit": "loop_audit", "AuditCallback": "lightning_audit",
           "token_mean_loss": "fixes", "regression_mean_loss": "fixes", "multi_label_mean_loss": "fixes",
           "causal_lm_mean_loss": "fixes", "Verdict": "verdict"}
 __all__ = sorted(_HOMES)

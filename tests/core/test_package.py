@@ -90,8 +90,10 @@ def test_the_wheel_has_one_version_the_requirements_and_the_console_script(wheel
     assert re.search(r"^Version: (.+)$", metadata, re.M).group(1) == gradacc.__version__
     requires = re.findall(r"^Requires-Dist: (.+)$", metadata, re.M)
     assert [r for r in requires if "extra ==" not in r] == requirements()
-    # pip install gradacc[trl]: gradacc.audit's TRL and PEFT, at the versions its tests use.
-    assert [r for r in requires if "extra ==" in r] == ['trl==1.16.0; extra == "trl"', 'peft==0.21.0; extra == "trl"']
+    # pip install gradacc[trl]: gradacc.audit's TRL and PEFT; gradacc[lightning]: its Lightning callback; at the
+    # versions its tests use.
+    assert [r for r in requires if "extra ==" in r] == ['trl==1.16.0; extra == "trl"', 'peft==0.21.0; extra == "trl"',
+                                                        'lightning==2.6.6; extra == "lightning"']
     assert "torch==2.13.0" in requirements()  # the exact pin: a range would pull a CUDA build
     entry_points = wheel.read(f"{info}/entry_points.txt").decode()
     assert "[console_scripts]\ngradacc = gradacc.cli:main" in entry_points

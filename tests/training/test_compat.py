@@ -107,3 +107,51 @@ def test_torch_scheduler_mark_ddp_flag_and_fsdp_records():
     from torch.distributed.tensor import DTensor
 
     contract("torch", "DTensor._local_tensor", "_local_tensor" in getattr(DTensor, "__slots__", ()))
+
+
+def test_lightning_calls_the_hooks_on_the_instance_in_order_and_wraps_the_optimizer_in_a_copy():
+    """A LightningModule's training_step and on_before_optimizer_step are looked up on the instance (an instance
+    attribute stands in); the module's on_before_optimizer_step runs after the callbacks' and before
+    configure_gradient_clipping; self.optimizers() is a LightningOptimizer whose attributes are its own copy."""
+    L = pytest.importorskip("lightning", reason="the Lightning contract needs lightning (gradacc[lightning])")
+    from gradacc.training.compat import lightning as compat
+
+    order = []
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, batch_idx):
+            wrapped = compat.lightning_optimizers(self)
+            torch_optimizer = self.trainer.optimizers[0]
+            torch_optimizer.zero_grad = lambda *a, **k: order.append("patched on the torch optimizer")
+            wrapped[0].zero_grad()  # the copy's own zero_grad: the torch instance's patch is not seen through it
+            del torch_optimizer.zero_grad
+            contract("lightning", "LightningOptimizer (self.optimizers())", wrapped[0] is not torch_optimizer
+                     and wrapped[0].optimizer is torch_optimizer)
+            return self.net(batch[0]).sum()
+
+        def configure_gradient_clipping(self, *args, **kwargs):
+            order.append("clipping")
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    class Callback(L.Callback):
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+            order.append("callback")
+
+    module = Module()
+    step = module.training_step
+    module.training_step = lambda *args: order.append("instance training_step") or step(*args)
+    module.on_before_optimizer_step = lambda optimizer: order.append("instance on_before_optimizer_step")
+    data = torch.utils.data.TensorDataset(torch.randn(4, 2))
+    trainer = L.Trainer(accelerator="cpu", max_steps=1, callbacks=[Callback()], logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=4))
+    contract("lightning", f"hooks looked up on the instance ({', '.join(compat.INSTANCE_HOOKS)}), in order",
+             order == ["instance training_step", "callback", "instance on_before_optimizer_step", "clipping"],
+             str(order))
+

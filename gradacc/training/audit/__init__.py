@@ -1,5 +1,5 @@
-"""Audit a user's own accumulation: their ``Trainer`` (TRL's trainers included), their Accelerate loop, or their
-plain PyTorch loop.
+"""Audit a user's own accumulation: their ``Trainer`` (TRL's trainers included), their Accelerate loop, their plain
+PyTorch loop, or their Lightning ``Trainer``.
 
 On the run's first optimizer step the audit recomputes, on the same micro-batches and the same weights, the gradient
 of the window's mean loss over its items (the reference: each micro-batch replayed from the random state the run
@@ -11,7 +11,7 @@ place; beside it, the scheduler's steps, the clipping it did, the logged loss. d
 Laid out by idea: ``capture`` (what the window did, recorded as it ran), ``losses`` (what a micro-batch's loss is,
 by the model's kind), ``reference`` (the replay), ``measure`` (the one measurement both integrations make),
 ``verdict`` (the typed verdict and its checks), ``causes`` (naming the cause, and its fix), ``fixes`` (the
-``compute_loss_func``s gradacc ships), ``trainer_audit``, ``accelerate_audit`` and ``loop_audit`` (the ways in),
-``autoattach``
+``compute_loss_func``s gradacc ships), ``trainer_audit``, ``accelerate_audit``, ``loop_audit`` and ``lightning_audit``
+(the ways in), ``autoattach``
 (``gradacc audit -- python train.py``). ``gradacc.audit`` is the public face (importable without torch).
 """

@@ -1,6 +1,7 @@
 """``gradacc audit -- python train.py ARGS``: the user's script runs unchanged, and the audit attaches itself to every
-``Trainer`` it builds (TRL's trainers too: they call ``Trainer.__init__``), to every Accelerate loop it prepares, and
-to every plain PyTorch loop: an optimizer no framework owns, stepping the parameters of one module.
+``Trainer`` it builds (TRL's trainers too: they call ``Trainer.__init__``), to every Accelerate loop it prepares, to
+every Lightning ``Trainer`` it builds (``lightning`` or ``pytorch_lightning``: an ``AuditCallback`` in its callbacks),
+and to every plain PyTorch loop: an optimizer no framework owns, stepping the parameters of one module.
 
 The command puts ``site/`` first on the script's PYTHONPATH and names a folder in ``GRADACC_AUDIT_DIR``; Python
 then imports ``site/sitecustomize.py`` at start-up, which calls ``install()``: a finder on ``sys.meta_path`` that,
@@ -10,7 +11,9 @@ optimizer are prepared, except for a Trainer's own accelerator) and ``torch.opti
 (``audit_loop`` on the smallest module holding all the optimizer's parameters; not for an optimizer built inside
 ``Trainer.train``, and withdrawn when Accelerate prepares it or a Trainer is given it). Each verdict is written to
 that folder as one JSON file, which the command reads back and prints; a plain loop that never stepped leaves a
-"not judged" one. Child processes (``torchrun``, ``accelerate launch``) inherit it all.
+"not judged" one. Lightning's trainer module: its ``Trainer.__init__`` (an ``AuditCallback`` added to ``callbacks``)
+and ``Trainer.fit`` (the optimizers ``configure_optimizers`` builds are Lightning's). Child processes (``torchrun``,
+``accelerate launch``, Lightning's DDP) inherit it all.
 """
 
 from __future__ import annotations
@@ -106,6 +109,32 @@ def patch_accelerator(module) -> None:
     accelerator_class.prepare = prepared
 
 
+def patch_lightning(module) -> None:
+    """Lightning's ``Trainer`` (``lightning.pytorch`` or ``pytorch_lightning``): an ``AuditCallback`` added to the
+    callbacks it is built with, unless the script gave one; the optimizers ``fit`` builds are no plain loop's."""
+    trainer_class = module.Trainer
+    original = trainer_class.__init__
+    fit = trainer_class.fit
+
+    def fit_owned(self, *args, **kwargs):  # configure_optimizers runs inside: its optimizers are Lightning's
+        with framework_owned():
+            return fit(self, *args, **kwargs)
+
+    trainer_class.fit = fit_owned
+
+    def __init__(self, *args, **kwargs):
+        # here: it imports lightning, and this module loads at start-up
+        from gradacc.training.audit.lightning_audit import AuditCallback
+
+        given = kwargs.get("callbacks")
+        callbacks = [] if given is None else list(given) if isinstance(given, (list, tuple)) else [given]
+        if not any(isinstance(c, AuditCallback) for c in callbacks):
+            callbacks.append(AuditCallback(json_path=verdict_path("lightning")))
+        original(self, *args, **{**kwargs, "callbacks": callbacks})
+
+    trainer_class.__init__ = __init__
+
+
 def owning_module(optimizer):
     """The smallest module holding every parameter ``optimizer`` steps (the model a plain loop calls); None when no
     module holds them all. Looked up once per optimizer, among the live objects."""
@@ -145,7 +174,8 @@ def patch_optimizer(module) -> None:
 
 
 PATCHES = {"transformers.trainer": patch_trainer, "accelerate.accelerator": patch_accelerator,
-           "torch.optim.optimizer": patch_optimizer}
+           "torch.optim.optimizer": patch_optimizer, "lightning.pytorch.trainer.trainer": patch_lightning,
+           "pytorch_lightning.trainer.trainer": patch_lightning}
 
 
 class _Finder(importlib.abc.MetaPathFinder):

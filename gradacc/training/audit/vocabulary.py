@@ -33,6 +33,7 @@ class CheckName(StrEnum):
     SYNC = "sync"
     PROCESSES = "processes"
     OBJECTIVE = "objective"
+    LAST_WINDOW = "last_window"  # Lightning: the epoch's short last window, when the first one was judged
 
 
 class LossKind(StrEnum):
@@ -55,6 +56,7 @@ class Integration(StrEnum):
     TRAINER = "trainer"
     ACCELERATE = "accelerate"
     LOOP = "loop"
+    LIGHTNING = "lightning"
 
 
 # What a verdict's line says for each cause, as the noun phrase after "gradient" ("gradient k× too large: ...").

@@ -5,5 +5,6 @@ against the newest releases on the package registry.
 
 ``accelerate`` (its process-wide state, a prepared scheduler's settings), ``transformers`` (Trainer's compute_loss
 arguments), ``trl`` (what a replay of a TRL trainer's compute_loss changes, its trainer classes), ``torch`` (the LR
-scheduler's mark on ``optimizer.step``, DDP's sync flag, FSDP2's per-parameter records).
+scheduler's mark on ``optimizer.step``, DDP's sync flag, FSDP2's per-parameter records), ``lightning`` (which
+LightningModule hooks are looked up on the instance, and the optimizer wrapper ``self.optimizers()`` returns).
 """

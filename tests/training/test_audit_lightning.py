@@ -16,6 +16,7 @@ L = pytest.importorskip("lightning", reason="gradacc.audit's Lightning tests nee
 from audit_support import K, lm_collator, lm_data, llama  # noqa: E402 (after the skip: lightning is optional)
 from audit_truth import Truth  # noqa: E402
 from gradacc.training.audit import verdict as V  # noqa: E402
+from gradacc.training.audit.vocabulary import LossKind  # noqa: E402
 from support import ROOT  # noqa: E402
 
 
@@ -253,7 +254,7 @@ def test_a_forward_that_calls_the_hf_model_with_labels_is_recorded_and_its_own_l
     the 🤗 model's own .loss (a causal LM's)."""
     verdict, truth, _ = run(LitHF, lm_data(32), kind="causal", labels=lm_labels, collate=lm_collator(), max_steps=1)
     matches_truth(verdict, truth)
-    assert verdict.model == "LitHF" and verdict.kind == "causal LM" and verdict.gradient == V.WEIGHTED, verdict.line
+    assert verdict.model == "LitHF" and verdict.kind == LossKind.CAUSAL and verdict.gradient == V.WEIGHTED, verdict.line
 
 
 def test_a_plain_classifier_with_equal_micro_batches_is_exact_and_the_audited_run_is_bit_identical():
@@ -264,7 +265,7 @@ def test_a_plain_classifier_with_equal_micro_batches_is_exact_and_the_audited_ru
     _, _, plain = run(Classifier, classification_data(32), epochs=2, audited=False)
     _, _, audited_alone = run(Classifier, classification_data(32), epochs=2, loss_fn=summed_cross_entropy)
     matches_truth(verdict, truth)
-    assert verdict.ok and verdict.gradient == V.EXACT and verdict.kind == "your loss_fn", verdict.line
+    assert verdict.ok and verdict.gradient == V.EXACT and verdict.kind == LossKind.USER_LOSS, verdict.line
     assert verdict.micro_batches == K and verdict.window_items == 4 * K
     assert verdict.check("scheduler").ok and verdict.check("last_window") is None
     assert all(torch.equal(a, b) for a, b in zip(weights, plain, strict=True))
@@ -421,4 +422,4 @@ def test_the_docs_lightning_example_runs_as_written_and_prints_what_it_says(caps
     code = re.match(r"\s*```python\n(.*?)```", part, re.S).group(1)
     printed = [line[2:] for line in code.splitlines() if line.startswith("# ")]
     exec(compile(code, "docs/audit.md", "exec"), {"__name__": "docs_example"})
-    assert capsys.readouterr().out.splitlines() == printed == ["weighted by micro-batch, not by item", "exact"]
+    assert capsys.readouterr().out.splitlines() == printed == ["weighted_by_micro_batch", "exact"]

@@ -15,8 +15,8 @@ from gradacc.config import RunConfig, ValidConfig
 from gradacc.errors import GradaccError, RunFailed, RunStopped, one_line
 from gradacc.events import EventSink
 from gradacc.export.trackers import open_trackers, parse_report_to
-from gradacc.training import distributed
-from gradacc.training.backends import ACCELERATE_STATE_LOCK, train_function
+from gradacc.training import distributed, process_state
+from gradacc.training.backends import train_function
 from gradacc.training.memory import budget
 from gradacc.training.run.health import run_warnings
 from gradacc.training.run.job import prepare
@@ -142,7 +142,9 @@ def _run_backend(job) -> None:
     if job.config.backend == "pytorch":
         backend_train(job)
         return
-    with ACCELERATE_STATE_LOCK:
+    # Accelerate's state is the process's (Trainer's too): two such runs would step each other's accumulation
+    # counters, and an audit's Trainer would reset them. They take turns for the whole training.
+    with process_state.guard(accelerate=True):
         backend_train(job)
 
 

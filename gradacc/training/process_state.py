@@ -33,6 +33,8 @@ _ACCELERATE = threading.RLock()
 # Held for a seeded build or a fork of the generator (seconds at most), and for an audit's Trainer build and step.
 _GENERATOR = threading.RLock()
 _held = threading.local()  # how deep this thread holds each: the order check needs it, RLock does not tell
+# The names of the threads blocked taking the guard now: a page says its audit waits for a run, not that it trains.
+_waiting: dict[int, str] = {}
 
 
 class LockOrderError(RuntimeError):
@@ -48,7 +50,7 @@ def guard(*, accelerate: bool = False, generator: bool = False) -> Iterator[None
     with contextlib.ExitStack() as held:
         for name, lock, wanted in (("accelerate", _ACCELERATE, accelerate), ("generator", _GENERATOR, generator)):
             if wanted:
-                lock.acquire()
+                _acquire(lock)
                 held.callback(lock.release)
                 _enter(name)
                 held.callback(_leave, name)
@@ -72,6 +74,22 @@ def generators_kept() -> Iterator[None]:
     finally:
         random.setstate(python)
         np.random.set_state(numpy)
+
+
+def waiting() -> list[str]:
+    """The names of the threads waiting for their turn now."""
+    return list(_waiting.values())
+
+
+def _acquire(lock) -> None:
+    if lock.acquire(blocking=False):
+        return
+    me = threading.current_thread()
+    _waiting[me.ident] = me.name
+    try:
+        lock.acquire()
+    finally:
+        del _waiting[me.ident]
 
 
 def _depth(name: str) -> int:

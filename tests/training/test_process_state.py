@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -51,15 +52,20 @@ def test_another_thread_waits_for_what_is_held_and_goes_on_when_it_is_released()
     first.start()
     assert entered.wait(WAIT_S)
     got = threading.Event()
-    second = threading.Thread(target=waiter, args=(got,))
+    second = threading.Thread(target=waiter, args=(got,), name="waiter")
     second.start()
     with guard(generator=True):  # what the holder does not hold stays free
         pass
+    deadline = time.monotonic() + WAIT_S
+    while process_state.waiting() != ["waiter"]:  # it says who waits (the Audit page's "waiting for a run")
+        assert time.monotonic() < deadline, process_state.waiting()
+        time.sleep(0.01)
     assert not got.is_set()
     release.set()
     assert got.wait(WAIT_S)
     first.join(WAIT_S)
     second.join(WAIT_S)
+    assert process_state.waiting() == []
 
 
 def test_a_run_thread_and_an_audit_thread_in_opposite_nestings_both_finish():

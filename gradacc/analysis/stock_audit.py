@@ -71,10 +71,12 @@ def audit_stock_trainer(config: RunConfig, steps: int = 1, callbacks=(), confine
         raise GradaccError(f"{field_label('micro_batch_size')} is {m}, but the data has only "
                            f"{len(text.train_texts)} training rows.", "micro_batch_size")
     # A model's seeded build, a Trainer (it writes Accelerate's state and reseeds torch's generator) and the audit's
-    # replays (they put the generator back): on the app's audit thread, beside visitors' runs, the audit waits its
-    # turn for both, so it waits for a run's Accelerate or Trainer training to end. It leaves the generators as it
-    # found them: a run between its build and its training draws its dropout from where its build left them.
-    with process_state.guard(accelerate=True, generator=True), process_state.generators_kept():
+    # replays (they put the generator back, and a run's dropout drawing meanwhile spoils them): on the app's audit
+    # thread, beside visitors' runs, the audit waits its turn for all three, so it waits for a run's training to
+    # end. It leaves the generators as it found them: a run between its build and its training draws its dropout
+    # from where its build left them.
+    with process_state.guard(accelerate=True, training=process_state.ALONE, generator=True), \
+            process_state.generators_kept():
         audit = _audited_steps(config, text, steps, callbacks, confinement, audited)
     if audit is not None and audit.verdict is None:
         raise GradaccError("The audit saw no optimizer step: the data has fewer examples than one micro-batch.",

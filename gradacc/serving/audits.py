@@ -43,7 +43,7 @@ def stock_audit(config: RunConfig) -> dict:
 
 def waits_for_a_run() -> bool:
     """Whether an audit waits for its turn: a Trainer's audit shares Accelerate's state and torch's generator with the
-    runs of this process, so it starts once a run training with 🤗 Accelerate or Trainer has ended."""
+    runs of this process, so it starts once no run is training."""
     return any(name.startswith(THREAD_NAME) for name in process_state.waiting())
 
 

@@ -105,3 +105,57 @@ def test_generators_kept_puts_pythons_numpys_and_torchs_back_as_they_were():
         random.seed(2), np.random.seed(2), torch.manual_seed(2)  # what Trainer's set_seed does
         torch.rand(5)
     assert (random.random(), float(np.random.rand()), float(torch.rand(()))) == expected
+
+
+def test_runs_train_side_by_side_and_an_audit_trains_when_none_does_before_runs_that_come_after_it():
+    """A run's steps draw dropout masks; an audit replays its window from the generator's state."""
+    from gradacc.training.process_state import ALONE, SIDE_BY_SIDE
+
+    order, first_in, release = [], threading.Event(), threading.Event()
+
+    def run(name: str, entered: threading.Event | None = None):
+        with guard(training=SIDE_BY_SIDE):
+            order.append(name)
+            if entered is not None:
+                entered.set()
+                release.wait(WAIT_S)
+
+    def audit():
+        with guard(accelerate=True, training=ALONE, generator=True):
+            order.append("audit")
+
+    first = threading.Thread(target=run, args=("run 1", first_in))
+    first.start()
+    assert first_in.wait(WAIT_S)
+    run("run 2")  # beside run 1, at once
+    auditor = threading.Thread(target=audit, name="auditor")
+    auditor.start()
+    wait_until_waiting("auditor")
+    later = threading.Thread(target=run, args=("run 3",), name="later run")
+    later.start()
+    wait_until_waiting("later run")  # behind the audit, though run 1 still trains
+    release.set()
+    for thread in (first, auditor, later):
+        thread.join(WAIT_S)
+    assert order == ["run 1", "run 2", "audit", "run 3"]
+
+
+def test_a_run_cannot_turn_into_an_audit_nor_take_accelerate_after_its_training():
+    from gradacc.training.process_state import ALONE, SIDE_BY_SIDE
+
+    with guard(training=SIDE_BY_SIDE):
+        with pytest.raises(LockOrderError):
+            with guard(training=ALONE):
+                pass
+        with pytest.raises(LockOrderError):
+            with guard(accelerate=True):
+                pass
+        with guard(training=SIDE_BY_SIDE, generator=True):  # nested, and what comes after it: as a Trainer build
+            pass
+
+
+def wait_until_waiting(name: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while name not in process_state.waiting():
+        assert time.monotonic() < deadline, process_state.waiting()
+        time.sleep(0.01)

@@ -139,12 +139,10 @@ def _prepare(config, emit, stop, options: RunOptions):
 
 def _run_backend(job) -> None:
     backend_train = train_function(job.config.backend)
-    if job.config.backend == "pytorch":
-        backend_train(job)
-        return
     # Accelerate's state is the process's (Trainer's too): two such runs would step each other's accumulation
-    # counters, and an audit's Trainer would reset them. They take turns for the whole training.
-    with process_state.guard(accelerate=True):
+    # counters, and an audit's Trainer would reset them. They take turns for the whole training. Every run's steps
+    # draw from torch's generator: side by side with other runs, never while an audit replays its window.
+    with process_state.guard(accelerate=job.config.backend != "pytorch", training=process_state.SIDE_BY_SIDE):
         backend_train(job)
 
 

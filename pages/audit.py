@@ -53,7 +53,9 @@ pending = current is not None and not current.done
 
 @st.fragment(run_every=pacing.POLL_SECONDS if pending else None)
 def result():
-    audit = pacing.finished_job(runner, config, pending, "audit", busy="training one step",
+    busy = ("waiting for its turn: it trains when no visitor's run is training"
+            if audits.waits_for_a_run() else "training one step")
+    audit = pacing.finished_job(runner, config, pending, "audit", busy=busy,
                                 press="Press **Audit a stock Trainer** to see what Trainer's defaults do on this model.")
     if audit is None:
         return

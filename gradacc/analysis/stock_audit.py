@@ -19,6 +19,7 @@ from gradacc.choices import CAUSAL_LM, CONTRASTIVE
 from gradacc.config import RunConfig
 from gradacc.errors import GradaccError
 from gradacc.labels import field_label
+from gradacc.training import process_state
 from gradacc.training.run.engine import quiet_libraries
 from gradacc.training.sources import data, models
 
@@ -56,9 +57,6 @@ def audit_stock_trainer(config: RunConfig, steps: int = 1, callbacks=(), confine
     data: ``steps`` steps of micro-batch m and k, the first audited (k = 1 too). ``callbacks``: TrainerCallbacks added
     beside the audit (the benchmark's clock). ``confinement``: where local paths may lie (None: the app's visitors'
     folders). ``audited=False``: the same run without the audit (the benchmark's baseline): returns None."""
-    import torch  # here: the app and `gradacc --help` import this module before torch loads
-    from transformers import PrinterCallback, Trainer, TrainingArguments
-
     config = config.check()
     config = config.replace(task=models.infer_task(config))
     if config.task == CONTRASTIVE:
@@ -72,6 +70,26 @@ def audit_stock_trainer(config: RunConfig, steps: int = 1, callbacks=(), confine
     if len(text.train_texts) < m:
         raise GradaccError(f"{field_label('micro_batch_size')} is {m}, but the data has only "
                            f"{len(text.train_texts)} training rows.", "micro_batch_size")
+    # A model's seeded build, a Trainer (it writes Accelerate's state and reseeds torch's generator) and the audit's
+    # replays (they put the generator back, and a run's dropout drawing meanwhile spoils them): on the app's audit
+    # thread, beside visitors' runs, the audit waits its turn for all three, so it waits for a run's training to
+    # end. It leaves the generators as it found them: a run between its build and its training draws its dropout
+    # from where its build left them.
+    with process_state.guard(accelerate=True, training=process_state.ALONE, generator=True), \
+            process_state.generators_kept():
+        audit = _audited_steps(config, text, steps, callbacks, confinement, audited)
+    if audit is not None and audit.verdict is None:
+        raise GradaccError("The audit saw no optimizer step: the data has fewer examples than one micro-batch.",
+                           "micro_batch_size")
+    return audit.verdict if audit else None
+
+
+def _audited_steps(config: RunConfig, text, steps: int, callbacks, confinement, audited: bool):
+    """The model built and trained by a stock Trainer, audited unless ``audited`` is False (then None)."""
+    import torch  # here: the app and `gradacc --help` import this module before torch loads
+    from transformers import PrinterCallback, Trainer, TrainingArguments
+
+    m, k = config.micro_batch_size, config.grad_accum_steps
     loaded = models.load(config, text.num_labels, text.label_names, confinement=confinement)
     causal = config.task == CAUSAL_LM
     examples = stock_examples(loaded.tokenizer, text.train_texts, None if causal else text.train_labels,
@@ -91,7 +109,4 @@ def audit_stock_trainer(config: RunConfig, steps: int = 1, callbacks=(), confine
             trainer.train()
         finally:
             quiet.disabled = False
-    if audit is not None and audit.verdict is None:
-        raise GradaccError("The audit saw no optimizer step: the data has fewer examples than one micro-batch.",
-                           "micro_batch_size")
-    return audit.verdict if audit else None
+    return audit

@@ -1,17 +1,19 @@
 """Bring a keyed container into view: after "Run this demo" the live runs, and their result when it arrives, must
 be on the projector without the speaker scrolling (the click itself changes only the button, at the top).
 
-A zero-height ``components.v1.html`` frame (same origin as the page) runs a short script that finds the
-container by its ``st-key-`` class in the parent document and scrolls it to the top of the view, below
-Streamlit's header. A frame renders again only when its HTML changes, so ``nonce`` (e.g. the runs' ids) makes
-each wanted scroll happen once.
+A one-pixel ``st.iframe`` (its HTML inline: same origin as the page) runs a short script that finds the container
+by its ``st-key-`` class in the parent document and scrolls it to the top of the view, below Streamlit's header. A
+frame renders again only when its HTML changes, so ``nonce`` (e.g. the runs' ids) makes each wanted scroll happen
+once. A frame, not ``st.html`` with its JavaScript allowed: the script's timers (``SETTLE_MS``) end with the frame,
+so a scroll the page no longer draws stops putting its container back. ``st.iframe`` refuses a height of 0, and
+sizing to its content gave the empty frame 150 pixels.
 """
 
 from __future__ import annotations
 
 import json
 
-import streamlit.components.v1 as components_v1
+import streamlit as st
 
 # Streamlit's header covers the top of the view: stop this far below it.
 HEADER_MARGIN = "4.5rem"
@@ -45,6 +47,6 @@ _SCRIPT = """<script>
 
 def into_view(key: str, nonce: str) -> None:
     """Scroll the container ``st.container(key=key)`` to the top of the view, once per ``nonce``."""
-    components_v1.html(_SCRIPT.format(nonce=nonce.replace("\n", " "), selector=json.dumps(f".st-key-{key}"),
-                                      margin=json.dumps(HEADER_MARGIN), settle=json.dumps(list(SETTLE_MS))),
-                       height=0)
+    st.iframe(_SCRIPT.format(nonce=nonce.replace("\n", " "), selector=json.dumps(f".st-key-{key}"),
+                             margin=json.dumps(HEADER_MARGIN), settle=json.dumps(list(SETTLE_MS))),
+              height=1)

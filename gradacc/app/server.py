@@ -13,7 +13,7 @@ import streamlit as st
 
 from gradacc.errors import GradaccError
 from gradacc.serving import warmup
-from gradacc.serving.audits import audit_key, stock_audit
+from gradacc.serving.audits import THREAD_NAME as AUDIT_THREAD_NAME, audit_key, stock_audit
 from gradacc.serving.checks import CheckRunner
 from gradacc.serving.limits import Limits
 from gradacc.serving.manager import RunManager
@@ -64,7 +64,7 @@ def check_runner():
 @st.cache_resource(show_spinner=False)
 def audit_runner():
     """The server's queue of stock-Trainer audits (the Audit page), one worker thread like the checks'."""
-    return CheckRunner(stock_audit, audit_key)
+    return CheckRunner(stock_audit, audit_key, thread_name=AUDIT_THREAD_NAME)
 
 
 def limits() -> Limits:

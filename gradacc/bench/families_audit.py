@@ -30,6 +30,7 @@ from gradacc.analysis.stock_audit import stock_collator, stock_examples
 from gradacc.audit import audit_accelerate, audit_trainer, token_mean_loss
 from gradacc.choices import CAUSAL_LM, CLASSIFICATION
 from gradacc.errors import one_line
+from gradacc.training import process_state
 from gradacc.training.sources import builtin_data
 from gradacc.training.sources import dropout as dropouts
 
@@ -64,6 +65,12 @@ def _examples(saved: SavedFamily, tokenizer, count: int) -> tuple[list[dict], st
 
 
 def trainer_with_the_fix(saved: SavedFamily, settings: dict):
+    # A Trainer's build and step write Accelerate's state and reseed torch's generator, shared with any thread.
+    with process_state.guard(accelerate=True, generator=True):
+        return _trainer_with_the_fix(saved, settings)
+
+
+def _trainer_with_the_fix(saved: SavedFamily, settings: dict):
     m, k = settings["micro_batch_size"], settings["grad_accum_steps"]
     tokenizer = AutoTokenizer.from_pretrained(saved.folder)
     examples, task = _examples(saved, tokenizer, m * k)
@@ -83,6 +90,12 @@ def trainer_with_the_fix(saved: SavedFamily, settings: dict):
 
 
 def accelerate_recipe(saved: SavedFamily, settings: dict):
+    # An Accelerator writes Accelerate's state; the recipe seeds torch's generator: both the process's.
+    with process_state.guard(accelerate=True, generator=True):
+        return _accelerate_recipe(saved, settings)
+
+
+def _accelerate_recipe(saved: SavedFamily, settings: dict):
     m, k = settings["micro_batch_size"], settings["grad_accum_steps"]
     tokenizer = AutoTokenizer.from_pretrained(saved.folder)
     examples, task = _examples(saved, tokenizer, m * k)

@@ -9,6 +9,10 @@ from gradacc.config import RunConfig, ValidConfig
 from gradacc.errors import GradaccError
 from gradacc.labels import field_label
 from gradacc.serving import warmup
+from gradacc.training import process_state  # light: threading only
+
+# The audit queue's worker thread's name starts so: the page tells an audit waiting for its turn from one training.
+THREAD_NAME = "gradacc-audit"
 
 # Largest window (m × k) the page trains: one optimizer step, on this server's CPU.
 MAX_WINDOW = 64
@@ -35,6 +39,12 @@ def stock_audit(config: RunConfig) -> dict:
     warmup.wait_until_warm()  # no import of torch beside the warm-up's (see gradacc.serving.warmup)
 
     return audit_stock_trainer(config).as_dict()  # confinement None: the visitors' folders only
+
+
+def waits_for_a_run() -> bool:
+    """Whether an audit waits for its turn: a Trainer's audit shares Accelerate's state and torch's generator with the
+    runs of this process, so it starts once no run is training."""
+    return any(name.startswith(THREAD_NAME) for name in process_state.waiting())
 
 
 def audit_key(config: RunConfig) -> tuple:

@@ -67,12 +67,12 @@ class Check:
 class CheckRunner:
     """One worker thread; checks run in the order submitted; results kept by their settings."""
 
-    def __init__(self, check_fn=None, key=None):
+    def __init__(self, check_fn=None, key=None, thread_name: str = "gradacc-check"):
         """``check_fn(config)``: what a check runs (default: the equivalence check); ``key(config)``: the settings a
-        result is remembered by (default: the equivalence check's)."""
+        result is remembered by (default: the equivalence check's); ``thread_name``: its worker's name's start."""
         self._check_fn = check_fn
         self._key = key or _key
-        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gradacc-check")
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=thread_name)
         self._lock = threading.Lock()
         self._checks: collections.OrderedDict[tuple, Check] = collections.OrderedDict()
 

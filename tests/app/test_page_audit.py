@@ -61,3 +61,22 @@ def test_bad_input_is_one_sentence_next_to_its_field_and_never_a_traceback(app_h
     run_until(at, audited, AUDIT_TIMEOUT_S, "the audit of a missing folder", every=0.5)
     failure = [alert for alert in alerts(at) if alert.startswith("The audit could not run:")]
     assert len(failure) == 1 and "\n" not in failure[0] and not at.exception, alerts(at)
+
+
+def test_an_audit_waits_for_a_run_training_says_so_and_then_gives_its_verdict(app_home):
+    """A Trainer's audit shares Accelerate's state and torch's generator with the server's runs
+    (gradacc.training.process_state): while a run trains it waits, and the page says for what instead of "training
+    one step"."""
+    from gradacc.training import process_state
+
+    def says_it_waits(at) -> bool:
+        return bool(at.status) and "waiting for its turn: it trains when no visitor's run is training" in at.status[0].label
+
+    at = open_app("audit")
+    set_numbers(at, "audit", {"micro_batch_size": 2, "grad_accum_steps": 3})  # settings no other test audits
+    # What a visitor's run on the Accelerate or Trainer backend holds while it trains.
+    with process_state.guard(accelerate=True, training=process_state.SIDE_BY_SIDE):
+        at.button(key="run_audit").click().run()
+        run_until(at, says_it_waits, AUDIT_TIMEOUT_S, "the audit waiting for the run", every=0.5)
+    run_until(at, audited, AUDIT_TIMEOUT_S, "the stock-Trainer audit after the run", every=0.5)
+    assert "The gradient is k× too large:" in " ".join(alerts(at)), page_text(at)

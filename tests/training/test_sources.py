@@ -197,7 +197,8 @@ def test_tiny_bert_is_deterministic_for_a_seed():
 
 def test_a_models_init_is_its_seeds_while_another_thread_builds_models():
     """The app builds models on several threads (a demo's runs and the gradient checks beside them) and torch's
-    generator is the process's: without models.RANDOM_INIT, 4 of 30 builds here got another init."""
+    generator is the process's: without process_state.guard(generator=True) in models.load, 4 of 30 builds here got
+    another init."""
     import threading
 
     import torch

@@ -3,11 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import threading
-
-# Accelerate keeps process-wide singletons (AcceleratorState, GradientState) that Trainer uses too:
-# two such runs in one process would step each other's accumulation counters. They take turns.
-ACCELERATE_STATE_LOCK = threading.Lock()
 
 MODULES = {"pytorch": "gradacc.training.backends.pytorch_loop", "accelerate": "gradacc.training.backends.accelerate_loop",
            "trainer": "gradacc.training.backends.trainer_loop"}

@@ -10,7 +10,7 @@ from accelerate.state import AcceleratorState, PartialState
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
 from gradacc.errors import RunFailed
-from gradacc.training import fsdp
+from gradacc.training import fsdp, process_state
 
 
 def fsdp_plugin(model):
@@ -27,12 +27,13 @@ def keep_fsdp_on_cpu(plugin) -> None:
     among the types that become FSDP): on the CPU it drops the plugin without a word and prepare() wraps the model in
     DDP. FSDP2 itself runs on the CPU with gloo, so the state is switched to FSDP here, before prepare(); prepare()
     then shards the model with fully_shard, and ``prepared_sharded`` checks that it did."""
-    state = AcceleratorState()
-    if state.distributed_type == DistributedType.MULTI_CPU:
-        state.distributed_type = DistributedType.FSDP
-        PartialState._shared_state["distributed_type"] = DistributedType.FSDP
-        state.fsdp_plugin = plugin
-        _SWITCHED_TO_FSDP.set()
+    with process_state.guard(accelerate=True):
+        state = AcceleratorState()
+        if state.distributed_type == DistributedType.MULTI_CPU:
+            state.distributed_type = DistributedType.FSDP
+            PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+            state.fsdp_plugin = plugin
+            _SWITCHED_TO_FSDP.set()
 
 
 # Set while the process-wide PartialState says FSDP because keep_fsdp_on_cpu said so.
@@ -42,9 +43,10 @@ _SWITCHED_TO_FSDP = threading.Event()
 def forget_fsdp_on_cpu() -> None:
     """The next run in this process (the equivalence check makes several) starts from the state Accelerate made:
     PartialState outlives a run, and a DDP run must not find it switched to FSDP."""
-    if _SWITCHED_TO_FSDP.is_set():
-        PartialState._shared_state["distributed_type"] = DistributedType.MULTI_CPU
-        _SWITCHED_TO_FSDP.clear()
+    with process_state.guard(accelerate=True):
+        if _SWITCHED_TO_FSDP.is_set():
+            PartialState._shared_state["distributed_type"] = DistributedType.MULTI_CPU
+            _SWITCHED_TO_FSDP.clear()
 
 
 def prepared_sharded(accelerator, model) -> None:

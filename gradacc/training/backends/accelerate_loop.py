@@ -20,7 +20,7 @@ from accelerate.utils import GradientAccumulationPlugin
 from torch.utils.data import DataLoader
 
 from gradacc.choices import PER_MICRO_BATCH
-from gradacc.training import fsdp
+from gradacc.training import fsdp, process_state
 from gradacc.training.backends import accelerate_fsdp
 from gradacc.training.backends.evaluation import evaluate
 from gradacc.training.backends.optimizer import clip_gradients, make_optimizer, make_scheduler
@@ -32,6 +32,12 @@ MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 
 
 def new_accelerator(job):
+    # The run's engine holds Accelerate's state for the whole training; held here too, so no build goes unguarded.
+    with process_state.guard(accelerate=True):
+        return _new_accelerator(job)
+
+
+def _new_accelerator(job):
     # A fresh accumulation state per run (these are process-wide singletons); the process group stays.
     accelerate_fsdp.forget_fsdp_on_cpu()
     AcceleratorState._reset_state(reset_partial_state=False)

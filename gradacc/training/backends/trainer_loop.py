@@ -30,14 +30,13 @@ from gradacc.choices import PER_MICRO_BATCH
 from gradacc.conventions import IGNORE_INDEX
 from gradacc.errors import RunStopped
 from gradacc.events import BASELINE_METRICS
-from gradacc.training import fsdp
+from gradacc.training import fsdp, process_state
 from gradacc.training.backends.accelerate_fsdp import forget_fsdp_on_cpu, keep_fsdp_on_cpu, prepared_sharded
 from gradacc.training.backends.evaluation import EVAL_BATCH_SIZE, evaluate, next_token_predictions
 from gradacc.training.backends.optimizer import make_optimizer, warmup_steps
 from gradacc.training.backends.reporting import StepReporter, WindowTally, activation_meter, check_finite
 from gradacc.training.distributed import SyncProbe
 from gradacc.training.memory.measure import ActivationMeter
-from gradacc.training.sources import models
 from gradacc.training.backends.metrics import classification_metrics, language_model_metrics
 from gradacc.training.windows import loss_weight
 
@@ -252,7 +251,9 @@ def train(job) -> None:
             return {"token_loss": scores["eval_loss"], "perplexity": scores["eval_perplexity"],
                     "next_token_accuracy": scores["eval_next_token_accuracy"]}
 
-        with models.RANDOM_INIT:  # Trainer reseeds torch's generator (set_seed): not under another thread's init
+        # Trainer writes Accelerate's state and reseeds torch's generator (set_seed): not under another thread's
+        # init or run.
+        with process_state.guard(accelerate=True, generator=True):
             trainer = GradaccTrainer(
                 model=job.model,
                 args=args,

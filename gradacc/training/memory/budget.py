@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from gradacc.env import MAX_RUN_MEMORY_MB
 from gradacc.errors import RunFailed
+from gradacc.training import process_state
 from gradacc.units import MB, format_bytes
 
 # torch, transformers and the training modules that import them at their top are imported inside the functions that
@@ -261,8 +262,10 @@ def measure_need(model, examples: list[dict], collate, config, device, precision
     points, length = {}, 0
     was_training = model.training
     model.train()  # dropout masks are activations too
-    # The probe must not move the random stream the run's dropout draws from.
-    with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
+    # The probe must not move the random stream the run's dropout draws from, and putting it back must not undo
+    # another thread's seeded init.
+    gpus = [device.index or 0] if device.type == "cuda" else []
+    with process_state.guard(generator=True), torch.random.fork_rng(devices=gpus):
         for size in range(1, len(longest) + 1):
             batch = to_device(collate([examples[i] for i in longest[:size]]), device)
             length = max(length, int(batch["input_ids"].shape[1]))

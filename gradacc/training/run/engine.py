@@ -15,8 +15,8 @@ from gradacc.config import RunConfig, ValidConfig
 from gradacc.errors import GradaccError, RunFailed, RunStopped, one_line
 from gradacc.events import EventSink
 from gradacc.export.trackers import open_trackers, parse_report_to
-from gradacc.training import distributed
-from gradacc.training.backends import ACCELERATE_STATE_LOCK, train_function
+from gradacc.training import distributed, process_state
+from gradacc.training.backends import train_function
 from gradacc.training.memory import budget
 from gradacc.training.run.health import run_warnings
 from gradacc.training.run.job import prepare
@@ -139,10 +139,10 @@ def _prepare(config, emit, stop, options: RunOptions):
 
 def _run_backend(job) -> None:
     backend_train = train_function(job.config.backend)
-    if job.config.backend == "pytorch":
-        backend_train(job)
-        return
-    with ACCELERATE_STATE_LOCK:
+    # Accelerate's state is the process's (Trainer's too): two such runs would step each other's accumulation
+    # counters, and an audit's Trainer would reset them. They take turns for the whole training. Every run's steps
+    # draw from torch's generator: side by side with other runs, never while an audit replays its window.
+    with process_state.guard(accelerate=job.config.backend != "pytorch", training=process_state.SIDE_BY_SIDE):
         backend_train(job)
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gradacc.training import process_state
+
 # A config or module attribute whose (lower-case) name holds one of these is a dropout probability.
 WORDS = ("dropout", "pdrop")
 # Two passes of a deterministic model agree to the bit on one device; anything beyond float noise of this size
@@ -91,7 +93,9 @@ def variation(model, batch: dict, device, autocast) -> Variation:
     buffers = {name: buffer.detach().clone() for name, buffer in model.named_buffers()}
     model.train()
     try:
-        with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []), torch.no_grad():
+        # Forked, then put back as it was: not while another thread seeds a model's init.
+        gpus = [device.index or 0] if device.type == "cuda" else []
+        with process_state.guard(generator=True), torch.random.fork_rng(devices=gpus), torch.no_grad():
             first, second = (_output(model, batch, autocast) for _ in range(2))
     finally:
         model.train(was_training)

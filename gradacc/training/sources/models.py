@@ -9,11 +9,11 @@ import json
 import os
 import shutil
 import tempfile
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from gradacc import paths
+from gradacc.training import process_state
 from gradacc.training.sources import dropout as dropouts
 from gradacc.training.sources import builtin_data, hub
 from gradacc.choices import BUILTIN_MODEL_TASKS, CAUSAL_LM, CLASSIFICATION, CONTRASTIVE
@@ -48,12 +48,6 @@ class LoadedModel:
     name: str
 
 
-# One random initialisation at a time: torch's default generator is the process's, and the app builds models on
-# several threads at once (a run, the gradient checks beside it, an audit). Interleaved draws gave a run another
-# init (4 of 30 builds beside a second thread building models): a demo's control pair then "differed by 10%".
-RANDOM_INIT = threading.Lock()
-
-
 def load(config: RunConfig, num_labels: int, label_names: list[str], token_level: bool = False,
          confinement: paths.Confinement | None = None) -> LoadedModel:
     """The model a config names, with a fresh head for ``num_labels`` classes.
@@ -63,7 +57,9 @@ def load(config: RunConfig, num_labels: int, label_names: list[str], token_level
     """
     import torch  # here: the app and `gradacc --help` import this module before torch loads
 
-    with RANDOM_INIT:
+    # One random init at a time: the app builds models on several threads at once (a run, the checks beside it, an
+    # audit), and interleaved draws gave a demo's control pair another init ("differed by 10%").
+    with process_state.guard(generator=True):
         torch.manual_seed(config.seed)  # a new classifier head is random: the same seed, the same head
         loaded = _load(config, num_labels, label_names, token_level, confinement)
     # Heads and layers that build nn.Dropout with a fixed p, whatever the config says, get the run's too.

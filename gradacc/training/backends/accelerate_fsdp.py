@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import threading
 
-from accelerate.state import AcceleratorState, PartialState
+from accelerate.state import AcceleratorState
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
 from gradacc.errors import RunFailed
 from gradacc.training import fsdp, process_state
+from gradacc.training.compat import accelerate as compat
 
 
 def fsdp_plugin(model):
@@ -31,7 +32,7 @@ def keep_fsdp_on_cpu(plugin) -> None:
         state = AcceleratorState()
         if state.distributed_type == DistributedType.MULTI_CPU:
             state.distributed_type = DistributedType.FSDP
-            PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+            compat.set_partial_state_type(DistributedType.FSDP)
             state.fsdp_plugin = plugin
             _SWITCHED_TO_FSDP.set()
 
@@ -45,7 +46,7 @@ def forget_fsdp_on_cpu() -> None:
     PartialState outlives a run, and a DDP run must not find it switched to FSDP."""
     with process_state.guard(accelerate=True):
         if _SWITCHED_TO_FSDP.is_set():
-            PartialState._shared_state["distributed_type"] = DistributedType.MULTI_CPU
+            compat.set_partial_state_type(DistributedType.MULTI_CPU)
             _SWITCHED_TO_FSDP.clear()
 
 

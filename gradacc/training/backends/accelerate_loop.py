@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 
 from accelerate import Accelerator
-from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import GradientAccumulationPlugin
 from torch.utils.data import DataLoader
 
@@ -25,6 +24,7 @@ from gradacc.training.backends import accelerate_fsdp
 from gradacc.training.backends.evaluation import evaluate
 from gradacc.training.backends.optimizer import clip_gradients, make_optimizer, make_scheduler
 from gradacc.training.backends.reporting import StepReporter, WindowTally, activation_meter, check_finite
+from gradacc.training.compat import accelerate as compat
 from gradacc.training.distributed import SyncProbe
 from gradacc.training.windows import loss_weight
 
@@ -40,8 +40,7 @@ def new_accelerator(job):
 def _new_accelerator(job):
     # A fresh accumulation state per run (these are process-wide singletons); the process group stays.
     accelerate_fsdp.forget_fsdp_on_cpu()
-    AcceleratorState._reset_state(reset_partial_state=False)
-    GradientState._reset_state()
+    compat.reset_accumulation_state()
     # Accelerate's own autocast (and grad scaler for fp16) around the prepared model's forward.
     options = dict(cpu=job.device.type == "cpu", mixed_precision=MIXED_PRECISION[job.config.precision])
     plugin = accelerate_fsdp.fsdp_plugin(job.model) if job.config.fsdp else None

@@ -17,6 +17,10 @@ the same direction (residual < 1e-4) at another scale; "differs": another direct
 (``max_grad_norm=0``: a clipped step is a rescaled one and would hide the loss's own scale); ``beta=0``,
 ``num_iterations=1``, no vLLM. With steps_per_generation = 2k one generation feeds both steps, so the second step's
 ratios π_θ/π_old differ from 1 (the learning rate is large on purpose) and its clipping is exercised.
+
+Beside the grid, the full run has ``dapo`` with ``mask_truncated_completions=True`` (TRL #6439: truncated completions
+out of the loss and of its token count), and each ``bnpo`` step is also compared with the window's token mean (what
+``bnpo`` is by design not). Each row names the upstream thread (huggingface/trl) it confirms or refutes.
 """
 
 from __future__ import annotations
@@ -39,8 +43,11 @@ from gradacc.bench import report
 from gradacc.training.audit import grpo
 from gradacc.training.run.engine import quiet_libraries
 
-FULL = dict(ks=(1, 2, 4), loss_types=None, steps=2)  # None: every loss type the installed TRL accepts
-QUICK = dict(ks=(1,), loss_types=("grpo", "dr_grpo", "dapo"), steps=2)
+# loss_types None: every loss type the installed TRL accepts. variants: (loss_type, k, extra GRPOConfig fields), each
+# run at steps_per_generation k and 2k beside the plain grid.
+FULL = dict(ks=(1, 2, 4), loss_types=None, steps=2,
+            variants=(("dapo", 2, {"mask_truncated_completions": True}),))
+QUICK = dict(ks=(1,), loss_types=("grpo", "dr_grpo", "dapo"), steps=2, variants=())
 MICRO_BATCH, GENERATIONS, MAX_COMPLETION, PROMPTS = 4, 4, 8, 32
 LEARNING_RATE, SEED, EOS_BIAS = 0.03, 0, 2.5
 EXACT = 1e-4
@@ -52,6 +59,7 @@ ISSUES = {
     "dapo": "#5619/#6024", "cispo": "#5619/#6024", "vespo": "#5619/#6024",
     "grpo": "#3021", "dr_grpo": "#3021", "bnpo": "#3021", "sapo": "#3021", "luspo": "#3021",
 }
+TRUNCATED_ISSUE = "#6439"
 
 
 def accepted_loss_types() -> list[str]:
@@ -138,15 +146,24 @@ class StepJudge(TrainerCallback):
         self.truth_model.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
         truth_params = dict(self.truth_model.named_parameters())
         batches = [self._replayed(inputs, args.temperature) for inputs in window]
-        objective = grpo.window_objective(self.loss_type, batches, self.settings)
-        grads = torch.autograd.grad(objective, [truth_params[n] for n in names], allow_unused=True)
-        truth = torch.cat([(g if g is not None else torch.zeros_like(truth_params[n])).flatten()
-                           for n, g in zip(names, grads)])
+        truth = self._gradient(grpo.window_objective(self.loss_type, batches, self.settings), names, truth_params)
+        extra = {}
+        if self.loss_type == "bnpo":  # local by design: how far that is from the window's token mean, measured
+            token_mean = grpo.dapo_window([self._replayed(inputs, args.temperature) for inputs in window],
+                                          self.settings)
+            versus = compare(applied, self._gradient(token_mean, names, truth_params))
+            extra["vs_window_token_mean"] = {"scale": versus["scale"], "residual": versus["residual"]}
         tokens = [int(inputs["completion_mask"].sum()) for inputs in window]
         generation_tokens = sorted({int(inputs["num_items_in_batch"]) for inputs in window})
         self.steps.append({**compare(applied, truth), "micro_batches": len(window), "window_tokens": sum(tokens),
                            "generation_batch_tokens": generation_tokens,
-                           "off_policy": any("old_per_token_logps" in inputs for inputs in window)})
+                           "off_policy": any("old_per_token_logps" in inputs for inputs in window), **extra})
+
+    @staticmethod
+    def _gradient(objective, names, truth_params) -> torch.Tensor:
+        grads = torch.autograd.grad(objective, [truth_params[n] for n in names], allow_unused=True)
+        return torch.cat([(g if g is not None else torch.zeros_like(truth_params[n])).flatten()
+                          for n, g in zip(names, grads)])
 
     def _replayed(self, inputs: dict, temperature: float) -> grpo.MicroBatch:
         input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
@@ -173,7 +190,8 @@ def compare(applied: torch.Tensor, truth: torch.Tensor) -> dict:
     return {"scale": scale, "residual": residual, "verdict": verdict, "truth_norm": norm}
 
 
-def one_run(loss_type: str, k: int, steps_per_generation: int, steps: int, output_dir: str) -> list[dict]:
+def one_run(loss_type: str, k: int, steps_per_generation: int, steps: int, output_dir: str,
+            extra: dict | None = None) -> list[dict]:
     torch.manual_seed(SEED)
     model = tiny_qwen2()
     config = GRPOConfig(
@@ -182,31 +200,38 @@ def one_run(loss_type: str, k: int, steps_per_generation: int, steps: int, outpu
         loss_type=loss_type, importance_sampling_level="sequence" if loss_type == "luspo" else "token",
         max_steps=steps, learning_rate=LEARNING_RATE, max_grad_norm=0.0, beta=0.0, num_iterations=1, seed=SEED,
         report_to="none", use_cpu=True, save_strategy="no", disable_tqdm=True, logging_steps=1, bf16=False,
-        activation_checkpointing=False)
+        activation_checkpointing=False, **(extra or {}))
     trainer = RecordingGRPOTrainer(model=model, args=config, processing_class=tokenizer(), reward_funcs=reward,
                                    train_dataset=Dataset.from_dict({"prompt": prompts(PROMPTS)}))
     trainer.remove_callback(PrinterCallback)
     judge = StepJudge(trainer, loss_type)
     trainer.add_callback(judge)
     trainer.train()
-    return [{"loss_type": loss_type, "k": k, "steps_per_generation": steps_per_generation, "step": i + 1, **step,
-             "issues": verdict_on_issues(loss_type, k, steps_per_generation, step["verdict"])}
+    variant = ", ".join(f"{key}={value}" for key, value in (extra or {}).items())
+    return [{"loss_type": loss_type, "variant": variant, "k": k, "steps_per_generation": steps_per_generation,
+             "step": i + 1, **step, "issues": verdict_on_issues(loss_type, k, steps_per_generation, step["verdict"],
+                                                                  truncated=bool(extra))}
             for i, step in enumerate(judge.steps)]
 
 
-def verdict_on_issues(loss_type: str, k: int, steps_per_generation: int, verdict: str) -> str:
-    """What the row says about the upstream thread its loss type belongs to."""
+def verdict_on_issues(loss_type: str, k: int, steps_per_generation: int, verdict: str, truncated: bool = False) -> str:
+    """What the row says about the upstream thread its loss type belongs to (huggingface/trl)."""
     thread = ISSUES.get(loss_type, "—")
     if verdict == "no signal":
         return f"{thread}: no signal (zero advantages)"
     if loss_type in ("dapo", "cispo", "vespo"):
         if verdict == "exact":
-            return f"{thread}: confirms the fix where steps_per_generation = k"
-        return (f"{thread}: refutes per-window exactness (÷ generation tokens × k/spg is right on average only)"
-                if steps_per_generation != k else f"{thread}: refutes the fix at steps_per_generation = k")
+            fixed = f"{TRUNCATED_ISSUE} fix holds (truncated tokens out of the count too); " if truncated else ""
+            return f"{fixed}#5619 fixed at steps_per_generation = k"
+        if steps_per_generation != k:
+            return ("#5619 open at steps_per_generation ≠ k: #6024/#5890's k/spg rescale gives the window's token mean "
+                    "only on average over the generation, not per step")
+        return "#5619/#6024: not fixed even at steps_per_generation = k"
     if verdict == "exact":
-        return f"{thread}: refutes a normalisation cause (the documented aggregate, exactly)"
-    return f"{thread}: confirms a normalisation cause ({verdict})"
+        if loss_type == "bnpo":
+            return f"{thread}: bnpo is its documented local mean exactly (by design not the window's token mean)"
+        return f"{thread}: not a normalisation bug here (the documented aggregate, exactly)"
+    return f"{thread}: a normalisation difference ({verdict})"
 
 
 def run(quick: bool = False, threads: int = 1) -> dict:
@@ -215,7 +240,7 @@ def run(quick: bool = False, threads: int = 1) -> dict:
     accepted = accepted_loss_types()
     loss_types = [t for t in (size["loss_types"] or accepted) if t in accepted]
     result = report.envelope("grpo", quick, threads, {
-        "ks": list(size["ks"]), "steps_per_generation": "k and 2k", "optimizer_steps": size["steps"],
+        "ks": list(size["ks"]), "variants": [[t, k, extra] for t, k, extra in size["variants"]], "steps_per_generation": "k and 2k", "optimizer_steps": size["steps"],
         "loss_types": loss_types, "accepted_by_trl": accepted, "micro_batch": MICRO_BATCH,
         "num_generations": GENERATIONS, "max_completion_length": MAX_COMPLETION, "learning_rate": LEARNING_RATE,
         "trl": trl.__version__, "transformers": transformers.__version__, "exact_below": EXACT})
@@ -227,6 +252,11 @@ def run(quick: bool = False, threads: int = 1) -> dict:
                 for spg in (k, 2 * k):
                     report.progress(f"{loss_type}, k={k}, steps_per_generation={spg}")
                     rows.extend(one_run(loss_type, k, spg, size["steps"], output_dir))
+        for loss_type, k, extra in size["variants"]:
+            if loss_type in loss_types:
+                for spg in (k, 2 * k):
+                    report.progress(f"{loss_type} with {extra}, k={k}, steps_per_generation={spg}")
+                    rows.extend(one_run(loss_type, k, spg, size["steps"], output_dir, extra))
     result["rows"] = rows
     unknown = [t for t in accepted if t not in grpo.WINDOW_OBJECTIVES]
     result["notes"] = ["truth: float64 replay (dropout 0) through gradacc.training.audit.grpo's documented window "
@@ -244,7 +274,8 @@ def figure(result: dict):
     figure = go.Figure()
     for step in sorted({r["step"] for r in rows}):
         chosen = [r for r in rows if r["step"] == step]
-        figure.add_trace(go.Bar(x=[f"{r['loss_type']}<br>k={r['k']}, spg={r['steps_per_generation']}" for r in chosen],
+        figure.add_trace(go.Bar(x=[f"{r['loss_type']}{' (' + r['variant'] + ')' if r.get('variant') else ''}<br>"
+                                   f"k={r['k']}, spg={r['steps_per_generation']}" for r in chosen],
                                 y=[r["scale"] for r in chosen], name=f"step {step}"))
     figure.add_hline(y=1.0, line_dash="dash", annotation_text="the window's documented objective")
     figure.update_layout(title="TRL GRPOTrainer: the step's gradient ÷ its window's documented objective's, by loss "
@@ -254,8 +285,14 @@ def figure(result: dict):
 
 def table(result: dict) -> tuple[list[str], list[list]]:
     headers = ["loss_type", "k", "steps_per_generation", "step", "scale", "residual", "verdict", "window tokens",
-               "generation tokens", "issue"]
-    rows = [[r["loss_type"], r["k"], r["steps_per_generation"], r["step"],
-             None if r["scale"] is None else round(r["scale"], 6), r["residual"], r["verdict"], r["window_tokens"],
-             ",".join(map(str, r["generation_batch_tokens"])), r["issues"]] for r in result["rows"]]
+               "generation tokens", "bnpo vs window token mean: scale, residual", "issue"]
+    rows = [[r["loss_type"] + (f" ({r['variant']})" if r.get("variant") else ""), r["k"], r["steps_per_generation"],
+             r["step"],
+             None if r["scale"] is None else f"{r['scale']:.6f}", r["residual"], r["verdict"], r["window_tokens"],
+             ",".join(map(str, r["generation_batch_tokens"])), _versus(r.get("vs_window_token_mean")), r["issues"]]
+            for r in result["rows"]]
     return headers, rows
+
+
+def _versus(entry: dict | None) -> str | None:
+    return None if entry is None else f"{entry['scale']:.4f}, {entry['residual']:.2e}"

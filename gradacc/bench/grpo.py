@@ -14,12 +14,14 @@ from ``GRPOConfig.loss_type``'s help, nothing of TRL's loss code), and autograd 
 
 Per step: scale s = g·t / t·t and residual ‖g − s·t‖ / ‖t‖. "exact": |s − 1| < 1e-4 and residual < 1e-4; "scaled":
 the same direction (residual < 1e-4) at another scale; "differs": another direction. Gradient clipping is off
-(``max_grad_norm=0``: a clipped step is a rescaled one and would hide the loss's own scale); ``beta=0``,
+(``max_grad_norm=0``: a clipped step is a rescaled one and would hide the loss's own scale); ``beta=0`` on the grid,
 ``num_iterations=1``, no vLLM. With steps_per_generation = 2k one generation feeds both steps, so the second step's
 ratios π_θ/π_old differ from 1 (the learning rate is large on purpose) and its clipping is exercised.
 
 Beside the grid, the full run has ``dapo`` with ``mask_truncated_completions=True`` (TRL #6439: truncated completions
-out of the loss and of its token count), and each ``bnpo`` step is also compared with the window's token mean (what
+out of the loss and of its token count), ``grpo`` and ``dapo`` with ``beta=0.04`` (the KL term to a reference TRL
+loads from a saved copy of the policy without its EOS bias, × the importance ratio: ``use_bias_correction_kl``'s
+default), and each ``bnpo`` step is also compared with the window's token mean (what
 ``bnpo`` is by design not). Each row names the upstream thread (huggingface/trl) it confirms or refutes.
 """
 
@@ -43,13 +45,14 @@ from gradacc.bench import report
 from gradacc.training.audit import grpo
 from gradacc.training.run.engine import quiet_libraries
 
+MICRO_BATCH, GENERATIONS, MAX_COMPLETION, PROMPTS = 4, 4, 8, 32
+LEARNING_RATE, SEED, EOS_BIAS, BETA = 0.03, 0, 2.5, 0.04
 # loss_types None: every loss type the installed TRL accepts. variants: (loss_type, k, extra GRPOConfig fields), each
 # run at steps_per_generation k and 2k beside the plain grid.
 FULL = dict(ks=(1, 2, 4), loss_types=None, steps=2,
-            variants=(("dapo", 2, {"mask_truncated_completions": True}),))
+            variants=(("dapo", 2, {"mask_truncated_completions": True}), ("grpo", 2, {"beta": BETA}),
+                      ("dapo", 2, {"beta": BETA})))
 QUICK = dict(ks=(1,), loss_types=("grpo", "dr_grpo", "dapo"), steps=2, variants=())
-MICRO_BATCH, GENERATIONS, MAX_COMPLETION, PROMPTS = 4, 4, 8, 32
-LEARNING_RATE, SEED, EOS_BIAS = 0.03, 0, 2.5
 EXACT = 1e-4
 VOCAB = 64
 WORDS = [f"w{i}" for i in range(VOCAB - 4)]
@@ -99,6 +102,16 @@ def tiny_qwen2() -> Qwen2ForCausalLM:
     return model
 
 
+def with_reference(model: Qwen2ForCausalLM, folder: str) -> None:
+    """TRL builds the KL reference from the policy's ``_name_or_path``: point it at a saved Qwen2 with the policy's
+    weights but a plain LM head (no EOS bias), so the KL term is not 0 from the first step."""
+    reference = Qwen2ForCausalLM(model.config)
+    reference.load_state_dict({k: v for k, v in model.state_dict().items() if k != "lm_head.bias"})
+    path = f"{folder}/reference"
+    reference.save_pretrained(path)
+    model.config._name_or_path = path
+
+
 def reward(completions, **kwargs):
     return [float(len(c)) for c in completions]
 
@@ -128,7 +141,8 @@ class StepJudge(TrainerCallback):
         self.truth_model = tiny_qwen2().double()
         args = trainer.args
         self.settings = grpo.Settings(
-            max_completion_length=args.max_completion_length, beta=args.beta, epsilon_low=args.epsilon,
+            max_completion_length=args.max_completion_length, beta=args.beta,
+            bias_correction_kl=args.use_bias_correction_kl, epsilon_low=args.epsilon,
             epsilon_high=args.epsilon_high if args.epsilon_high is not None else args.epsilon,
             importance_sampling_level=args.importance_sampling_level,
             sapo_temperature_pos=args.sapo_temperature_pos, sapo_temperature_neg=args.sapo_temperature_neg,
@@ -194,13 +208,16 @@ def one_run(loss_type: str, k: int, steps_per_generation: int, steps: int, outpu
             extra: dict | None = None) -> list[dict]:
     torch.manual_seed(SEED)
     model = tiny_qwen2()
+    extra = dict(extra or {})
+    if extra.get("beta"):
+        with_reference(model, output_dir)
     config = GRPOConfig(
         output_dir=output_dir, per_device_train_batch_size=MICRO_BATCH, gradient_accumulation_steps=k,
         steps_per_generation=steps_per_generation, num_generations=GENERATIONS, max_completion_length=MAX_COMPLETION,
         loss_type=loss_type, importance_sampling_level="sequence" if loss_type == "luspo" else "token",
-        max_steps=steps, learning_rate=LEARNING_RATE, max_grad_norm=0.0, beta=0.0, num_iterations=1, seed=SEED,
+        max_steps=steps, learning_rate=LEARNING_RATE, max_grad_norm=0.0, num_iterations=1, seed=SEED,
         report_to="none", use_cpu=True, save_strategy="no", disable_tqdm=True, logging_steps=1, bf16=False,
-        activation_checkpointing=False, **(extra or {}))
+        activation_checkpointing=False, **{"beta": 0.0, **extra})
     trainer = RecordingGRPOTrainer(model=model, args=config, processing_class=tokenizer(), reward_funcs=reward,
                                    train_dataset=Dataset.from_dict({"prompt": prompts(PROMPTS)}))
     trainer.remove_callback(PrinterCallback)
@@ -210,7 +227,7 @@ def one_run(loss_type: str, k: int, steps_per_generation: int, steps: int, outpu
     variant = ", ".join(f"{key}={value}" for key, value in (extra or {}).items())
     return [{"loss_type": loss_type, "variant": variant, "k": k, "steps_per_generation": steps_per_generation,
              "step": i + 1, **step, "issues": verdict_on_issues(loss_type, k, steps_per_generation, step["verdict"],
-                                                                  truncated=bool(extra))}
+                                                                  truncated="mask_truncated_completions" in extra)}
             for i, step in enumerate(judge.steps)]
 
 

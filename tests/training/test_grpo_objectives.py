@@ -48,13 +48,13 @@ def clipped(lp, old, a, eps_low=0.2, eps_high=0.28):
     return -min(r * a, min(max(r, 1 - eps_low), 1 + eps_high) * a)
 
 
-def by_hand(loss_type, beta=0.0):
+def by_hand(loss_type, beta=0.0, bias_correction=True):
     """The documented aggregate over the window, in floats."""
     per = {}
     for b, i, t, lp, old, ref, a in tokens():
         loss = clipped(lp, old, a)
         if beta:
-            loss += beta * (math.exp(ref - lp) - (ref - lp) - 1)
+            loss += beta * (math.exp(ref - lp) - (ref - lp) - 1) * (math.exp(lp - old) if bias_correction else 1.0)
         per.setdefault((b, i), []).append(loss)
     if loss_type == "grpo":  # mean of sequence means, over all 4 sequences
         return sum(sum(v) / len(v) for v in per.values()) / 4
@@ -68,13 +68,14 @@ def by_hand(loss_type, beta=0.0):
     raise AssertionError(loss_type)
 
 
-@pytest.mark.parametrize("beta", [0.0, 0.04])
+@pytest.mark.parametrize("beta, bias_correction", [(0.0, True), (0.04, True), (0.04, False)])
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
-def test_each_aggregate_is_the_documented_one_off_policy_with_clipping_and_kl(loss_type, beta):
-    settings = grpo.Settings(max_completion_length=L_MAX, epsilon_low=0.2, epsilon_high=0.28, beta=beta)
+def test_each_aggregate_is_the_documented_one_off_policy_with_clipping_and_kl(loss_type, beta, bias_correction):
+    settings = grpo.Settings(max_completion_length=L_MAX, epsilon_low=0.2, epsilon_high=0.28, beta=beta,
+                             bias_correction_kl=bias_correction)
     batches, _ = window(off_policy=True, beta=bool(beta))
     value = grpo.window_objective(loss_type, batches, settings)
-    assert float(value.detach()) == pytest.approx(by_hand(loss_type, beta), rel=1e-12)
+    assert float(value.detach()) == pytest.approx(by_hand(loss_type, beta, bias_correction), rel=1e-12)
     # the clip acted on some token (else this example would not test it)
     assert any(abs(clipped(lp, old, a) + math.exp(lp - old) * a) > 1e-9 for *_, lp, old, _, a in tokens())
 

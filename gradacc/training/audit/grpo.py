@@ -2,7 +2,7 @@
 
 TRL's ``GRPOTrainer`` turns per-token log-probs into a loss in two stages: a per-token surrogate (clipped ratio ×
 advantage, CISPO's and VESPO's detached weights × log-prob, SAPO's soft gate; plus β × the k3 KL estimate to the
-reference), then an aggregate whose normaliser depends on ``loss_type``. What each aggregate *should* be over a
+reference, × the importance ratio by default), then an aggregate whose normaliser depends on ``loss_type``. What each aggregate *should* be over a
 window (the k micro-batches of one optimizer step) is what ``GRPOConfig.loss_type``'s help says; this module writes
 each one out from that text, from what a run stored per micro-batch, and nothing of TRL's loss code. The gradient a
 step applies should be the gradient of the function here of the same name; ``gradacc bench grpo`` measures whether
@@ -41,6 +41,9 @@ class Settings:
 
     max_completion_length: int
     beta: float = 0.0
+    # use_bias_correction_kl: the KL term × the importance ratio r (differentiable, so it changes the gradient even
+    # where r = 1): the unbiased reverse-KL gradient of DeepSeek-V3.2; TRL 1.16's default.
+    bias_correction_kl: bool = True
     epsilon_low: float = 0.2
     epsilon_high: float = 0.2
     importance_sampling_level: str = "token"  # "sequence": GSPO's (and LUSPO's) length-mean log-ratio per sequence
@@ -105,7 +108,10 @@ def per_token_loss(batch: MicroBatch, loss_type: str, settings: Settings) -> tor
         raise ValueError(f"no documented objective here for loss_type {loss_type!r}")
     loss = loss.expand_as(batch.logps)
     if settings.beta:
-        loss = loss + settings.beta * kl_per_token(batch)
+        kl = kl_per_token(batch)
+        if settings.bias_correction_kl:
+            kl = kl * _ratio(batch, settings)
+        loss = loss + settings.beta * kl
     return loss
 
 

@@ -16,7 +16,7 @@ Per step: scale s = g·t / t·t and residual ‖g − s·t‖ / ‖t‖. "exact"
 the same direction (residual < 1e-4) at another scale; "differs": another direction. Gradient clipping is off
 (``max_grad_norm=0``: a clipped step is a rescaled one and would hide the loss's own scale); ``beta=0`` on the grid,
 ``num_iterations=1``, no vLLM. With steps_per_generation = 2k one generation feeds both steps, so the second step's
-ratios π_θ/π_old differ from 1 (the learning rate is large on purpose) and its clipping is exercised.
+ratios π_θ/π_old differ from 1 (the learning rate is large on purpose), so the clip can act (not counted here).
 
 Beside the grid, the full run has ``dapo`` with ``mask_truncated_completions=True`` (TRL #6439: truncated completions
 out of the loss and of its token count), ``grpo`` and ``dapo`` with ``beta=0.04`` (the KL term to a reference TRL

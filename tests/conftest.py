@@ -6,10 +6,15 @@ with AppTest) and attack_support.py (the CLI in-process, sabotaged models, a bro
 
 import os
 import sys
+import tempfile
 
 import pytest
 
 from support import LIMIT_VARIABLES, ROOT
+
+# Trackio reads its folder (TRACKIO_DIR) once per process, when first imported, and TRL's GRPOTrainer and Lightning
+# import it: each test process gets a folder of its own before any test runs (the tracker tests write there).
+os.environ["TRACKIO_DIR"] = tempfile.mkdtemp(prefix="gradacc-test-trackio-")
 
 sys.path.insert(0, str(ROOT))  # gradacc itself, without installing it
 # One intra-op thread for torch in this process and every process it starts, whatever order the tests run in and

@@ -127,6 +127,18 @@ def table_rows(runs, labels: dict[str, str]) -> tuple[list[dict], list[str]]:
             for row in rows], shown
 
 
+def table_by_field(runs, labels: dict[str, str]) -> tuple[list[dict], list[str]]:
+    """The summary turned on its side for the page: a row per field ("what") and a column per run, as text. A row
+    per run has 15 columns, 2,200 px wide, where a projector's page gives the table 818 (1280×720): its last columns
+    scrolled out of view. (The CSV and the offline page keep a row per run.)"""
+    rows, shown = table_rows(runs, labels)
+    names = [str(row["name"]) for row in rows]
+    names = [name if names.count(name) == 1 else f"{index + 1}. {name}" for index, name in enumerate(names)]
+    by_field = [{"what": column, **{name: _cell(row[column]) for name, row in zip(names, rows)}}
+                for column in shown if column != "name"]
+    return by_field, ["what", *names]
+
+
 def _cell(value) -> str:
     if value is None:
         return MISSING
@@ -162,10 +174,8 @@ def draw(snapshots, key: str, x: str = "samples_seen", labels: dict[str, str] | 
         lambda: tuple(build_figures(curves, figures, x, story, pairs)[name] for name in chart_names))))
     for index, row in enumerate(STORY_ROWS if story else ROWS):
         if index == 1:  # the table between the first row of charts and the rest
-            rows, shown = table_rows(snapshots, labels)
-            numbers = all(isinstance(row["peak activation bytes"], (int, float)) for row in rows)  # else text
-            st.dataframe(rows, hide_index=True, column_order=shown, column_config={
-                "peak activation bytes": st.column_config.NumberColumn(format="compact")} if numbers else None)
+            rows, shown = table_by_field(snapshots, labels)
+            st.dataframe(rows, hide_index=True, column_order=shown)
         for (name, _), column in zip(row, st.columns([share for _, share in row])):
             if name == "process":
                 with column.expander(PROCESS_NOTE):

@@ -66,19 +66,21 @@ def test_runs_are_overlaid_tabled_and_exported(app_home):
     assert bars["layout"]["title"]["text"].replace(" <br>", " ") == "Memory per step: activations 2.0× larger"
     assert [trace["name"] for trace in bars["data"]][-1] == "peak activations of a micro-batch"
 
-    table = at.dataframe[0].value
-    assert list(table["backend"]) == ["accelerate", "pytorch"]  # newest first
-    assert list(table["effective batch"]) == [32, 32]
-    assert list(table["final F1"]) == [0.5, 0.75]
-    assert list(table["samples/s"]) == [64.0, 64.0]
-    assert list(table["peak activation bytes"]) == [4003, 8003]
-    assert list(table.columns[:8]) == ["name", "m", "k", "effective batch", "peak activation bytes",
-                                       "time per step (s)", "samples/s", "final F1"]
+    table = at.dataframe[0].value  # a row per field, a column per run: 818 px hold it at 1280×720
+    assert list(table.columns) == ["what", "m=4, k=8, accelerate", "m=8, k=4, pytorch"]  # newest first
+    field = table.set_index("what")
+    assert list(field.loc["backend"]) == ["accelerate", "pytorch"]
+    assert list(field.loc["effective batch"]) == ["32", "32"]
+    assert list(field.loc["final F1"]) == ["0.5", "0.75"]
+    assert list(field.loc["samples/s"]) == ["64", "64"]
+    assert list(field.loc["peak activation bytes"]) == ["4,003", "8,003"]
+    assert list(table["what"][:7]) == ["m", "k", "effective batch", "peak activation bytes", "time per step (s)",
+                                       "samples/s", "final F1"]
     assert [b.label for b in at.get("download_button")] == ["Download CSV", "Download JSON"]
 
     # Down to one run: the charts and the table follow.
     at.multiselect(key="compare_runs").set_value(["20250101-120000-aaaaaa"]).run()
-    assert len(at.dataframe[0].value) == 1
+    assert len(at.dataframe[0].value.columns) == 2  # "what" and the one run
     assert len(loss_chart(at)["data"]) == 1
 
 

@@ -110,7 +110,7 @@ def test_each_demo_button_runs_its_scenario_to_a_headline(demo_home, name):
     else:
         assert story is None
     # No "None" in the table: a run that failed before its first step (memory-wall's first) shows dashes.
-    table = next(frame.value for frame in at.dataframe if "name" in frame.value)
+    table = next(frame.value for frame in at.dataframe if "what" in frame.value and "m" in set(frame.value["what"]))
     assert not table.isna().any().any() and "None" not in table.astype(str).to_numpy()
     if scenario.checks:  # the gradient checks under the runs: the two norms
         at = run_until(at, lambda at: any(frame.value is not None and "relative error" in frame.value

@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -36,11 +37,11 @@ EVAL_FIELDS = {"eval_loss": "eval/loss", "eval_accuracy": "eval/accuracy", "eval
 
 
 @pytest.fixture(scope="session")
-def trackio_dir(tmp_path_factory):
-    """Trackio reads its folder once per process (TRACKIO_DIR): every Trackio test in this session shares one."""
-    folder = tmp_path_factory.mktemp("trackio")
-    os.environ["TRACKIO_DIR"] = str(folder)
-    return folder
+def trackio_dir():
+    """Trackio reads its folder once per process (TRACKIO_DIR), when first imported, by whichever test imports it
+    (TRL's GRPOTrainer and Lightning do): conftest gives each test process one folder from the start, and every
+    Trackio test writes there."""
+    return Path(os.environ["TRACKIO_DIR"])
 
 
 @pytest.fixture(scope="module")

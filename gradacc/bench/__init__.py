@@ -15,6 +15,8 @@
     audit     what gradacc.audit costs a Trainer run: its seconds against one window's forward+backward, once
     fsdp      sharded (FSDP) on 2 processes: gradient bytes per rank and bytes sent per window, per-window vs
               per-micro-batch sync, and the formula that takes them to 1B-70B models
+    config-plan  the config planner's predicted peak against the measured one, on GPT-2, Llama and Qwen2 at sizes
+              this machine trains
 
 Each suite module has ``run(quick, threads) -> dict``, ``figure(result)`` and ``table(result)``.
 """
@@ -31,7 +33,7 @@ from gradacc.bench import report
 from gradacc.errors import RunFailed
 
 SUITES = ("overhead", "memory", "sweep", "latency", "ga-bug", "levers", "pitfalls", "families", "coupled",
-          "learning-rates", "learning-steps", "audit", "fsdp")
+          "learning-rates", "learning-steps", "audit", "fsdp", "config-plan")
 DEFAULT_OUT = "bench-out"
 # One intra-op thread by default: on a small shared machine two OpenMP threads wait on each other
 # whenever another process takes a core (we measured 3-30x slower steps under load), which drowns

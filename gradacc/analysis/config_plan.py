@@ -264,8 +264,11 @@ def plan(source: str, *, budget_mb: float, sequence_length: int, target_effectiv
     """Every setting of ``settings()`` for the model ``source`` names: m, k and the peak term by term; the rows that
     fit first (fewest levers, then the largest m), the accelerate view beside it; ``reason``: one line when none
     fits (the smallest footprint and what would fit it)."""
-    from gradacc.training.memory import architecture  # here: it imports torch (see the module's note)
+    # here: it imports torch (see the module's note)
+    from gradacc.training.memory import architecture
+    from gradacc.training.run.engine import quiet_libraries
 
+    quiet_libraries()
     _check(budget_mb, sequence_length, target_effective_batch, processes, lora_rank, attention)
     config = load(source) if config is None else config
     model = build_empty(config, source)

@@ -159,6 +159,7 @@ def scaled_config(config: PretrainedConfig, *, layers: int, width: int, feed_for
     group = max(1, heads // kv)
     small_kv = max(1, min(kv, 8 // group)) if group <= 8 else 1
     small_heads = small_kv * group if group <= 8 else 8
+    width = -(-width // (2 * small_heads)) * 2 * small_heads  # whole, even heads (rotary embeddings need even)
     values = config.to_dict()
     for name in ("layer_types", "_name_or_path", "architectures", "auto_map", "transformers_version", "model_type"):
         values.pop(name, None)
@@ -221,7 +222,7 @@ def build_small(config: PretrainedConfig, *, precision: str, checkpointing: bool
     if lora_rank:
         add_lora(model, lora_rank)
     if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         if lora_rank:
             model.enable_input_require_grads()
     model.train()

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import tempfile
 from pathlib import Path
 
 from gradacc.errors import GradaccError
@@ -382,3 +383,47 @@ def check_prediction(config, setting: dict, micro_batch_size: int, sequence_leng
     return {"parameters": shape.parameters, "measured": measured, "predicted": predicted,
             "error": (predicted - measured) / measured, "measured_activations": activations,
             "predicted_activations": passes, "activation_error": (passes - activations) / activations}
+
+
+# ---- what the page and the CLI show ------------------------------------------------------------------------
+
+GPU_PRESETS_GB = (16, 24, 40, 48, 80, 141)  # the memory of common GPUs, in GiB as their makers count it
+GIB = 1024 ** 3
+
+
+def gpu_budget_mb(gigabytes: float) -> float:
+    """A GPU's memory in GiB as the planner's budget (MB of 10⁶ bytes, as every gradacc budget)."""
+    return gigabytes * GIB / MB
+
+
+def shown_rows(result: dict) -> list[dict]:
+    """The plan as a table: one row per setting, the terms in GB, fitting settings first."""
+    rows = []
+    for row in result["rows"]:
+        terms = row["terms"]
+        rows.append({"tuning": f"LoRA r{row['lora_rank']}" if row["lora_rank"] else "full",
+                     "precision": PRECISION_LABELS[row["precision"]], "optimizer": row["optimizer"],
+                     "checkpointing": "on" if row["gradient_checkpointing"] else "off",
+                     "m": row["micro_batch_size"], "k": row["grad_accum_steps"],
+                     "peak (GB)": round(terms["peak"] / 1e9, 2) if row["fits"] else None,
+                     "m = 1 needs (GB)": round(row["least_bytes"] / 1e9, 2),
+                     **{f"{TERM_LABELS[name]} (GB)": round(terms[name] / 1e9, 3)
+                        for name in (*TERMS, "step_temporaries")}})
+    return rows
+
+
+def stacked_terms(row: dict) -> dict[str, float]:
+    """{term label: GB} of one plan row, the terms that add up to its peak (for a stacked bar)."""
+    terms = row["terms"]
+    return {TERM_LABELS[name]: terms[name] / 1e9 for name in (*TERMS, "step_temporaries")}
+
+
+def plan_upload(uploaded: bytes | None, source: str, **options) -> dict:
+    """``plan`` for an uploaded config.json (its bytes) or, without one, ``source`` (a hub id or a folder)."""
+    if uploaded is None:
+        return plan(source, **options)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "config.json"
+        path.write_bytes(uploaded)
+        result = plan(str(path), **options)
+    return result | {"model": "the uploaded config.json"}

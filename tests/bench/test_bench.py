@@ -317,3 +317,11 @@ def test_the_minimum_is_the_fewest_steps_from_which_every_seed_learnt_at_every_l
     # A seed that fails again at a larger count: the minimum lies above it.
     assert minimum_steps(rows((8, [True, True]), (16, [True, False]), (32, [True, True]))) == 32
     assert minimum_steps(rows((8, [True]), (16, [False]))) is None
+
+
+def test_config_plan(tmp_path, capsys):
+    """GPT-2 and Llama, small: the config planner's peak against the measured one, within the goal."""
+    result = bench("config-plan", tmp_path, capsys)
+    assert [point["model"] for point in result["points"]] == ["gpt2-5M", "llama-7M"]
+    assert all(positive(point["measured"]) and positive(point["predicted"]) for point in result["points"])
+    assert all(goal["met"] for goal in result["goals"].values())

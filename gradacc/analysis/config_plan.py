@@ -137,7 +137,7 @@ def fit_activations(config, *, precision: str, checkpointing: bool, lora_rank: i
             if index < len(gradient_design):
                 gradient_ratios.append(peak / shape.largest_trainable(lora_rank))
                 continue
-            features = shape.features(batch, sequence)
+            features = shape.features(batch, sequence, lora_rank)
             if precision == "fp32":
                 features["linear_parameters"] = 0  # no autocast copies to fit
             rows.append([features[name] for name in architecture.FEATURES])
@@ -168,7 +168,7 @@ def fit_activations(config, *, precision: str, checkpointing: bool, lora_rank: i
 def activation_terms(fit: dict, shape, micro_batch_size: int, sequence_length: int, precision: str,
                      lora_rank: int | None = None) -> dict:
     """{"activations", "logits"}: the fit evaluated at the full model (logits and loss are tokens × vocabulary)."""
-    features = shape.features(micro_batch_size, sequence_length)
+    features = shape.features(micro_batch_size, sequence_length, lora_rank)
     if precision == "fp32":
         features["linear_parameters"] = 0
     terms = {name: fit["coefficients"][name] * value for name, value in features.items()}

@@ -62,13 +62,15 @@ class Shape:
     def largest_lora(self, rank: int) -> int:
         return max((rank * max(fan_in, fan_out) for fan_in, fan_out in self.lora_targets), default=0)
 
-    def features(self, micro_batch_size: int, sequence_length: int) -> dict[str, float]:
+    def features(self, micro_batch_size: int, sequence_length: int, lora_rank: int | None = None) -> dict[str, float]:
+        """FEATURES at this shape; the largest parameter is the largest trainable one (a LoRA adapter's under LoRA:
+        frozen weights make no gradient)."""
         tokens = micro_batch_size * sequence_length
         scores = micro_batch_size * sequence_length ** 2 * self.heads
         return {"tokens_width": tokens * self.width, "tokens_layers_width": tokens * self.layers * self.width,
                 "tokens_ff": tokens * self.feed_forward, "tokens_layers_ff": tokens * self.layers * self.feed_forward,
                 "scores": scores, "scores_layers": scores * self.layers, "tokens_vocab": tokens * self.vocabulary,
-                "linear_parameters": self.linear_parameters, "largest_parameter": self.largest_parameter}
+                "linear_parameters": self.linear_parameters, "largest_parameter": self.largest_trainable(lora_rank)}
 
 
 def model_class(config: PretrainedConfig):

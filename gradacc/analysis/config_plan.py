@@ -199,7 +199,7 @@ def static_terms(shape, *, lora_rank: int | None, precision: str, optimizer: str
             "optimizer_state": state, "step_temporaries": step, "trainable_parameters": trainable}
 
 
-def fsdp_terms(static: dict, shape, processes: int, size: int) -> dict:
+def fsdp_terms(static: dict, shape, processes: int, size: int, lora: bool = False) -> dict:
     """Per rank on ``processes`` FSDP ranks (gradacc.analysis.sharding, per-micro-batch sync): weights, gradients
     and optimizer state divided by P; the sharding buffers: the largest group's parameters gathered for its
     forward and backward, and its unsharded gradients while the reduce-scatter runs (G·b·(1 + 1/P))."""
@@ -209,7 +209,8 @@ def fsdp_terms(static: dict, shape, processes: int, size: int) -> dict:
     return {**static, "weights": static["weights"] / processes, "gradients": static["gradients"] / processes,
             "optimizer_state": static["optimizer_state"] / processes,
             "step_temporaries": static["step_temporaries"] / processes,
-            "sharding_buffers": group * size + group * size * (1 + 1 / processes)}
+            # under LoRA the group's weights are frozen: gathered, but no gradient to reduce-scatter
+            "sharding_buffers": group * size + (0 if lora else group * size * (1 + 1 / processes))}
 
 
 TERMS = ("weights", "gradients", "optimizer_state", "activations", "logits", "framework_overhead",
@@ -226,7 +227,7 @@ def peak_terms(fit: dict, shape, setting: dict, micro_batch_size: int, sequence_
     size = 2 if setting["precision"] == "bf16-pure" else 4
     static = static_terms(shape, lora_rank=setting["lora_rank"], precision=setting["precision"],
                           optimizer=setting["optimizer"])
-    terms = fsdp_terms(static, shape, processes, size)
+    terms = fsdp_terms(static, shape, processes, size, lora=bool(setting["lora_rank"]))
     terms |= activation_terms(fit, shape, micro_batch_size, sequence_length, setting["precision"],
                               setting["lora_rank"])
     terms["framework_overhead"] = FRAMEWORK_OVERHEAD_BYTES

@@ -182,7 +182,8 @@ def run_from_config(args) -> int:
                 and row["optimizer"] == "adamw" and not row["gradient_checkpointing"])
     print(f"accelerate estimate-memory (weights + gradients + Adam states, batch 1, no activations): "
           f"{format_bytes(view['adam_fp32_bytes'])} in fp32, {format_bytes(view['adam_bf16_bytes'])} in mixed bf16; "
-          f"gradacc, full fp32 AdamW at m=1: {format_bytes(full['least_bytes'])} (with activations, logits, the "
-          "optimizer step and the overhead)")
+          f"gradacc, full fp32 AdamW at m=1"
+          + (f" per rank on {result['processes']} GPUs" if result["processes"] > 1 else "")
+          + f": {format_bytes(full['least_bytes'])} (with activations, logits, the optimizer step and the overhead)")
     print(f"framework overhead: {result['framework_overhead']['source']}")
     return EXIT_OK

@@ -124,7 +124,7 @@ def fit_activations(config, *, precision: str, checkpointing: bool, lora_rank: i
         return _FITS[key]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    rows, measured, gradient_ratios, largest = [], [], [], []
+    rows, phases, gradient_ratios, largest = [], [], [], []
     try:
         for index, (layers, width, feed_forward, vocabulary, sequence, batch) in enumerate(gradient_design + design):
             small = architecture.scaled_config(config, layers=layers, width=width, feed_forward=feed_forward,
@@ -133,31 +133,37 @@ def fit_activations(config, *, precision: str, checkpointing: bool, lora_rank: i
             model = architecture.build_small(small, precision=precision, checkpointing=checkpointing,
                                              lora_rank=lora_rank, attention=attention)
             shape = architecture.shape_of(model, small)
-            peak = architecture.activation_peak(model, architecture.training_batch(small, batch, sequence), precision)
+            measured = architecture.activation_phases(model, architecture.training_batch(small, batch, sequence),
+                                                      precision)
             if index < len(gradient_design):
-                gradient_ratios.append(peak / shape.largest_trainable(lora_rank))
+                gradient_ratios.append(max(measured) / shape.largest_trainable(lora_rank))
                 continue
             features = shape.features(batch, sequence, lora_rank)
             if precision == "fp32":
                 features["linear_parameters"] = 0  # no autocast copies to fit
             rows.append([features[name] for name in architecture.FEATURES])
-            measured.append(peak)
+            phases.append(measured)
             largest.append(shape.largest_trainable(lora_rank))
     finally:
         torch.set_num_threads(threads)
     gradient = max(gradient_ratios)
-    matrix, target = np.array(rows, dtype=float), np.array(measured, dtype=float)
-    # Points whose peak is the end of backward's (the gradients, not the activations) say nothing of activations.
-    largest = np.array(largest, dtype=float)
-    keep = target > 1.02 * gradient * largest
-    keep = keep if keep.sum() >= 4 else np.ones_like(keep)
-    columns = list(range(len(architecture.FEATURES)))
-    weights = 1.0 / target[keep]  # relative errors: the small copies differ in size by 10×
-    solution, _ = nnls(matrix[keep][:, columns] * weights[:, None], target[keep] * weights)
-    coefficients = np.zeros(len(architecture.FEATURES))
-    coefficients[columns] = solution
-    fitted = np.maximum(matrix @ coefficients, gradient * largest)
-    fit = {"coefficients": dict(zip(architecture.FEATURES, coefficients.tolist())), "gradient_phase": gradient,
+    matrix, largest = np.array(rows, dtype=float), np.array(largest, dtype=float)
+    phases = np.array(phases, dtype=float)
+    target = phases.max(axis=1)
+    coefficients = []
+    # Each phase its own linear model: the head's (forward, logits and loss) and the layers' backward; the peak is
+    # the larger. Points whose peak is the end of backward's (the gradients) say nothing of either.
+    for phase in range(2):
+        values = phases[:, phase]
+        keep = values > 1.02 * gradient * largest
+        keep = keep if keep.sum() >= 4 else np.ones_like(keep)
+        weights = 1.0 / values[keep]  # relative errors: the small copies differ in size by 10×
+        solution, _ = nnls(matrix[keep] * weights[:, None], values[keep] * weights)
+        coefficients.append(solution)
+    fitted = np.maximum(np.maximum(matrix @ coefficients[0], matrix @ coefficients[1]), gradient * largest)
+    fit = {"coefficients": dict(zip(architecture.FEATURES, coefficients[0].tolist())),
+           "body_coefficients": dict(zip(architecture.FEATURES, coefficients[1].tolist())),
+           "gradient_phase": gradient,
            "points": [{"design": design, "measured": float(value), "fitted": float(guess)}
                       for design, value, guess in zip(design, target, fitted)],
            "largest_fit_error": float(np.max(np.abs(fitted - target) / target))}
@@ -171,12 +177,14 @@ def activation_terms(fit: dict, shape, micro_batch_size: int, sequence_length: i
     features = shape.features(micro_batch_size, sequence_length, lora_rank)
     if precision == "fp32":
         features["linear_parameters"] = 0
-    terms = {name: fit["coefficients"][name] * value for name, value in features.items()}
-    logits = terms.pop("tokens_vocab")
-    activations = sum(terms.values())
+    phases = []
+    for name in ("coefficients", "body_coefficients"):
+        terms = {feature: fit[name][feature] * value for feature, value in features.items()}
+        phases.append((sum(terms.values()), terms["tokens_vocab"]))
+    passes, logits = max(phases)  # the higher phase, and what its logits and loss hold
     # The end of backward (the largest gradients made whole) when it is higher than the passes: shown as activations.
-    activations = max(activations, fit["gradient_phase"] * shape.largest_trainable(lora_rank) - logits)
-    return {"activations": activations, "logits": logits}
+    passes = max(passes, fit["gradient_phase"] * shape.largest_trainable(lora_rank))
+    return {"activations": passes - logits, "logits": logits}
 
 
 # ---- the static terms, exact from the parameters -----------------------------------------------------------

@@ -244,20 +244,33 @@ def autocast_for(precision: str):
 
 
 def activation_peak(model: torch.nn.Module, batch: dict, precision: str) -> int:
+    return max(activation_phases(model, batch, precision))
+
+
+def activation_phases(model: torch.nn.Module, batch: dict, precision: str) -> tuple[int, int]:
     """Peak bytes alive during one forward and backward above what was alive before it (the parameters and the
-    gradients, allocated before it: the window's second micro-batch, which adds to gradients already held)."""
+    gradients, allocated before it: the window's second micro-batch, which adds to gradients already held), in two
+    phases: up to the output head's backward (logits and loss alive) and after it (the layers' backward)."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     for parameter in trainable:
         if parameter.grad is None:
             parameter.grad = torch.zeros_like(parameter)
-    with LiveBytes() as live:
-        live.hold([*model.parameters(), *(p.grad for p in trainable)])
-        start = live.current
-        with autocast_for(precision):
-            loss = model(**batch).loss
-        loss.backward()
-        del loss
-    return live.peak - start
+    live = LiveBytes()
+    # a full backward hook is set up by the module's forward: registered before it
+    handle = model.get_output_embeddings().register_full_backward_hook(
+        lambda *_: live.mark() if not live.phase_peaks else None)
+    try:
+        with live:
+            live.hold([*model.parameters(), *(p.grad for p in trainable)])
+            start = live.current
+            with autocast_for(precision):
+                loss = model(**batch).loss
+            loss.backward()
+            del loss
+    finally:
+        handle.remove()
+    # (forward, the loss and the output head's backward; the rest of backward), each above the start
+    return live.phase_peaks[0] - start if live.phase_peaks else live.peak - start, live.peak - start
 
 
 def make_optimizer(model: torch.nn.Module, name: str) -> torch.optim.Optimizer:

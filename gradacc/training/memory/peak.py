@@ -26,6 +26,7 @@ class LiveBytes(TorchDispatchMode):
         self._refs: dict[int, weakref.ref] = {}
         self.current = 0
         self.peak = 0
+        self.phase_peaks: list[int] = []
 
     def hold(self, tensors) -> None:
         """Count tensors made before the mode opened (parameters, gradients, optimizer state) as alive."""
@@ -54,6 +55,11 @@ class LiveBytes(TorchDispatchMode):
 
     def reset_peak(self) -> None:
         self.peak = self.current
+
+    def mark(self) -> None:
+        """End a phase: its peak goes to ``phase_peaks``, and the next phase's peak starts from now."""
+        self.phase_peaks.append(self.peak)
+        self.reset_peak()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))

@@ -1,7 +1,7 @@
 """``python -m gradacc bench config-plan``: the config planner's predicted peak against the peak measured, on models
 this machine can train.
 
-For each family (GPT-2, Llama, Qwen2) at two sizes of a few to tens of millions of parameters, under fp32, bf16
+For each family (GPT-2, Llama, Qwen2, BERT; Mixtral at one size) at two sizes of a few to tens of millions of parameters, under fp32, bf16
 autocast and pure bf16, gradient checkpointing off and on, and two (micro-batch, sequence) shapes, the model is
 built for real and trained for a window of 2 micro-batches and an AdamW step (torch's foreach kernels, as on a
 GPU); the peak bytes alive (``gradacc.training.memory.peak.LiveBytes``) is set against what
@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 
 import plotly.graph_objects as go
-from transformers import GPT2Config, LlamaConfig, Qwen2Config
+from transformers import BertConfig, GPT2Config, LlamaConfig, MixtralConfig, Qwen2Config
 
 from gradacc.analysis import config_plan
 from gradacc.bench import report
@@ -33,6 +33,14 @@ FAMILIES = {
     "qwen2-22M": (Qwen2Config, dict(num_hidden_layers=8, hidden_size=384, intermediate_size=1024,
                                     num_attention_heads=6, num_key_value_heads=2, vocab_size=16000,
                                     max_position_embeddings=512)),
+    # an encoder (its masked-LM head) and a mixture of experts (4 experts, 2 a token)
+    "bert-5M": (BertConfig, dict(num_hidden_layers=4, hidden_size=256, intermediate_size=1024, num_attention_heads=4,
+                                 vocab_size=8192, max_position_embeddings=512)),
+    "bert-26M": (BertConfig, dict(num_hidden_layers=6, hidden_size=512, intermediate_size=2048, num_attention_heads=8,
+                                  vocab_size=16384, max_position_embeddings=512)),
+    "mixtral-11M": (MixtralConfig, dict(num_hidden_layers=4, hidden_size=256, intermediate_size=512,
+                                        num_attention_heads=8, num_key_value_heads=2, num_local_experts=4,
+                                        num_experts_per_tok=2, vocab_size=8192, max_position_embeddings=512)),
 }
 SETTINGS = (("fp32", False), ("fp32", True), ("bf16", False), ("bf16-pure", True))
 SHAPES = ((1, 256), (4, 128))
@@ -43,7 +51,7 @@ GOAL = 0.10
 def config_of(name: str):
     cls, values = FAMILIES[name]
     extra = {"bos_token_id": 0, "eos_token_id": 0} if cls is GPT2Config else {}
-    return cls(**values, **extra, use_cache=False)
+    return cls(**values, **extra) if cls is BertConfig else cls(**values, **extra, use_cache=False)
 
 
 def run(quick: bool = False, threads: int = 1) -> dict:

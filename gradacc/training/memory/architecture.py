@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, PretrainedConfig
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
 from gradacc.training.memory.peak import LiveBytes
 
@@ -74,7 +74,10 @@ class Shape:
 
 
 def model_class(config: PretrainedConfig):
-    """A causal LM where transformers has one for the config (its logits are the vocabulary), else a masked LM."""
+    """An encoder (BERT, RoBERTa: not ``is_decoder``) as its masked LM, a decoder as its causal LM; both put logits
+    over the vocabulary on every token."""
+    if config.model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(config, "is_decoder", False):
+        return AutoModelForMaskedLM
     return AutoModelForCausalLM if config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES else AutoModelForMaskedLM
 
 

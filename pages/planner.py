@@ -3,7 +3,7 @@
 import pandas as pd
 import streamlit as st
 
-from gradacc.analysis import learning_steps, planner, sharding
+from gradacc.analysis import config_plan, learning_steps, planner, sharding
 from gradacc.app import charts, inputs, navigation, server, train_form
 from gradacc import units
 from gradacc.config import RunConfig
@@ -30,6 +30,58 @@ st.markdown("Training memory = **static** (parameters + gradients + optimizer st
             "recomputes them), **bf16** autocast keeps smaller ones, a **lighter optimizer** keeps less state. The "
             f"planner measures the model under each of the {len(planner.LEVER_GRID)} settings of these levers, then "
             "ranks those that fit your budget, with m (a power of two) × k = your target effective batch exactly.")
+
+
+CONFIG_PLAN = "planner.config_plan"
+
+
+def plan_from_config() -> None:
+    """A model this machine cannot train, planned from its config alone (gradacc.analysis.config_plan)."""
+    st.caption("The model is built on the meta device (no weights); its activations are measured on small copies "
+               "of the same family on this machine and scaled to the config. Framework overhead: "
+               f"{config_plan.FRAMEWORK_OVERHEAD_SOURCE}.")
+    source_column, upload_column = st.columns(2)
+    source = source_column.text_input("Hub id, or a folder with a config.json", key=K + "config_source")
+    upload = upload_column.file_uploader("…or upload a config.json", type=["json"], key=K + "config_upload")
+    gpu_column, length_column, target_column, ranks_column = st.columns(4)
+    presets = [f"{size} GB" for size in config_plan.GPU_PRESETS_GB] + ["another size"]
+    gpu = gpu_column.selectbox("GPU memory", presets, index=presets.index("24 GB"), key=K + "config_gpu")
+    gigabytes = float(gpu.split()[0]) if gpu != "another size" else gpu_column.number_input(
+        "GB", min_value=1.0, value=24.0, key=K + "config_gb")
+    length = length_column.number_input("Sequence length", min_value=16, value=2048, step=256, key=K + "config_length")
+    target = target_column.number_input("Target effective batch", min_value=1, value=256, key=K + "config_target")
+    ranks = ranks_column.selectbox("GPUs (FSDP)", PLANNED_PROCESSES, key=K + "config_processes")
+    if st.button("Plan from the config", key="plan_config", disabled=not (source.strip() or upload)):
+        warmup.wait_until_warm()  # it imports torch: never beside the warm-up's import (gradacc.serving.warmup)
+        try:
+            with st.spinner("Measuring the family's small copies…"):
+                st.session_state[CONFIG_PLAN] = config_plan.plan_upload(
+                    upload.getvalue() if upload else None, source.strip(), budget_mb=config_plan.gpu_budget_mb(
+                        gigabytes), sequence_length=int(length), target_effective_batch=int(target),
+                    processes=int(ranks))
+        except GradaccError as error:
+            st.session_state.pop(CONFIG_PLAN, None)
+            st.error(error.message)
+    result = st.session_state.get(CONFIG_PLAN)
+    if result is None:
+        return
+    if result["reason"]:
+        st.error(result["reason"])
+    st.dataframe(pd.DataFrame(config_plan.shown_rows(result)).astype({"m": "Int64", "k": "Int64"}),
+                 hide_index=True, key="config_plan_table")
+    pick = result["rows"][0]
+    st.markdown(f"**{config_plan.setting_label(pick)}**"
+                + (f", m = {pick['micro_batch_size']}, k = {pick['grad_accum_steps']}" if pick["fits"] else
+                   " (the smallest; it does not fit)") + ": its peak, term by term (GB)")
+    st.bar_chart(pd.DataFrame([config_plan.stacked_terms(pick)], index=["peak"]), horizontal=True)
+    view = result["accelerate"]
+    st.caption(f"`accelerate estimate-memory` for the same model (weights + gradients + Adam states, batch 1, no "
+               f"activations): {units.format_bytes(view['adam_fp32_bytes'])} in fp32, "
+               f"{units.format_bytes(view['adam_bf16_bytes'])} in mixed bf16.")
+
+
+with st.expander("Plan a model you cannot run here (from its config)"):
+    plan_from_config()
 
 
 @st.cache_data(show_spinner=False, max_entries=64)

@@ -18,6 +18,8 @@
               per-micro-batch sync, and the formula that takes them to 1B-70B models
     grpo      TRL's GRPOTrainer by loss_type, k and steps_per_generation: each step's gradient against its window's
               documented objective's, computed by hand
+    config-plan  the config planner's predicted peak against the measured one, on GPT-2, Llama and Qwen2 at sizes
+              this machine trains
 
 Each suite module has ``run(quick, threads) -> dict``, ``figure(result)`` and ``table(result)``.
 """
@@ -34,7 +36,7 @@ from gradacc.bench import report
 from gradacc.errors import RunFailed
 
 SUITES = ("overhead", "memory", "sweep", "latency", "ga-bug", "levers", "pitfalls", "families", "coupled",
-          "learning-rates", "learning-steps", "audit", "fsdp", "grpo")
+          "learning-rates", "learning-steps", "audit", "fsdp", "grpo", "config-plan")
 DEFAULT_OUT = "bench-out"
 # One intra-op thread by default: on a small shared machine two OpenMP threads wait on each other
 # whenever another process takes a core (we measured 3-30x slower steps under load), which drowns

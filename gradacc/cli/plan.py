@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import shlex
 
-from gradacc.analysis import learning_steps, planner, sharding
-from gradacc.choices import OPTIMIZERS
+from pathlib import Path
+
+from gradacc.analysis import config_plan, learning_steps, planner, sharding
+from gradacc.choices import BUILTIN_MODELS, OPTIMIZERS
 from gradacc.cli.options import EXIT_FAILED, EXIT_OK, value
 from gradacc.config import RunConfig
 from gradacc.errors import GradaccError
@@ -34,11 +36,38 @@ def add_parser(commands) -> None:
     plan.add_argument("--epochs", type=value, default=None,
                       help="the run's epochs (default: the model's recipe); the pick raises them where they give "
                            "fewer optimizer steps than the model needs to learn")
+    plan.add_argument("--from-config", action="store_true",
+                      help="plan from the model's config alone (built on the meta device, activations fitted on "
+                           "scaled-down copies of its family): the default for a config.json, a folder without "
+                           "weights and a hub id")
+    plan.add_argument("--lora-rank", type=value, default=config_plan.DEFAULT_LORA_RANK,
+                      help="from a config: the LoRA rank planned beside the full fine-tune")
+    plan.add_argument("--attention", choices=config_plan.ATTENTIONS, default="sdpa",
+                      help="from a config: the attention implementation the run will use")
     plan.add_argument("--json", action="store_true")
     plan.set_defaults(run=run)
 
 
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth")
+
+
+def from_config(args) -> bool:
+    """Plan from the config alone: asked for, a config.json, a folder with no weights, or a hub id; a built-in
+    model and a folder with weights are measured here (the twelve lever settings)."""
+    model = str(args.model)
+    if args.from_config or model.endswith(".json"):
+        return True
+    if model in BUILTIN_MODELS:
+        return False
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return not any(any(path.glob(pattern)) for pattern in WEIGHT_FILES)
+    return True
+
+
 def run(args) -> int:
+    if from_config(args):
+        return run_from_config(args)
     RunConfig(model=args.model, max_seq_length=args.max_seq_length, train_samples=args.train_samples,
               epochs=args.epochs).check()
     if isinstance(args.memory_budget_mb, str):
@@ -112,3 +141,49 @@ def print_processes(spread: dict) -> None:
               f"{format_bytes(way['static_bytes']):>11}{format_bytes(way['peak_bytes']):>11}"
               f"{format_bytes(way['sent_bytes']):>23}")
     print(spread["verdict"])
+
+
+def run_from_config(args) -> int:
+    """``gradacc plan`` for a model this machine cannot train: every setting from the config alone."""
+    if isinstance(args.memory_budget_mb, str):
+        raise GradaccError(f"--memory-budget-mb must be a number; got {args.memory_budget_mb!r}.")
+    result = config_plan.plan(str(args.model), budget_mb=float(args.memory_budget_mb),
+                              sequence_length=args.max_seq_length, target_effective_batch=args.target_effective_batch,
+                              processes=args.processes, lora_rank=args.lora_rank, attention=args.attention)
+    if result["reason"]:
+        raise GradaccError(result["reason"], "budget_mb")
+    if args.json:
+        print(json.dumps(result, default=str))
+        return EXIT_OK
+    ranks = f" on {result['processes']} GPUs sharded (FSDP), per rank" if result["processes"] > 1 else " on 1 GPU"
+    print(f"{args.model}: {result['config_class']}, {result['parameters']:,} parameters (built on the meta device, no "
+          f"weights) at {result['sequence_length']} tokens, budget {result['budget_mb']:,.0f} MB{ranks}, effective "
+          f"batch {result['target_effective_batch']}")
+    print(f"activations: measured on scaled-down {result['config_class']} copies on this CPU ({result['attention']} "
+          f"attention) and scaled to the config; fitted within {max(row['fit_error'] for row in result['rows']):.1%} "
+          "on the copies")
+    names = ("weights", "gradients", "optimizer_state", "activations", "logits", "step_temporaries",
+             "framework_overhead", "sharding_buffers")
+    heads = ["weights", "grads", "optimizer", "activations", "logits+loss", "opt step", "overhead", "sharding"]
+    print(f"{'tuning':<9}{'precision':<15}{'optimizer':<11}{'ckpt':<6}{'m':>5}{'k':>5}{'peak':>11}"
+          + "".join(f"{head:>12}" for head in heads))
+    for row in result["rows"]:
+        tuning = f"LoRA r{row['lora_rank']}" if row["lora_rank"] else "full"
+        terms = row["terms"]
+        print(f"{tuning:<9}{config_plan.PRECISION_LABELS[row['precision']]:<15}{row['optimizer']:<11}"
+              f"{'on' if row['gradient_checkpointing'] else 'off':<6}{row['micro_batch_size'] or '—':>5}"
+              f"{row['grad_accum_steps'] or '—':>5}{format_bytes(terms['peak']) if row['fits'] else 'no fit':>11}"
+              + "".join(f"{format_bytes(terms[name]):>12}" for name in names))
+    best = result["rows"][0]
+    print(f"pick: {config_plan.setting_label(best)}, m={best['micro_batch_size']}, k={best['grad_accum_steps']} "
+          "(fewest levers that fit, then the largest m)")
+    view = result["accelerate"]
+    full = next(row for row in result["rows"] if not row["lora_rank"] and row["precision"] == "fp32"
+                and row["optimizer"] == "adamw" and not row["gradient_checkpointing"])
+    print(f"accelerate estimate-memory (weights + gradients + Adam states, batch 1, no activations): "
+          f"{format_bytes(view['adam_fp32_bytes'])} in fp32, {format_bytes(view['adam_bf16_bytes'])} in mixed bf16; "
+          f"gradacc, full fp32 AdamW at m=1"
+          + (f" per rank on {result['processes']} GPUs" if result["processes"] > 1 else "")
+          + f": {format_bytes(full['least_bytes'])} (with activations, logits, the optimizer step and the overhead)")
+    print(f"framework overhead: {result['framework_overhead']['source']}")
+    return EXIT_OK

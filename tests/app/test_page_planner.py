@@ -228,3 +228,24 @@ def test_the_pick_counts_the_train_forms_data_and_keeps_its_epochs_where_they_gi
     assert f"1,000 training examples at 256 a step: {per_epoch} optimizer steps an epoch, {per_epoch * 40} in the " \
            f"40 epochs of the run; tiny-bert learns from" in at.success[0].value
     assert metric(at, "Epochs") == "40"
+
+
+def test_a_model_that_cannot_run_here_is_planned_from_its_config_on_a_gpu_preset(app_home, tmp_path):
+    from transformers import LlamaConfig
+
+    LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=176, num_attention_heads=4,
+                num_key_value_heads=2, vocab_size=512, max_position_embeddings=256).save_pretrained(tmp_path / "tiny")
+    at = open_app("planner")
+    at.text_input(key="form.planner.config_source").set_value(str(tmp_path / "tiny"))
+    at.selectbox(key="form.planner.config_gpu").set_value("16 GB")
+    at.number_input(key="form.planner.config_length").set_value(128)
+    at.number_input(key="form.planner.config_target").set_value(16).run()
+    at.button(key="plan_config").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    table = at.dataframe[0].value
+    assert len(table) == 36 and table["m"].iloc[0] == 16 and table["k"].iloc[0] == 1
+    assert {"weights (GB)", "activations (GB)", "logits + loss (GB)", "framework overhead (GB)"} <= set(table.columns)
+    assert any("accelerate estimate-memory" in caption.value for caption in at.caption)
+    at.text_input(key="form.planner.config_source").set_value("no/such/folder/x").run()
+    at.button(key="plan_config").click().run()
+    assert "no such file or folder" in at.error[0].value

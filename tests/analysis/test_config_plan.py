@@ -1,0 +1,112 @@
+"""Planning from a config alone (gradacc.analysis.config_plan, `gradacc plan --model CONFIG`): exact parameters, a
+70B config on the meta device, predictions against measured peaks, bad input in one line."""
+
+import json
+import resource
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
+
+from attack_support import assert_one_error_line, cli
+from gradacc.analysis import config_plan
+from gradacc.training.memory import architecture
+
+TINY_LLAMA = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=176, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=512, max_position_embeddings=256)
+TINY_GPT2 = dict(n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=256, bos_token_id=0, eos_token_id=0)
+# Small enough to train here in a second, larger than the copies the fit is measured on (width 64 to 128).
+SMALL_LLAMA = dict(num_hidden_layers=3, hidden_size=128, intermediate_size=352, num_attention_heads=4,
+                   num_key_value_heads=2, vocab_size=2048, max_position_embeddings=256)
+SMALL_GPT2 = dict(n_layer=3, n_embd=128, n_head=4, vocab_size=2048, n_positions=256, bos_token_id=0, eos_token_id=0)
+LLAMA_70B = dict(hidden_size=8192, num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
+                 intermediate_size=28672, vocab_size=128256, max_position_embeddings=8192)
+
+
+@pytest.mark.parametrize("config", [LlamaConfig(**TINY_LLAMA), GPT2Config(**TINY_GPT2)], ids=["llama", "gpt2-tied"])
+def test_the_meta_device_counts_the_parameters_of_the_real_model_exactly(config):
+    real = AutoModelForCausalLM.from_config(config)
+    meta = architecture.empty_model(config)
+    assert all(p.device.type == "meta" for p in meta.parameters())
+    assert architecture.shape_of(meta, config).parameters == sum(p.numel() for p in real.parameters())
+
+
+def test_a_70b_config_plans_on_the_meta_device_without_allocating_its_weights():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    config = LlamaConfig(**LLAMA_70B)
+    result = config_plan.plan("llama-70b", budget_mb=80_000, sequence_length=2048, target_effective_batch=256,
+                              processes=8, config=config)
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+    assert result["parameters"] == 70_553_706_496  # Llama-3-70B's count
+    assert grown < 2e9, grown  # the weights alone would be 282 GB in fp32
+    fitting = [row for row in result["rows"] if row["fits"]]
+    assert fitting, "on 8 × 80 GB something fits a 70B model"
+    for row in result["rows"]:
+        terms = row["terms"]
+        assert terms["peak"] == pytest.approx(sum(terms[name] for name in config_plan.TERMS)
+                                              + terms["step_temporaries"])
+    # accelerate's view: 16 bytes a parameter in fp32 (weights, gradients, two Adam states), no activations
+    assert result["accelerate"]["adam_fp32_bytes"] == pytest.approx(16 * result["parameters"], rel=1e-6)
+    # and on one 24 GB GPU nothing fits: the line says the smallest footprint and what would fit
+    alone = config_plan.plan("llama-70b", budget_mb=24_576, sequence_length=2048, target_effective_batch=256,
+                             config=config)
+    assert alone["reason"].startswith("no setting fits 24,576 MB: the smallest footprint is ")
+    assert "GPUs sharded (FSDP" in alone["reason"]
+
+
+@pytest.mark.parametrize("config", [LlamaConfig(**SMALL_LLAMA), GPT2Config(**SMALL_GPT2)], ids=["llama", "gpt2"])
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["checkpointing-off", "checkpointing-on"])
+def test_the_predicted_peak_is_within_ten_percent_of_the_measured_one(config, checkpointing):
+    setting = {"lora_rank": None, "precision": "fp32", "optimizer": "adamw", "gradient_checkpointing": checkpointing}
+    for micro_batch_size, sequence_length in ((2, 128), (4, 64)):
+        checked = config_plan.check_prediction(config, setting, micro_batch_size, sequence_length)
+        assert abs(checked["error"]) <= 0.10, checked
+        assert abs(checked["activation_error"]) <= 0.10, checked
+
+
+def test_lora_trains_only_the_adapters_and_plans_their_state_alone():
+    config = LlamaConfig(**TINY_LLAMA)
+    shape = architecture.shape_of(architecture.empty_model(config), config)
+    model = architecture.add_lora(AutoModelForCausalLM.from_config(config), 8)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert trainable == shape.lora_parameters(8) > 0
+    static = config_plan.static_terms(shape, lora_rank=8, precision="fp32", optimizer="adamw")
+    assert static["optimizer_state"] == 2 * 4 * trainable and static["gradients"] == 4 * trainable
+
+
+@pytest.fixture
+def tiny_folder(tmp_path):
+    LlamaConfig(**TINY_LLAMA).save_pretrained(tmp_path / "tiny")
+    return tmp_path / "tiny"
+
+
+def test_plan_from_a_config_folder_shows_every_term_and_accelerates_view(capsys, tiny_folder):
+    code, out, err = cli(capsys, "plan", "--model", str(tiny_folder), "--memory-budget-mb", "2000",
+                         "--max-seq-length", "128", "--target-effective-batch", "16")
+    assert code == 0, err
+    assert "built on the meta device" in out and "pick: full · fp32 · adamw · checkpointing off, m=16, k=1" in out
+    for head in ("weights", "grads", "optimizer", "activations", "logits+loss", "overhead", "sharding"):
+        assert head in out.splitlines()[2]
+    assert "accelerate estimate-memory (weights + gradients + Adam states, batch 1, no activations)" in out
+    assert "framework overhead: assumed" in out
+    code, out, _ = cli(capsys, "plan", "--model", str(tiny_folder / "config.json"), "--memory-budget-mb", "2000",
+                       "--max-seq-length", "128", "--target-effective-batch", "16", "--json")
+    assert code == 0 and json.loads(out)["parameters"] == 2 * 512 * 64 + 2 * (
+        64 * 64 * 2 + 2 * 64 * 32 + 3 * 64 * 176 + 2 * 64) + 64
+
+
+def test_plan_from_a_config_refuses_bad_input_in_one_line(capsys, tmp_path, tiny_folder, monkeypatch):
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps({"model_type": "no-such-model"}))
+    assert_one_error_line(*cli(capsys, "plan", "--model", str(broken), "--memory-budget-mb", "100",
+                               "--target-effective-batch", "8"), 2, "transformers cannot read this config")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert_one_error_line(*cli(capsys, "plan", "--model", "some-org/some-model", "--memory-budget-mb", "100",
+                               "--target-effective-batch", "8"), 2,
+                          "cannot reach the hub for some-org/some-model: give a folder or a config.json")
+    assert_one_error_line(*cli(capsys, "plan", "--model", str(tiny_folder), "--memory-budget-mb", "1",
+                               "--max-seq-length", "128", "--target-effective-batch", "8"), 2,
+                          "no setting fits 1 MB: the smallest footprint is", "a larger budget is the only way")
+    assert_one_error_line(*cli(capsys, "plan", "--model", str(tiny_folder), "--memory-budget-mb", "100",
+                               "--max-seq-length", "4096", "--target-effective-batch", "8"), 2,
+                          "longer than the model's max_position_embeddings (256)")

@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 from gradacc.training.audit import losses
 from gradacc.training.audit.capture import Patches, Recorder, WindowLog, micro_batches
 from gradacc.training.audit.measure import Setup, measure
-from gradacc.training.audit.verdict import Check, Verdict, publish
+from gradacc.training.audit.verdict import Check, Verdict, publish, scheduler_check
 from gradacc.training.audit.vocabulary import CheckName, Integration
 from gradacc.training.compat import accelerate as compat
 from gradacc.training.compat.torch import ddp_syncs_next_backward
@@ -118,15 +118,9 @@ class AccelerateAudit:
         return self._verdict
 
     def _scheduler_check(self) -> Check:
-        steps, expected = self.log.scheduler_steps, self._expected_scheduler_steps()
-        if not steps:
-            return Check(CheckName.SCHEDULER, None, "no learning-rate scheduler stepped in the window")
-        if steps == expected:
-            return Check(CheckName.SCHEDULER, True, f"the scheduler stepped {steps}× per optimizer step, as it should")
-        return Check(CheckName.SCHEDULER, False, f"the scheduler stepped {steps}× per optimizer step (expected {expected}): the "
-                     "schedule runs that much too fast", "step it after optimizer.step() only when "
-                     "accelerator.sync_gradients, or prepare it with accelerator.prepare (it then skips while "
-                     "accumulating)")
+        return scheduler_check(self.log.scheduler_steps, "step it after optimizer.step() only when "
+                               "accelerator.sync_gradients, or prepare it with accelerator.prepare (it then skips "
+                               "while accumulating)", self._expected_scheduler_steps())
 
     def _expected_scheduler_steps(self) -> int:
         """A prepared scheduler steps the torch one once per process per optimizer step unless batches are split

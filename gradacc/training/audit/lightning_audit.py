@@ -33,7 +33,7 @@ from gradacc.training.audit.capture import MicroBatch, Patches, Recorder, Window
 from gradacc.training.audit.causes import ITEMS
 from gradacc.training.audit.measure import Setup, measure
 from gradacc.training.audit.verdict import (CLIPPED, DIVIDED_TWICE, K_TIMES, OTHER_LOSS, SHORT_WINDOW, WEIGHTED,
-                                            ZEROED, Check, Verdict, publish)
+                                            ZEROED, Check, Verdict, publish, scheduler_check)
 from gradacc.training.audit.vocabulary import CheckName, Integration
 from gradacc.training.compat import lightning as compat
 
@@ -228,21 +228,17 @@ class AuditCallback(Callback):
             publish(self.verdict, self.json_path)
 
     def _scheduler_check(self) -> Check:
-        steps = self.log.scheduler_steps
-        if not steps:
-            return Check(CheckName.SCHEDULER, None, "no learning-rate scheduler stepped in the window")
-        if steps == 1:
-            return Check(CheckName.SCHEDULER, True, "the scheduler stepped once per optimizer step")
-        return Check(CheckName.SCHEDULER, False, f"the scheduler stepped {steps}× per optimizer step: the schedule runs "
-                     f"{steps}× too fast", "return it from configure_optimizers ({'scheduler': ..., 'interval': "
-                     "'step'}) and let Lightning step it; do not call scheduler.step() in training_step")
+        return scheduler_check(self.log.scheduler_steps, "return it from configure_optimizers ({'scheduler': ..., "
+                               "'interval': 'step'}) and let Lightning step it; do not call scheduler.step() in "
+                               "training_step")
 
     def _window_check(self, trainer) -> tuple:
         """The first window judged while the epoch ends with a short one: say it was not judged, and how."""
         batches, k = trainer.num_training_batches, trainer.accumulate_grad_batches
         if self.window != "first" or not isinstance(batches, int) or k <= 1 or not batches % k or batches < k:
             return ()
-        return (Check(CheckName.LAST_WINDOW, None, f"the epoch's last window holds {batches % k} of {k} micro-batches and was "
+        return (Check(CheckName.LAST_WINDOW, None,
+                      f"the epoch's last window holds {batches % k} of {k} micro-batches and was "
                       "not judged: AuditCallback(window='last') judges it (Lightning #19987)"),)
 
 

@@ -33,7 +33,7 @@ from gradacc.training import distributed
 from gradacc.training.audit import losses
 from gradacc.training.audit.capture import Patches, Recorder, WindowLog, micro_batches
 from gradacc.training.audit.measure import Setup, measure
-from gradacc.training.audit.verdict import NOT_JUDGED, Check, Verdict, publish
+from gradacc.training.audit.verdict import NOT_JUDGED, Check, Verdict, publish, scheduler_check
 from gradacc.training.audit.vocabulary import CheckName, Integration
 from gradacc.training.compat.torch import ddp_syncs_next_backward
 
@@ -118,11 +118,13 @@ class LoopAudit:
             if distributed.is_main_process():
                 publish(self._verdict, self.json_path)
             return self._verdict
-        checks = [_scheduler_check(self.log.scheduler_steps)]
+        checks = [scheduler_check(self.log.scheduler_steps,
+                                  "call scheduler.step() right after optimizer.step(), once per window")]
         if self.synced:
             count = sum(self.synced)
             ok = count <= 1
-            checks.append(Check(CheckName.SYNC, ok, f"gradients all-reduced in {count} of {len(self.synced)} micro-batches",
+            checks.append(Check(CheckName.SYNC, ok,
+                                f"gradients all-reduced in {count} of {len(self.synced)} micro-batches",
                                 None if ok else "run the window's micro-batches before its last inside "
                                 "`with model.no_sync():` (DDP all-reduces every backward otherwise)"))
         self._verdict = replace(self._verdict, checks=self._verdict.checks + tuple(checks))
@@ -161,15 +163,6 @@ def _processes() -> int:
     import torch.distributed as dist  # here: only a loop on several processes has a process group to ask
 
     return dist.get_world_size() if distributed.is_distributed() else 1
-
-
-def _scheduler_check(steps: int) -> Check:
-    if not steps:
-        return Check(CheckName.SCHEDULER, None, "no learning-rate scheduler stepped in the window")
-    if steps == 1:
-        return Check(CheckName.SCHEDULER, True, "the scheduler stepped once per optimizer step")
-    return Check(CheckName.SCHEDULER, False, f"the scheduler stepped {steps}× per optimizer step: the schedule runs {steps}× "
-                 "too fast", "call scheduler.step() right after optimizer.step(), once per window")
 
 
 def audit_loop(model, optimizer, *, loss_fn=None, json_path=None) -> LoopAudit:

@@ -119,7 +119,8 @@ def measure(setup: Setup, micro_batches: list[MicroBatch], log: WindowLog, backw
         loss_ratio = own_loss_ratio(micro_batches, reference, counted_items, precision, setup.k)
         if loss_ratio is None:
             return Verdict(gradient=NOT_JUDGED, kind=reference.kind, meaning=(
-                f"the loss {setup.custom_loss} returns is not the model's own {kind_words(reference.kind)} loss, nor one constant "
+                f"the loss {setup.custom_loss} returns is not the model's own {kind_words(reference.kind)} loss, "
+                "nor one constant "
                 "multiple of it in every micro-batch: the audit cannot judge another objective against it; give it "
                 "your loss, audit_trainer(trainer, loss_fn=lambda model, batch: (summed loss, items))"), **base)
     evidence = causes.Evidence(who=setup.who, kind=reference.kind, k=setup.k, micro_batches=j,
@@ -187,7 +188,8 @@ def _smoothing_check(kept: bool, rule: losses.LossRule, kind: str) -> Check:
 
 
 def copies_check(processes: int) -> Check:
-    return Check(CheckName.PROCESSES, False, f"{processes} processes launched, each training alone: no gradients are shared",
+    return Check(CheckName.PROCESSES, False,
+                 f"{processes} processes launched, each training alone: no gradients are shared",
                  "on a CPU, launch your script as " + distributed.CPU_LAUNCH.format(processes=processes)
                  + " (accelerate launch --multi_gpu starts separate copies there)")
 

@@ -20,7 +20,7 @@ from gradacc.training import distributed
 from gradacc.training.audit import losses
 from gradacc.training.audit.capture import MicroBatch, Patches, RandomState, Recorder, WindowLog, detached
 from gradacc.training.audit.measure import Setup, measure
-from gradacc.training.audit.verdict import NOT_JUDGED, Check, Verdict, publish
+from gradacc.training.audit.verdict import NOT_JUDGED, Check, Verdict, publish, scheduler_check
 from gradacc.training.audit.vocabulary import CheckName, Integration
 from gradacc.training.compat import transformers as compat_transformers
 from gradacc.training.compat import trl
@@ -162,7 +162,8 @@ class _Window:
         verdict = self.verdict
         if verdict is None:
             return None
-        checks = [_scheduler_check(self.log.scheduler_steps)]
+        checks = [scheduler_check(self.log.scheduler_steps,
+                                  "let Trainer step it (once per optimizer step), not training_step or compute_loss")]
         if verdict.window_loss:
             # Trainer logs the mean over processes of what each added up.
             logged = distributed.sum_over_ranks([self.logged_loss], self.trainer.args.device)[0] \
@@ -177,15 +178,6 @@ def _precision(args) -> str:
     return "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
 
 
-def _scheduler_check(steps: int) -> Check:
-    if not steps:
-        return Check(CheckName.SCHEDULER, None, "no learning-rate scheduler stepped")
-    if steps == 1:
-        return Check(CheckName.SCHEDULER, True, "the scheduler stepped once per optimizer step")
-    return Check(CheckName.SCHEDULER, False, f"the scheduler stepped {steps}× per optimizer step: the schedule runs {steps}× "
-                 "too fast", "let Trainer step it (once per optimizer step), not training_step or compute_loss")
-
-
 def _logged_loss_check(logged: float, verdict: Verdict, override: str | None) -> Check:
     """The loss Trainer logs for the window against the window's mean loss; when it is off by the gradient's own
     scale, one cause explains both."""
@@ -196,7 +188,8 @@ def _logged_loss_check(logged: float, verdict: Verdict, override: str | None) ->
         return Check(CheckName.LOGGED_LOSS, True, detail)
     if verdict.fit is not None and abs(ratio - verdict.fit.scale) <= tolerance * max(1.0, ratio):
         return Check(CheckName.LOGGED_LOSS, False, detail + ", by the gradient's own cause")
-    return Check(CheckName.LOGGED_LOSS, False, detail, f"return from {override or 'training_step'} the loss on the scale it "
+    return Check(CheckName.LOGGED_LOSS, False, detail, f"return from {override or 'training_step'} the loss on the "
+                 "scale it "
                  "is back-propagated (Trainer logs the sum of what training_step returns over the window)")
 
 

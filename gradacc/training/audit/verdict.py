@@ -139,6 +139,19 @@ def publish(verdict: Verdict, json_path=None) -> None:
             json.dump(verdict.as_dict(), file, default=str)
 
 
+def scheduler_check(steps: int, fix: str, expected: int = 1) -> Check:
+    """The learning-rate scheduler's steps in the window against the ``expected`` per optimizer step (1; one per
+    process for a scheduler Accelerate prepared); ``fix``: in the integration's own terms."""
+    if not steps:
+        return Check(CheckName.SCHEDULER, None, "no learning-rate scheduler stepped in the window")
+    if steps == expected:
+        return Check(CheckName.SCHEDULER, True, "the scheduler stepped once per optimizer step" if steps == 1 else
+                     f"the scheduler stepped {steps}× per optimizer step, as it should")
+    said = f" (expected {expected})" if expected != 1 else ""
+    return Check(CheckName.SCHEDULER, False, f"the scheduler stepped {steps}× per optimizer step{said}: the schedule "
+                 f"runs {steps / expected:g}× too fast", fix)
+
+
 def clip_check(clips: tuple, micro_batches: int, who: Integration) -> Check:
     """Clipping, as what it did: the norm before and after each call, and after which micro-batch it ran."""
     if not clips:
@@ -150,7 +163,8 @@ def clip_check(clips: tuple, micro_batches: int, who: Integration) -> Check:
         return Check(CheckName.CLIPPING, True, f"clipped once, after the window ({said})")
     fix = {Integration.TRAINER: "let Trainer clip once per window (TrainingArguments(max_grad_norm=...)), not "
                                 "training_step",
-           Integration.LOOP: "clip once per window: after the window's last backward, right before optimizer.step()"}.get(
+           Integration.LOOP: "clip once per window: after the window's last backward, right before "
+                             "optimizer.step()"}.get(
         who, "clip only when accelerator.sync_gradients, right before optimizer.step()")
     return Check(CheckName.CLIPPING, False, f"clipping ran inside the window ({said})", fix)
 

@@ -28,7 +28,7 @@ def test_a_stock_trainer_on_tiny_bert_is_k_times_too_large_with_its_fix_and_the_
     said = " ".join(alerts(at))
     assert "Equivalence page" not in said  # a classifier's k× has nothing to do with the first label
     assert "The gradient is k× too large:" in said and "#47688" in said, said
-    assert "compute_loss_func=gradacc.audit.token_mean_loss" in page_text(at)
+    assert "compute_loss_func=gradacc.audit.classifier_mean_loss" in page_text(at)
     table = at.dataframe[0].value
     assert list(table["what"])[:2] == ["model", "the model's loss"] and table["value"][1] == "classifier"
 

@@ -22,7 +22,7 @@ def test_the_audit_page_gives_tiny_berts_verdict_and_its_fix_at_1280x720(page, a
     verdict = st_ui.alert(main, re.compile(r"The gradient is k× too large:"))
     expect(verdict).to_be_visible(timeout=AUDIT_TIMEOUT_MS)
     expect(verdict).to_contain_text("#47688")
-    expect(main.get_by_text(re.compile(r"compute_loss_func=gradacc\.audit\.token_mean_loss"))).to_be_visible()
+    expect(main.get_by_text(re.compile(r"compute_loss_func=gradacc\.audit\.classifier_mean_loss"))).to_be_visible()
     expect(main.locator("[data-testid=stCode]").filter(has_text="audit_trainer(trainer)")).to_be_visible()
     box = verdict.bounding_box()
     assert box and box["x"] >= 0 and box["x"] + box["width"] <= PROJECTOR["width"], box  # whole, not cut

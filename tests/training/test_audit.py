@@ -42,7 +42,7 @@ def test_bert_classifier_is_k_times_too_large_and_token_mean_loss_makes_it_exact
     verdict, truth = run_trainer(classifier(), "classification", cls_data(), padding_collator())
     agrees_with_truth(verdict, truth)
     assert verdict.gradient == V.K_TIMES and verdict.fit.scale == pytest.approx(K, rel=1e-5)
-    assert "#47688" in verdict.meaning and "gradacc.audit.token_mean_loss" in verdict.fix
+    assert "#47688" in verdict.meaning and "gradacc.audit.classifier_mean_loss" in verdict.fix
     assert verdict.check("logged_loss").ok is False and "the gradient's own cause" in verdict.check("logged_loss").detail
     fixed, truth = run_trainer(classifier(), "classification", cls_data(), padding_collator(), loss_func=token_mean_loss)
     agrees_with_truth(fixed, truth)

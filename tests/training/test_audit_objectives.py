@@ -141,7 +141,7 @@ def test_label_smoothing_is_computed_by_hand_and_a_compute_loss_func_that_drops_
     objective = dropped.check("objective")
     assert objective.ok is False and objective.detail.startswith("Trainer drops label smoothing when "
                                                                  "compute_loss_func is set")
-    assert objective.fix == ("pass compute_loss_func=functools.partial(gradacc.audit.token_mean_loss, "
+    assert objective.fix == ("pass compute_loss_func=functools.partial(gradacc.audit.classifier_mean_loss, "
                              "label_smoothing=0.1)")
     kept, kept_truth = run(functools.partial(token_mean_loss, label_smoothing=epsilon))
     assert kept.ok and kept.check("objective").ok, kept.line

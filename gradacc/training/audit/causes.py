@@ -12,7 +12,7 @@ from gradacc.training.audit.verdict import (CLIPPED, DIVIDED_TWICE, EXACT, K_TIM
 from gradacc.training.audit.vocabulary import Integration, kind_words
 
 # The compute_loss_func gradacc ships for each kind of head (gradacc.audit.<name>).
-LOSS_FUNCS = {losses.CLASSIFICATION: "token_mean_loss", losses.TOKEN: "token_mean_loss",
+LOSS_FUNCS = {losses.CLASSIFICATION: "classifier_mean_loss", losses.TOKEN: "token_mean_loss",
               losses.REGRESSION: "regression_mean_loss", losses.MULTI_LABEL: "multi_label_mean_loss",
               losses.CAUSAL: "causal_lm_mean_loss"}
 # The kinds whose items are examples: a fixed micro-batch holds as many each time.

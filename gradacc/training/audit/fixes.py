@@ -33,6 +33,12 @@ def token_mean_loss(outputs, labels, num_items_in_batch=None, label_smoothing=0.
     return _divided(total, (flat != IGNORE_INDEX).sum(), num_items_in_batch)
 
 
+def classifier_mean_loss(outputs, labels, num_items_in_batch=None, label_smoothing=0.0):
+    """A sequence classifier's cross-entropy, one item per example: ``token_mean_loss`` under the name that fits the
+    head (its items are examples, not tokens)."""
+    return token_mean_loss(outputs, labels, num_items_in_batch, label_smoothing)
+
+
 def regression_mean_loss(outputs, labels, num_items_in_batch=None):
     """A regression head's squared error (``num_labels=1`` or ``problem_type="regression"``)."""
     logits = _logits(outputs)

@@ -182,7 +182,7 @@ def _smoothing_check(kept: bool, rule: losses.LossRule, kind: str) -> Check:
     return Check(CheckName.OBJECTIVE, False, f"Trainer drops label smoothing when compute_loss_func is set: "
                  f"label_smoothing_factor={epsilon:g} is not in the loss it trains on",
                  f"pass compute_loss_func=functools.partial(gradacc.audit.{func}, label_smoothing={epsilon:g})"
-                 if func in ("token_mean_loss", "causal_lm_mean_loss") else
+                 if func in ("classifier_mean_loss", "token_mean_loss", "causal_lm_mean_loss") else
                  "apply the smoothing inside your compute_loss_func "
                  f"(F.cross_entropy(..., label_smoothing={epsilon:g}))")
 

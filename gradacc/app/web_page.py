@@ -31,16 +31,17 @@ def demo_page(scenario: demos.Scenario, runs: list[tuple[str, list[dict]]], chec
               plotly_src: str | None = None, crumbs: str = "") -> str:
     """A finished demo's page: its title, explanation, runs and expectation, its runs replayed as the Demos page
     showed them, its headline; ``checks``: its gradient checks' reports, if it has them."""
+    # Described from the demo's settings, which its runs were made with (demo_runs): a run that failed before it
+    # started logged no settings of its own.
     caption = "Runs, in this order: " + " · ".join(
-        f"**{run.label}** ({_described(events)})" for run, (_, events) in zip(scenario.runs, runs)) + \
+        f"**{label}** ({_described(config.to_dict())})" for label, config in scenario.configs()) + \
         f". Expect: {scenario.expect}"
     return replay.page_html(scenario.title, runs, scenario.explanation, caption,
                             pairs=[scenario.compares, *scenario.controls], story=scenario.chart, checks=checks,
                             plotly_src=plotly_src, crumbs=crumbs)
 
 
-def _described(events: list[dict]) -> str:
-    config = next((e.get("config") or {} for e in events if e.get("event") == ev.RUN_STARTED), {})
+def _described(config: dict) -> str:
     epochs = config.get("epochs")
     return (f"{config.get('backend')}, m={config.get('micro_batch_size')}, k={config.get('grad_accum_steps')}, "
             f"{config.get('train_samples')} examples × {epochs} epoch{'s' if epochs != 1 else ''}")

@@ -148,7 +148,9 @@ def every_chart():
         "loss": charts.loss_figure(runs), "loss, thinned": charts.loss_figure(long_run, x="samples_seen"),
         "loss, empty": charts.loss_figure([]), "eval": charts.eval_figure(runs),
         "eval, language model": charts.eval_figure([("lm", language_model_events()), ("a", run_events())]),
-        "eval, empty": charts.eval_figure([]), "memory": charts.memory_figure(runs),
+        "eval, empty": charts.eval_figure([]),
+        "eval, one epoch": charts.eval_figure([("lm", language_model_events(epochs=1)), ("a", run_events(epochs=1))]),
+        "memory": charts.memory_figure(runs),
         "memory, thinned": charts.memory_figure(long_run), "memory, empty": charts.memory_figure([]),
         "breakdown": charts.memory_breakdown_figure(runs), "breakdown, empty": charts.memory_breakdown_figure([]),
         "plan": charts.memory_plan_figure({1: 1e8, 2: 2e8}, {2: 2.1e8}, budget_bytes=3e8, held_out={4: 4e8}),
@@ -252,3 +254,17 @@ def test_the_sharding_figure_puts_each_ranks_gradients_held_and_sent_side_by_sid
     assert list(figure.data[0].x) == ["rank 0", "rank 1"]  # the latest step's figures, one bar per rank
     empty = sharding_figure([("ddp", [{"event": "step", "step": 1}])])
     assert not empty.data and empty.layout.annotations[0].text == "No sharded steps yet"
+
+
+def test_one_epoch_runs_draw_their_evaluation_as_labelled_bars_and_longer_runs_as_lines():
+    one_epoch = charts.eval_figure([("a", run_events(epochs=1)), ("b", run_events(epochs=1))])
+    assert [(t.type, t.name, list(t.x)) for t in one_epoch.data] == [("bar", "a", ["F1", "accuracy"]),
+                                                                    ("bar", "b", ["F1", "accuracy"])]
+    assert list(one_epoch.data[0].y) == pytest.approx([0.6, 0.7]) and one_epoch.data[0].texttemplate
+    assert one_epoch.layout.barmode == "group" and one_epoch.layout.xaxis.type == "category"
+    # A run planned for two epochs keeps its line after its first evaluation: it grows into a curve.
+    started, *rest = run_events(epochs=1)
+    planned = [{**started, "config": {"epochs": 2}}, *rest]
+    assert charts.eval_figure([("a", planned)]).data[0].type == "scatter"
+    lm = charts.eval_figure([("lm", language_model_events(epochs=1))])
+    assert [(t.x, t.yaxis) for t in lm.data] == [(("next-token accuracy",), "y"), (("perplexity",), "y2")]

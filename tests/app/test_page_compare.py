@@ -1,5 +1,6 @@
 """The Compare page: any session's runs overlaid, a table of configs and results, CSV and JSON downloads."""
 
+import pytest
 from app_support import APP, SCRIPT_TIMEOUT_S, chart, charts, open_app
 from streamlit.testing.v1 import AppTest
 from support import real_run_events
@@ -61,7 +62,10 @@ def test_runs_are_overlaid_tabled_and_exported(app_home):
     assert [trace["name"] for trace in loss["data"]] == ["m=4, k=8, accelerate", "m=8, k=4, pytorch"]
     assert len({trace["line"]["dash"] for trace in loss["data"]}) == 2  # overlapping curves stay visible
     assert loss["data"][0]["line"]["width"] > loss["data"][1]["line"]["width"]
-    assert len(chart(at, "Evaluation after each epoch")["data"]) == 4  # F1 and accuracy per run
+    evaluation = chart(at, "Evaluation after each epoch")  # one epoch each: a bar per run for F1 and accuracy
+    assert [(trace["name"], trace["x"]) for trace in evaluation["data"]] == [
+        ("m=4, k=8, accelerate", ["F1", "accuracy"]), ("m=8, k=4, pytorch", ["F1", "accuracy"])]
+    assert evaluation["data"][1]["y"][0] == pytest.approx(0.75)  # the F1 the headline states
     bars = memory_bars(at)
     assert bars["layout"]["title"]["text"].replace(" <br>", " ") == "Memory per step: activations 2.0× larger"
     assert [trace["name"] for trace in bars["data"]][-1] == "peak activations of a micro-batch"

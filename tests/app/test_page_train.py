@@ -357,7 +357,9 @@ def test_the_task_follows_the_model_and_an_lm_run_shows_perplexity(app_home):
               "the language-model run to complete")
     assert metric(at, "Eval perplexity") != "—" and metric(at, "Next-token accuracy") != "—"
     evaluation = chart(at, "Evaluation after each epoch")
-    assert [t["name"] for t in evaluation["data"]] == ["this run · next-token accuracy", "this run · perplexity"]
+    # One epoch: bars, next-token accuracy on the 0–1 axis and perplexity on the log axis at the right.
+    assert [(t["type"], t["x"], t["yaxis"]) for t in evaluation["data"]] == [
+        ("bar", ["next-token accuracy"], "y"), ("bar", ["perplexity"], "y2")]
     assert evaluation["layout"]["yaxis2"]["type"] == "log"
     assert points(chart(at, "Training loss")) == 4
 

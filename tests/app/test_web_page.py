@@ -107,3 +107,19 @@ def test_bad_input_is_one_line_naming_the_argument(store, tmp_path, capsys):
     notes.write_text("hello\n")
     assert_one_error_line(*cli(capsys, "export-html", str(notes), "--out", out), 2, "'notes.jsonl' line 1 is not JSON")
     assert not (tmp_path / "x.html").exists()
+
+
+def test_a_run_that_failed_before_it_started_is_described_by_the_demos_settings_and_icons_need_no_emoji_font():
+    # memory-wall's first run fails on purpose, before run_started: it logged no settings of its own.
+    scenario = demos.get("memory-wall")
+    runs = [(run.label, [] if index == 0 else recorded_run(m=8, k=4)) for index, run in enumerate(scenario.runs)]
+    page = web_page.demo_page(scenario, runs)
+    (label, config), *_ = scenario.configs()
+    caption = re.search(r"Runs, in this order: (.*?)\. Expect", page).group(1)
+    assert "None" not in caption
+    assert f"m={config.micro_batch_size}, k={config.grad_accum_steps}" in caption
+    # The status icons are drawn (inline SVG), not emoji a machine without an emoji font shows as boxes.
+    from gradacc.app.replay import parts
+    for icon in parts.ICONS.values():
+        assert icon.startswith("<svg") and icon.isascii()
+    assert parts.alert("error", "x").isascii()

@@ -23,7 +23,7 @@ def test_train_tiny_gpt_and_see_perplexity(page, artifacts):
     train_page.wait_until_ended(page, "Completed")
     expect(st_ui.metric_value(page, "Next-token accuracy")).to_have_text(re.compile(r"^0\.\d{3}$"))
     evaluation = st_ui.plot(page, "Evaluation after each epoch")
-    expect(st_ui.traces(evaluation)).to_have_count(2)  # next-token accuracy and perplexity
+    expect(st_ui.traces(evaluation)).to_have_count(2)  # bars: next-token accuracy, and perplexity on its own axis
     expect(evaluation).to_contain_text("Perplexity")
     st_ui.expect_no_exception(page)
     st_ui.screenshot(page, artifacts / "train-language-model.png")

@@ -37,9 +37,12 @@ def loss_figure(runs, x: str = "step", title: str = "Training loss", title_chars
 
 def eval_figure(runs, title: str = "Evaluation after each epoch") -> go.Figure:
     """Eval F1 (solid) and accuracy (dotted) after each epoch, per run; a causal LM's run draws its
-    next-token accuracy (dash) on the same 0–1 axis and its perplexity (dash-dot) on a log axis at the right."""
+    next-token accuracy (dash) on the same 0–1 axis and its perplexity (dash-dot) on a log axis at the right.
+    Runs of one epoch each have one evaluation: bars with their values written on them, not lone dots."""
     all_runs = as_runs(runs)
     language_models = any(r.get("eval_perplexity") is not None for _, rows in all_runs for r in of_kind(rows, ev.EVAL))
+    if _one_epoch(all_runs):
+        return _eval_bars(all_runs, title, language_models)
     traces = []
     for index, (label, rows) in enumerate(all_runs):
         evals = of_kind(rows, ev.EVAL)
@@ -54,6 +57,44 @@ def eval_figure(runs, title: str = "Evaluation after each epoch") -> go.Figure:
     if not traces:
         return empty_figure(title, "Epoch", "Score (0–1)", "No evaluation yet: it runs at the end of each epoch")
     return assemble(_eval_layout(title, language_models), traces)
+
+
+def _one_epoch(runs: list[tuple[str, list[dict]]]) -> bool:
+    """Every run evaluated once, and planned for one epoch where its start says so (a longer run's first
+    evaluation stays a line that grows)."""
+    evaluated = False
+    for _, rows in runs:
+        evals = of_kind(rows, ev.EVAL)
+        started = next((r for r in rows if r.get("event") == ev.RUN_STARTED), None)
+        planned = ((started or {}).get("config") or {}).get("epochs")
+        if len(evals) > 1 or (planned is not None and planned != 1):
+            return False
+        evaluated = evaluated or bool(evals)
+    return evaluated
+
+
+def _eval_bars(runs: list[tuple[str, list[dict]]], title: str, language_models: bool) -> go.Figure:
+    """One bar group per metric, a bar per run in its colour, each value written on its bar."""
+    traces = []
+    for index, (label, rows) in enumerate(runs):
+        evaluation = next(iter(of_kind(rows, ev.EVAL)), {})
+        for axis in ("y", "y2"):
+            shown = [(name, evaluation.get(metric)) for metric, name, _ in EVAL_SCORES
+                     if evaluation.get(metric) is not None and (metric == "eval_perplexity") == (axis == "y2")]
+            if shown:
+                traces.append(dict(type="bar", x=[name for name, _ in shown], y=[value for _, value in shown],
+                                   name=label, yaxis=axis, offsetgroup=str(index), legendgroup=str(index),
+                                   showlegend=axis == "y" or not language_models, marker=dict(color=run_color(index)),
+                                   texttemplate="%{y:.3~g}", textposition="outside", cliponaxis=False))
+    return assemble(_bar_layout(title, language_models), traces)
+
+
+@functools.lru_cache(maxsize=8)
+def _bar_layout(title: str, language_models: bool) -> dict:
+    layout = dict(_eval_layout(title, language_models))
+    axis = {key: value for key, value in layout.get("xaxis", {}).items() if key != "dtick"}
+    layout["xaxis"] = {**axis, "title": {"text": "After the one epoch"}, "type": "category"}
+    return {**layout, "barmode": "group", "hovermode": "closest", "showlegend": True}
 
 
 @functools.lru_cache(maxsize=16)

@@ -9,8 +9,19 @@ import re
 
 from gradacc.app.equivalence_view import coupled_columns, coupled_summary
 
-# The app's alert kinds (st.success, st.info, ...) and their icons.
-ICONS = {"success": "✅", "info": "ℹ️", "warning": "⚠️", "error": "🚨"}
+
+def _icon(color: str, shape: str) -> str:
+    """A 1.1em icon drawn inline: a page opened on a machine with no emoji font shows it as drawn, not as a box."""
+    return (f'<svg viewBox="0 0 20 20" width="1.1em" height="1.1em" aria-hidden="true">'
+            f'<circle cx="10" cy="10" r="9.5" fill="{color}"/>{shape}</svg>')
+
+
+_STROKE = 'fill="none" stroke="white" stroke-width="2.4" stroke-linecap="round"'
+# The app's alert kinds (st.success, st.info, ...) and their icons, in Streamlit's alert colours.
+ICONS = {"success": _icon("#21c354", f'<path d="M5.5 10.5l3 3 6-6.5" {_STROKE}/>'),
+         "info": _icon("#1c83e1", f'<path d="M10 9v5.5" {_STROKE}/><circle cx="10" cy="5.8" r="1.4" fill="white"/>'),
+         "warning": _icon("#e8a317", f'<path d="M10 5v6" {_STROKE}/><circle cx="10" cy="14.6" r="1.4" fill="white"/>'),
+         "error": _icon("#ff2b2b", f'<path d="M6.5 6.5l7 7M13.5 6.5l-7 7" {_STROKE}/>')}
 
 
 def markdown(text: str) -> str:
@@ -50,7 +61,7 @@ def headline(figures: dict | None, kind: str | None, against: str) -> str:
     """The result box: the headline as a heading, the line naming which run is described against which."""
     if figures is None:
         return ""
-    return alert(kind or "success", f"<h3>{html.escape(figures['headline'])}</h3><p>{inline(against)}</p>", "📣")
+    return alert(kind or "success", f"<h3>{html.escape(figures['headline'])}</h3><p>{inline(against)}</p>")
 
 
 def warnings(lines: list[str]) -> str:

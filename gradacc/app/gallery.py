@@ -4,14 +4,20 @@ Face Space (DIR/README.md carries the Space's front matter, ``sdk: static``).
 
 A demo with no finished run in this machine's store is recorded first, as the Demos page runs it: its runs queued
 one after the other on a run manager over the same store, so the app's Demos page and ``export-html`` find them
-too. A demo with gradient checks (``Scenario.checks``) has them computed for its page.
+too. A demo with gradient checks (``Scenario.checks``) has them computed for its page. That work runs a demo per
+process, as many at once as the machine has cores: a process trains on one core (torch's intra-op threads do little
+for these small models), and processes share no GIL and no random generator; the store is SQLite in WAL mode, which
+they write side by side.
 """
 
 from __future__ import annotations
 
 import html
+import os
 import shutil
 import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Callable
 
@@ -44,24 +50,23 @@ Recorded runs of gradacc's demos, replayed in the browser as the app showed them
 """
 
 
-def write_site(folder: Path, store, say: Callable[[str], None] = print, names: list[str] | None = None) -> dict:
+def write_site(folder: Path, store, say: Callable[[str], None] = print, names: list[str] | None = None,
+               workers: int | None = None) -> dict:
     """Write the gallery into ``folder`` (created if missing), recording the demos ``store`` has no finished run
-    of; ``names``: these demos only (default every one). Returns {"pages": [file names], "recorded": [demo names],
-    "bytes": total size}."""
+    of; ``names``: these demos only (default every one); ``workers``: demos prepared at once (default: the
+    machine's cores). Returns {"pages": [file names], "recorded": [demo names], "bytes": total size}."""
     scenarios = [demos.SCENARIOS[name] for name in (names or demos.SCENARIOS)]
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(_plotly_path(), folder / replay.PLOTLY_FILE)
-    recorded, cards = [], {}
-    for number, scenario in enumerate(scenarios, 1):
-        where = f"[{number}/{len(scenarios)}] {scenario.name}"
-        try:
-            runs = web_page.demo_runs(scenario, store.list_runs(), store.events)
-        except GradaccError:
-            say(f"{where}: no finished run here; recording it ({len(scenario.runs)} runs, as the Demos page runs them)")
-            record(scenario, store, lambda line: say(f"{where} · {line}"))
-            runs = web_page.demo_runs(scenario, store.list_runs(), store.events)
-            recorded.append(scenario.name)
-        checks = gradient_checks(scenario, lambda line: say(f"{where} · {line}"))
+    places = {scenario.name: f"[{number}/{len(scenarios)}] {scenario.name}"
+              for number, scenario in enumerate(scenarios, 1)}
+    prepared = prepare(scenarios, store, places, say, workers or os.cpu_count() or 1)
+    recorded = [scenario.name for scenario in scenarios if prepared[scenario.name][0]]
+    cards = {}
+    for scenario in scenarios:
+        where = places[scenario.name]
+        runs = web_page.demo_runs(scenario, store.list_runs(), store.events)
+        checks = prepared[scenario.name][1]
         page = web_page.demo_page(scenario, runs, checks, plotly_src=replay.PLOTLY_FILE,
                                   crumbs=f'<a href="{INDEX}">← every demo</a>')
         (folder / f"{scenario.name}.html").write_text(page, encoding="utf-8")
@@ -80,6 +85,63 @@ def write_site(folder: Path, store, say: Callable[[str], None] = print, names: l
     pages = [INDEX, *(f"{scenario.name}.html" for scenario in scenarios)]
     total = sum(path.stat().st_size for path in folder.iterdir() if path.is_file())
     return {"pages": pages, "recorded": recorded, "bytes": total}
+
+
+def prepare(scenarios: list[demos.Scenario], store, places: dict[str, str], say: Callable[[str], None],
+            workers: int) -> dict[str, tuple[bool, list[dict] | None]]:
+    """{demo name: (recorded here, its gradient checks)}: each demo with no finished run in ``store`` recorded, each
+    demo's checks computed; a demo per process when there are several to do and several ``workers``."""
+    done = {scenario.name: (False, None) for scenario in scenarios if _ready(scenario, store)}
+    work = [scenario for scenario in scenarios if scenario.name not in done]
+    if len(work) < 2 or workers < 2:
+        for scenario in work:
+            done[scenario.name] = _prepare(scenario, store, _prefixed(say, places[scenario.name]))
+        return done
+    say(f"Preparing {len(work)} demos, {min(workers, len(work))} at a time (a process each).")
+    # spawn, not fork: the warm-up and the store's lock are threads a forked child would inherit mid-step.
+    with ProcessPoolExecutor(min(workers, len(work)), mp_context=get_context("spawn")) as pool:
+        futures = {scenario.name: pool.submit(_prepare_apart, scenario.name, str(store.path), places[scenario.name])
+                   for scenario in work}
+        for name, future in futures.items():
+            done[name] = future.result()
+    return done
+
+
+def _ready(scenario: demos.Scenario, store) -> bool:
+    """Nothing to do for this demo: a finished run here, and no gradient checks to compute."""
+    if scenario.checks:
+        return False
+    try:
+        web_page.demo_runs(scenario, store.list_runs(), store.events)
+    except GradaccError:
+        return False
+    return True
+
+
+def _prepare(scenario: demos.Scenario, store, say: Callable[[str], None]) -> tuple[bool, list[dict] | None]:
+    recorded = False
+    try:
+        web_page.demo_runs(scenario, store.list_runs(), store.events)
+    except GradaccError:
+        say(f"no finished run here; recording it ({len(scenario.runs)} runs, as the Demos page runs them)")
+        record(scenario, store, say)
+        recorded = True
+    return recorded, gradient_checks(scenario, say)
+
+
+def _prepare_apart(name: str, store_path: str, where: str) -> tuple[bool, list[dict] | None]:
+    """``_prepare`` in a process of its own, saying its progress on the terminal it shares."""
+    from gradacc.serving.store import RunStore
+
+    store = RunStore(store_path)
+    try:
+        return _prepare(demos.SCENARIOS[name], store, _prefixed(lambda line: print(line, flush=True), where))
+    finally:
+        store.close()
+
+
+def _prefixed(say: Callable[[str], None], where: str) -> Callable[[str], None]:
+    return lambda line: say(f"{where} · {line}")
 
 
 def record(scenario: demos.Scenario, store, say: Callable[[str], None]) -> list[str]:

@@ -123,3 +123,20 @@ def test_a_run_that_failed_before_it_started_is_described_by_the_demos_settings_
     for icon in parts.ICONS.values():
         assert icon.startswith("<svg") and icon.isascii()
     assert parts.alert("error", "x").isascii()
+
+
+def test_a_demo_prepared_in_a_process_of_its_own_reads_the_store_by_its_path(store, capsys):
+    # export-site prepares a demo per process (gallery.prepare): the child opens the store from its path.
+    from gradacc.app import gallery
+
+    scenario = demos.get("same-curve")
+    for index, (label, config) in enumerate(scenario.configs()):
+        store.create_run(f"run{index}", "someone", config.to_dict(), label=scenario.run_label(label))
+        for event in recorded_run(m=8 * (index + 1), k=1, dropout=0.0):
+            store.append_event(f"run{index}", event)
+        store.set_status(f"run{index}", "completed")
+    assert gallery._prepare_apart("same-curve", str(store.path), "[1/1] same-curve") == (False, None)
+    said = []
+    assert gallery.prepare([scenario], store, {"same-curve": "[1/1]"}, said.append, workers=2) == {
+        "same-curve": (False, None)}  # recorded already, no checks: nothing to hand a process
+    assert said == []

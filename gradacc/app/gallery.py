@@ -31,6 +31,7 @@ from gradacc.errors import GradaccError
 from gradacc.serving import warmup
 from gradacc.serving.checks import coupled_check_configs
 from gradacc.serving.manager import RunManager
+from gradacc.serving.store import RunStore
 
 OWNER = "export-site"  # the owner of the runs it records
 INDEX = "index.html"
@@ -131,8 +132,6 @@ def _prepare(scenario: demos.Scenario, store, say: Callable[[str], None]) -> tup
 
 def _prepare_apart(name: str, store_path: str, where: str) -> tuple[bool, list[dict] | None]:
     """``_prepare`` in a process of its own, saying its progress on the terminal it shares."""
-    from gradacc.serving.store import RunStore
-
     store = RunStore(store_path)
     try:
         return _prepare(demos.SCENARIOS[name], store, _prefixed(lambda line: print(line, flush=True), where))

@@ -16,22 +16,19 @@ bit-identical to one without the audit.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import replace
 
 from torch.nn.parallel import DistributedDataParallel
 
 from gradacc.training.audit import losses
-from gradacc.training.audit.capture import Patches, Recorder, WindowLog, micro_batches
+from gradacc.training.audit.capture import micro_batches
 from gradacc.training.audit.measure import Setup, measure
-from gradacc.training.audit.verdict import Check, Verdict, publish, scheduler_check
-from gradacc.training.audit.vocabulary import CheckName, Integration
+from gradacc.training.audit.verdict import Check, Verdict, scheduler_check
+from gradacc.training.audit.vocabulary import Integration
+from gradacc.training.audit.watch import WATCHING, WindowWatch
 from gradacc.training.compat import accelerate as compat
-from gradacc.training.compat.torch import ddp_syncs_next_backward
-
-WATCHING, JUDGED, DONE = "watching", "judged", "done"
 
 
-class AccelerateAudit:
+class AccelerateAudit(WindowWatch):
     """Watches the first window of the loop that trains ``model`` with ``optimizer`` (both as
     ``accelerator.prepare`` returned them). ``verdict`` after the window's optimizer step.
 
@@ -39,34 +36,15 @@ class AccelerateAudit:
     from its logits and labels. ``json_path``: the verdict also goes there as JSON.
     """
 
+    sync_fix = "run the forward and backward inside accelerator.accumulate(model)"
+
     def __init__(self, accelerator, model, optimizer, loss_fn=None, json_path=None):
         self.accelerator = accelerator
-        self.module = accelerator.unwrap_model(model)
-        self.loss_fn = loss_fn
-        self.json_path = json_path
-        self.state = WATCHING
-        self.backwards = 0
-        # Per micro-batch: did its backward all-reduce? DDP's own flag, read at the forward (accumulate's no_sync
-        # clears it): nothing is installed on the model, so nothing is left behind.
-        self.synced: list[bool] = []
-        self._verdict: Verdict | None = None
-        self.recorder = Recorder(self.module, on_forward=self._on_forward)
-        self.recorder.recording = True
-        self.log = WindowLog(self._micro_batch_count, optimizer, self.module)
-        self.log.attach()
-        self.patches = Patches()
-        self.patches.method(accelerator, "backward", self._backward)
-        self.patches.method(optimizer, "step", self._step)
         self._wrapped = model
-
-    def _micro_batch_count(self) -> int:
-        return sum(1 for f in self.recorder.forwards if f.grad)
-
-    def _on_forward(self, grad: bool) -> None:
-        if grad and self.state == JUDGED:  # the next window's first forward: the judged window is over
-            self.finish()
-        elif grad and self.state == WATCHING and isinstance(self._wrapped, DistributedDataParallel):
-            self.synced.append(ddp_syncs_next_backward(self._wrapped))
+        super().__init__(accelerator.unwrap_model(model), optimizer, loss_fn, json_path,
+                         ddp=model if isinstance(model, DistributedDataParallel) else None)
+        self.backwards = 0
+        self.patches.method(accelerator, "backward", self._backward)
 
     def _backward(self, original, loss, **kwargs):
         result = original(loss, **kwargs)
@@ -74,14 +52,10 @@ class AccelerateAudit:
             self.backwards += 1
         return result
 
-    def _step(self, original, *args, **kwargs):
-        if self.state == WATCHING and self.accelerator.sync_gradients and self._micro_batch_count():
-            self._judge()
-        return original(*args, **kwargs)
+    def _closes_window(self) -> bool:
+        return self.accelerator.sync_gradients
 
-    def _judge(self) -> None:
-        self.recorder.recording = False
-        self.state = JUDGED
+    def _judge(self) -> Verdict:
         accelerator = self.accelerator
         if accelerator.scaler is not None:  # fp16: unscaled now, as the step would (it then skips its own)
             with contextlib.suppress(RuntimeError):  # already unscaled by the loop's clipping
@@ -93,29 +67,8 @@ class AccelerateAudit:
                       k=accelerator.gradient_accumulation_steps, num_processes=accelerator.num_processes,
                       precision=precision, rule=rule, custom_loss="loss_fn" if self.loss_fn else None,
                       no_sync=no_sync or contextlib.nullcontext, model_name=losses.model_name(self.module))
-        self._verdict = measure(setup, micro_batches(self.recorder.forwards), self.log, backwards=self.backwards,
-                                counted_items=_counted(self.recorder.forwards))
-
-    def finish(self) -> Verdict | None:
-        """Stop watching; the verdict with its scheduler and sync checks (None when no window was judged)."""
-        if self.state == DONE:
-            return self._verdict
-        state, self.state = self.state, DONE
-        self.log.detach()
-        self.patches.undo()
-        self.recorder.remove()
-        if state != JUDGED or self._verdict is None:
-            return None
-        checks = [self._scheduler_check()]
-        if self.synced:
-            ok = sum(self.synced) <= 1
-            checks.append(Check(CheckName.SYNC, ok, f"gradients all-reduced in {sum(self.synced)} of "
-                                f"{self._verdict.micro_batches} micro-batches", None if ok else
-                                "run the forward and backward inside accelerator.accumulate(model)"))
-        self._verdict = replace(self._verdict, checks=self._verdict.checks + tuple(checks))
-        if self.accelerator.is_main_process:
-            publish(self._verdict, self.json_path)
-        return self._verdict
+        return measure(setup, micro_batches(self.recorder.forwards), self.log, backwards=self.backwards,
+                       counted_items=_counted(self.recorder.forwards))
 
     def _scheduler_check(self) -> Check:
         return scheduler_check(self.log.scheduler_steps, "step it after optimizer.step() only when "
@@ -127,10 +80,8 @@ class AccelerateAudit:
         (Accelerate's design: schedules sized in per-process steps); an unprepared one, once."""
         return compat.scheduler_steps_per_optimizer_step(self.accelerator, self.log.stepped_schedulers) or 1
 
-    @property
-    def verdict(self) -> Verdict | None:
-        """The verdict (None until the first window's optimizer step); reading it ends the watch."""
-        return self.finish() if self.state == JUDGED else self._verdict
+    def _is_main_process(self) -> bool:
+        return self.accelerator.is_main_process
 
 
 def _counted(forwards: list) -> float | None:

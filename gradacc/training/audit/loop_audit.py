@@ -27,128 +27,74 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from dataclasses import replace
 
 from gradacc.training import distributed
 from gradacc.training.audit import losses
-from gradacc.training.audit.capture import Patches, Recorder, WindowLog, micro_batches
+from gradacc.training.audit.capture import micro_batches
 from gradacc.training.audit.measure import Setup, measure
-from gradacc.training.audit.verdict import NOT_JUDGED, Check, Verdict, publish, scheduler_check
-from gradacc.training.audit.vocabulary import CheckName, Integration
-from gradacc.training.compat.torch import ddp_syncs_next_backward
-
-WATCHING, JUDGED, DONE = "watching", "judged", "done"
+from gradacc.training.audit.verdict import NOT_JUDGED, Check, Verdict, scheduler_check
+from gradacc.training.audit.vocabulary import Integration
+from gradacc.training.audit.watch import WindowWatch
 
 
-class LoopAudit:
+class LoopAudit(WindowWatch):
     """Watches the first window of the plain loop that trains ``model`` with ``optimizer``; ``verdict`` after the
     window's optimizer step (None before it). ``loss_fn`` and ``json_path``: see ``audit_loop``."""
 
+    sync_fix = ("run the window's micro-batches before its last inside `with model.no_sync():` (DDP all-reduces "
+                "every backward otherwise)")
+
     def __init__(self, model, optimizer, loss_fn=None, json_path=None):
-        self.module = distributed.unwrap(model)
-        self.optimizer = optimizer
-        self.loss_fn = loss_fn
-        self.json_path = json_path
-        self.state = WATCHING
-        self._verdict: Verdict | None = None
+        module = distributed.unwrap(model)
         self._withdrawn = False
-        self._ddp = model if model is not self.module else None  # the DDP wrapper, found at the first forward if not
-        self.synced: list[bool] = []  # per micro-batch: did its backward all-reduce? (DDP's own flag, read)
-        self.recorder = Recorder(self.module, on_forward=self._on_forward)
-        self.recorder.recording = True
-        self.log = WindowLog(self._micro_batch_count, optimizer, self.module)
-        self.log.attach()
-        self.patches = Patches()
-        self.patches.method(optimizer, "step", self._step)
+        # The DDP wrapper, or found at the first forward (_find_ddp) when the loop wraps after building the optimizer.
+        super().__init__(module, optimizer, loss_fn, json_path, ddp=model if model is not module else None)
 
-    def _micro_batch_count(self) -> int:
-        return sum(1 for f in self.recorder.forwards if f.grad)
+    def _find_ddp(self) -> None:
+        if self._ddp is None and not self.recorder.forwards and distributed.is_distributed():
+            self._ddp = _ddp_around(self.module)  # wrapped after the optimizer was built (nanoGPT's order)
 
-    def _on_forward(self, grad: bool) -> None:
-        if not grad:
-            return
-        if self.state == JUDGED:  # the next window's first forward: the judged window is over
-            self.finish()
-        elif self.state == WATCHING:
-            if self._ddp is None and not self.recorder.forwards and distributed.is_distributed():
-                self._ddp = _ddp_around(self.module)  # wrapped after the optimizer was built (nanoGPT's order)
-            if self._ddp is not None:  # DDP's forward reads it: False inside no_sync(), or set by the loop itself
-                self.synced.append(ddp_syncs_next_backward(self._ddp))
-
-    def _step(self, original, *args, **kwargs):
-        if self.state == WATCHING and self._micro_batch_count():
-            self._judge()
-        return original(*args, **kwargs)
-
-    def _judge(self) -> None:
-        self.recorder.recording = False
-        self.state = JUDGED
-        forwards = self.recorder.forwards
+    def _judge(self) -> Verdict:
         rule = losses.LossRule(losses.USER_LOSS if self.loss_fn else None, loss_fn=self.loss_fn)
         no_sync = self._ddp.no_sync if self._ddp is not None else None  # the replays all-reduce nothing
-        setup = Setup(who=Integration.LOOP, module=self.module, recorder=self.recorder, k=self._micro_batch_count(),
+        setup = Setup(who=Integration.LOOP, module=self.module, recorder=self.recorder, k=self.micro_batch_count(),
                       num_processes=_processes() if self._shares_gradients() else 1, precision="fp32", rule=rule,
                       custom_loss="loss_fn" if self.loss_fn else None, no_sync=no_sync or contextlib.nullcontext,
                       model_name=losses.model_name(self.module))
         try:
-            self._verdict = measure(setup, micro_batches(forwards), self.log)
+            return measure(setup, micro_batches(self.recorder.forwards), self.log)
         except Exception as error:  # attached to any loop by `gradacc audit --`: the audit never breaks the run
-            self._verdict = Verdict(who=Integration.LOOP, kind=None, k=setup.k, micro_batches=setup.k,
-                                    num_processes=setup.num_processes, precision="fp32", gradient=NOT_JUDGED,
-                                    meaning=f"the audit could not replay this loop ({type(error).__name__}: {error})",
-                                    model=setup.model_name)
+            return Verdict(who=Integration.LOOP, kind=None, k=setup.k, micro_batches=setup.k,
+                           num_processes=setup.num_processes, precision="fp32", gradient=NOT_JUDGED,
+                           meaning=f"the audit could not replay this loop ({type(error).__name__}: {error})",
+                           model=setup.model_name)
 
     def _shares_gradients(self) -> bool:
         """DDP all-reduces the gradients; FSDP's are sharded tensors (DTensor) over the processes."""
         return self._ddp is not None or any(type(p).__name__ == "DTensor" for p in self.module.parameters())
 
-    def finish(self) -> Verdict | None:
-        """Stop watching; the verdict with its scheduler and sync checks, or "not judged" for a loop that never
-        stepped (None when the audit was withdrawn)."""
-        if self.state == DONE:
-            return self._verdict
-        state, self.state = self.state, DONE
-        self.log.detach()
-        self.patches.undo()
-        self.recorder.remove()
+    def _unjudged(self) -> Verdict | None:
+        """A loop that never stepped is "not judged", and says so (None when the audit was withdrawn)."""
         if self._withdrawn:
             return None
-        if state == WATCHING:
-            self._verdict = self._never_stepped()
-            if distributed.is_main_process():
-                publish(self._verdict, self.json_path)
-            return self._verdict
-        checks = [scheduler_check(self.log.scheduler_steps,
-                                  "call scheduler.step() right after optimizer.step(), once per window")]
-        if self.synced:
-            count = sum(self.synced)
-            ok = count <= 1
-            checks.append(Check(CheckName.SYNC, ok,
-                                f"gradients all-reduced in {count} of {len(self.synced)} micro-batches",
-                                None if ok else "run the window's micro-batches before its last inside "
-                                "`with model.no_sync():` (DDP all-reduces every backward otherwise)"))
-        self._verdict = replace(self._verdict, checks=self._verdict.checks + tuple(checks))
-        if distributed.is_main_process():
-            publish(self._verdict, self.json_path)
-        return self._verdict
-
-    def cancel(self) -> None:
-        """Stop watching without a verdict: the optimizer turned out to be a framework's (Accelerate prepared it)."""
-        self._withdrawn, self._verdict = True, None
-        self.finish()
-
-    def _never_stepped(self) -> Verdict:
-        count = self._micro_batch_count()
+        count = self.micro_batch_count()
         ran = (f"the loop ran {count} forward{'s' if count != 1 else ''} of the model with gradients on"
                if count else "the model ran no forward with gradients on")
         return Verdict(who=Integration.LOOP, kind=None, k=0, micro_batches=count, num_processes=_processes(),
                        precision="fp32", gradient=NOT_JUDGED, meaning=f"{ran} and optimizer.step() never ran",
                        model=losses.model_name(self.module))
 
-    @property
-    def verdict(self) -> Verdict | None:
-        """The verdict (None until the first window's optimizer step); reading it ends the watch."""
-        return self.finish() if self.state == JUDGED else self._verdict
+    def _scheduler_check(self) -> Check:
+        return scheduler_check(self.log.scheduler_steps,
+                               "call scheduler.step() right after optimizer.step(), once per window")
+
+    def _is_main_process(self) -> bool:
+        return distributed.is_main_process()
+
+    def cancel(self) -> None:
+        """Stop watching without a verdict: the optimizer turned out to be a framework's (Accelerate prepared it)."""
+        self._withdrawn, self._verdict = True, None
+        self.finish()
 
 
 def _ddp_around(module):

@@ -139,12 +139,13 @@ NAIVE_VS_EXACT = Scenario(
         "(a token-level loss differs in every window: see the language-model demo).\n\n"
         "**Look at:** the first chart, each step's gradient against its window's own: exact applies every window "
         "whole (1×); naive applies the last window of each epoch at 0.25×: 6 epochs, 6 dips. The loss curves "
-        "are the same up to the first short window (step 122); from there the weights differ, and every later "
+        "are the same up to the first short window (step 73); from there the weights differ, and every later "
         "loss a little (the result says by how much)."),
-    # 3,880 examples (121 windows of 32, then one micro-batch of 8) for 6 epochs: 732 steps. tiny-bert's recipe rate
+    # 2,312 examples (72 windows of 32, then one micro-batch of 8) for 6 epochs: 438 steps, the headline within 90 s
+    # of the click on a 2-vCPU machine (732 steps took 104-119 s there). tiny-bert's recipe rate
     # (5e-3) collapses to chance over that many (both runs ended below the majority's F1), and 24 epochs of 968
     # examples memorise them (a loss spike warned in each run): at 1e-4 on more data both learn steadily.
-    base={"backend": "pytorch", "dropout": 0.0, "epochs": 6, "train_samples": 3880, "eval_samples": 200,
+    base={"backend": "pytorch", "dropout": 0.0, "epochs": 6, "train_samples": 2312, "eval_samples": 200,
           "micro_batch_size": 8, "grad_accum_steps": 4, "learning_rate": 1e-4},
     runs=(DemoRun("exact", {"loss_normalization": "exact"}),
           DemoRun("naive ÷k", {"loss_normalization": "naive"})),
@@ -215,8 +216,9 @@ MEMORY_WALL = Scenario(
         "budget: what a bigger device would do.\n\n"
         "**Look at:** the first run's reason (the figures, and the way out), then the fitted run's loss curve "
         "on top of the unbudgeted one at a quarter of the activations."),
-    # 1,280 examples: 20 optimizer steps of 64 per trained run, each real work on a 22M-parameter model.
-    base={"model": "all-MiniLM-L6-v2", "backend": "pytorch", "dropout": 0.0, "epochs": 1, "train_samples": 1280,
+    # 960 examples: 15 optimizer steps of 64 per trained run, each real work on a 22M-parameter model (20 took 92 s to
+    # the headline on a 2-vCPU machine; a speaker's demo has it within 90 s).
+    base={"model": "all-MiniLM-L6-v2", "backend": "pytorch", "dropout": 0.0, "epochs": 1, "train_samples": 960,
           "eval_samples": 200},
     runs=(DemoRun("m=64, k=1 in 450 MB", {"micro_batch_size": 64, "grad_accum_steps": 1, "memory_budget_mb": 450}),
           DemoRun("fit: m=16, k=4 in 450 MB", {"micro_batch_size": 16, "grad_accum_steps": 4,
@@ -239,10 +241,11 @@ def pitfall_scenario(pitfall: str, name: str, title: str, explanation: str, expe
         name=name, title=f"{title} ({report})" if "#" in report else title,
         explanation=explanation + f"\n\nThe Code page shows the wrong line in red beside the right one (pick "
                                   f"**{pitfall}** under *Break it on purpose*).",
-        # tiny-bert over 32,000 examples: enough steps for a speaker to talk over. Its recipe's learning rate
+        # tiny-bert over 20,800 examples (325 steps): enough for a speaker to talk over, the headline within 90 s of
+        # the click on a 2-vCPU machine (500 steps took 107 s there). Its recipe's learning rate
         # (5e-3) collapses to chance over this many steps; at 3e-4 the right loop learns steadily, so what the
         # wrong line costs is the only difference on the chart.
-        base={"backend": "pytorch", "dropout": 0.0, "epochs": 1, "train_samples": 32000, "eval_samples": 200,
+        base={"backend": "pytorch", "dropout": 0.0, "epochs": 1, "train_samples": 20800, "eval_samples": 200,
               "micro_batch_size": 16, "grad_accum_steps": 4, "learning_rate": 3e-4, **base},
         runs=(DemoRun("right loop", {"pitfalls": []}), DemoRun(f"broken: {pitfall}", {"pitfalls": [pitfall]})),
         expect=expect, min_steps=min_steps)
@@ -250,9 +253,9 @@ def pitfall_scenario(pitfall: str, name: str, title: str, explanation: str, expe
 
 PITFALL_SCHEDULER = pitfall_scenario(
     "scheduler-per-micro-batch", "pitfall-scheduler", "The LR scheduler stepped every micro-batch",
-    "The same run (tiny-bert, m=16, k=4, 500 optimizer steps) twice. The broken loop calls `lr_scheduler.step()` "
+    "The same run (tiny-bert, m=16, k=4, 325 optimizer steps) twice. The broken loop calls `lr_scheduler.step()` "
     "after every micro-batch instead of once per optimizer step, as in the Accelerate report: the schedule planned "
-    "for 500 steps runs 4× too fast.\n\n**Look at:** the broken run's warning: the step where its learning rate "
+    "for 325 steps runs 4× too fast.\n\n**Look at:** the broken run's warning: the step where its learning rate "
     "reached 0, measured against the planned schedule; after it the model stops learning.",
     "The broken run's learning rate reaches 0 about a quarter of the way through; the right run's follows the plan.")
 PITFALL_CLIP = pitfall_scenario(
@@ -280,12 +283,12 @@ PITFALL_LOG_LOSS = pitfall_scenario(
     "Loss curves 4× apart, the same F1: only the logging is wrong.")
 PITFALL_DROP_LAST = pitfall_scenario(
     "drop-last-window", "pitfall-drop-last", "The epoch's short last window dropped",
-    "24,056 examples with m=8, k=8: 375 full windows of 64 and a short last one of 56. The broken loop steps only "
+    "12,056 examples with m=8, k=8: 188 full windows of 64 and a short last one of 24. The broken loop steps only "
     "when `(index + 1) % k == 0`, so the short window's gradients are computed and never stepped.\n\n**Look at:** "
     "the loss curves agree up to the step that never happens (the loss curve does not show this bug); the "
     "warning counts the examples that never trained.",
-    "The broken run trains 56 examples fewer, in one optimizer step fewer.",
-    train_samples=24056, micro_batch_size=8, grad_accum_steps=8)
+    "The broken run trains 24 examples fewer, in one optimizer step fewer.",
+    train_samples=12056, micro_batch_size=8, grad_accum_steps=8)
 
 # In-batch negatives: 384 pairs, 6 optimizer steps of 64 on a 22M-parameter model per run.
 PAIRS = {"task": "contrastive", "model": "all-MiniLM-L6-v2", "dataset": "builtin-pairs", "train_samples": 384,

@@ -23,6 +23,7 @@ from torch import nn
 from transformers.modeling_outputs import ModelOutput
 
 from gradacc.errors import GradaccError, one_line
+from gradacc.training import process_state
 
 # sentence-transformers is imported inside the two functions that use it: every run imports this module
 # (backends/evaluation.py), only contrastive runs need it, and it takes 0.2-0.5 s to import after the loops'
@@ -76,10 +77,16 @@ class MeasuredGradCache:
         self.meter, self.measuring, self._largest = meter, measuring, 0
 
     def embed_minibatch(self, sentence_feature, begin, end, with_grad, copy_random_state, random_state=None):
-        if not (with_grad and self.measuring and self.meter is not None):
-            return super().embed_minibatch(sentence_feature, begin, end, with_grad, copy_random_state, random_state)
-        with self.meter.measure():
-            result = super().embed_minibatch(sentence_feature, begin, end, with_grad, copy_random_state, random_state)
+        # GradCache copies the process's generator state at the first embedding and sets it back for the re-embedding
+        # in backward(): a model built on another thread meanwhile would draw from a state set under it.
+        touches_generator = copy_random_state or random_state is not None
+        with process_state.guard(generator=True) if touches_generator else contextlib.nullcontext():
+            if not (with_grad and self.measuring and self.meter is not None):
+                return super().embed_minibatch(sentence_feature, begin, end, with_grad, copy_random_state,
+                                               random_state)
+            with self.meter.measure():
+                result = super().embed_minibatch(sentence_feature, begin, end, with_grad, copy_random_state,
+                                                 random_state)
         self._largest = max(self._largest, self.meter.bytes)
         self.meter.bytes = self._largest
         return result

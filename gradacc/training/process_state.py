@@ -20,8 +20,11 @@ holds Accelerate's state while its Trainer build takes the generator too). They 
 a thread asking for a part that comes before one it holds alone would take them the other way round, and with
 another thread waiting the opposite way both would wait for ever: that is refused at once.
 
-Not guarded yet: concurrent runs with dropout interleave their masks, GradCache (the contrastive task) puts the
-generator's state back in its backward pass, and a model built beside a training run can still get another init (8
+GradCache (the contrastive task) copies the generator's state and sets it back in its backward pass: it holds the
+generator meanwhile (``contrastive.MeasuredGradCache``).
+
+Not guarded yet: concurrent runs with dropout interleave their masks, and a model built beside a training run can
+still get another init (8
 of 20 tiny-bert builds beside a plain PyTorch run with dropout 0.1, measured on 7 December 2026): builds hold the
 generator, but a run's steps only share the training part, so that runs and builds do not wait for each other.
 """

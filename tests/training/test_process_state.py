@@ -159,3 +159,38 @@ def wait_until_waiting(name: str) -> None:
     while name not in process_state.waiting():
         assert time.monotonic() < deadline, process_state.waiting()
         time.sleep(0.01)
+
+
+def test_gradcache_setting_the_generators_state_back_waits_for_a_model_build_on_another_thread():
+    from gradacc.training.contrastive import MeasuredGradCache
+
+    embedded = []
+
+    class GradCache:  # the library's embed_minibatch: with random_state it sets the process's generator state
+        def embed_minibatch(self, sentence_feature, begin, end, with_grad, copy_random_state, random_state=None):
+            embedded.append(random_state)
+
+    loss = type("Measured", (MeasuredGradCache, GradCache), {})()
+    building, built = threading.Event(), threading.Event()
+
+    def build():  # a model's seeded init, as sources.models takes it
+        with guard(generator=True):
+            building.set()
+            built.wait(WAIT_S)
+
+    builder = threading.Thread(target=build)
+    builder.start()
+    assert building.wait(WAIT_S)
+    backward = threading.Thread(target=loss.embed_minibatch, args=({}, 0, 4, True, False, "state"), name="gradcache")
+    backward.start()
+    deadline = time.monotonic() + WAIT_S
+    while process_state.waiting() != ["gradcache"]:
+        assert time.monotonic() < deadline, process_state.waiting()
+        time.sleep(0.01)
+    assert embedded == []  # the re-embedding waits for the build
+    built.set()
+    backward.join(WAIT_S)
+    builder.join(WAIT_S)
+    assert embedded == ["state"]
+    loss.embed_minibatch({}, 0, 4, False, False)  # an embedding that leaves the generator alone takes no guard
+    assert embedded == ["state", None]

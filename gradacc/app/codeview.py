@@ -1,7 +1,9 @@
 """The Code page's source: the loop each backend really runs, read from gradacc's own files.
 
 The text comes from the backend module's file (``ast`` finds ``train``), so it can never drift from what
-runs, and reading it imports nothing heavy (importing the module itself would import torch).
+runs, and reading it imports nothing heavy (importing the module itself would import torch). What each line does
+(scale, backward, step, instrumentation) is read from the syntax tree too, never from a comment's words; a pitfall is
+its hook in pitfalls.py, found by its ``@pitfall`` decorator and shown apart from the loop.
 """
 
 from __future__ import annotations
@@ -124,11 +126,6 @@ def _parsed_source(source: str) -> ast.Module:
         return ast.Module(body=[], type_ignores=[])
 
 
-def _dotted(node: ast.AST) -> str:
-    """``optimizer.zero_grad`` for that name or attribute, ``precision.scale(loss).backward`` for a chain."""
-    return ast.unparse(node)
-
-
 def _names(target: str, dotted: str) -> bool:
     """Whether ``dotted`` is ``target`` or ends with it (``loop.optimizer.zero_grad`` names ``optimizer.zero_grad``)."""
     return dotted == target or dotted.endswith("." + target)
@@ -158,10 +155,10 @@ def _does(statement: ast.stmt, target: str) -> bool:
     """Whether a statement's header calls ``target`` or assigns to it (by its dotted name or the end of one)."""
     for part in _header(statement):
         for node in ast.walk(part):
-            if isinstance(node, ast.Call) and _names(target, _dotted(node.func)):
+            if isinstance(node, ast.Call) and _names(target, ast.unparse(node.func)):
                 return True
     targets = statement.targets if isinstance(statement, ast.Assign) else []
-    return any(_names(target, _dotted(node)) for node in targets)
+    return any(_names(target, ast.unparse(node)) for node in targets)
 
 
 def _statements(tree: ast.Module) -> list[ast.stmt]:
@@ -179,7 +176,7 @@ def pitfall_hooks() -> dict[str, tuple[str, str]]:
     found = {}
     for node in _parsed(PITFALLS_MODULE)[1].body:
         for decorator in getattr(node, "decorator_list", []):
-            if isinstance(decorator, ast.Call) and _dotted(decorator.func) == "pitfall":
+            if isinstance(decorator, ast.Call) and ast.unparse(decorator.func) == "pitfall":
                 breaks = next(k.value.value for k in decorator.keywords if k.arg == "breaks")
                 found[decorator.args[0].value] = (node.name, breaks)
     return found
@@ -195,27 +192,34 @@ def pitfall_roles(name: str) -> list[str]:
     source, breaks = pitfall_source(name), pitfall_hooks()[name][1]
     roles = [""] * len(source.splitlines())
     for statement in _statements(_parsed_source(source)):
-        if not isinstance(statement, ast.FunctionDef) and _does(statement, breaks):
+        if _does(statement, breaks):
             for row in _rows(statement):
                 roles[row] = WRONG
     return roles
 
 
-def right_line(source: str, name: str) -> int | None:
-    """The row (0-based) of the loop's line that pitfall ``name`` gets wrong: the first statement that calls its
-    ``breaks`` (zeroes, clips, steps the scheduler, logs the loss, asks the window rule); None if none does."""
+def _right_statement(source: str, name: str) -> ast.stmt | None:
+    """The loop's statement that pitfall ``name`` gets wrong: the first simple one that calls its ``breaks`` (zeroes,
+    clips, steps the scheduler, logs the loss, asks the window rule); None if none does."""
     breaks = pitfall_hooks()[name][1]
-    return next((statement.lineno - 1 for statement in _statements(_parsed_source(source))
+    return next((statement for statement in _statements(_parsed_source(source))
                  if not hasattr(statement, "body") and _does(statement, breaks)), None)
+
+
+def right_line(source: str, name: str) -> int | None:
+    """The row (0-based) where the loop's statement that pitfall ``name`` gets wrong starts; None if none."""
+    statement = _right_statement(source, name)
+    return None if statement is None else statement.lineno - 1
 
 
 def pitfall_note(source: str, name: str) -> tuple[str, int | None]:
     """One Markdown sentence naming pitfall ``name``, its upstream report and the loop's line it gets wrong, and the
     row of that line in ``source`` (to outline it)."""
-    row = right_line(source, name)
-    right = "" if row is None else \
-        f"; the loop's line it gets wrong is outlined in green: `{source.splitlines()[row].split('#')[0].strip()}`"
-    return f":red[**✗ {name}**] ({PITFALLS[name]}): its hook, with the wrong line in red{right}.", row
+    statement = _right_statement(source, name)
+    if statement is None:
+        return f":red[**✗ {name}**] ({PITFALLS[name]}): its hook, with the wrong line in red.", None
+    return (f":red[**✗ {name}**] ({PITFALLS[name]}): its hook, with the wrong line in red; the loop's line it gets "
+            f"wrong is outlined in green: `{ast.unparse(statement)}`.", statement.lineno - 1)
 
 
 # ---- what to look at: the three things accumulation adds, and the bookkeeping around them --------------
@@ -244,30 +248,37 @@ def line_roles(source: str) -> list[str]:
     '' for the rest."""
     lines = source.splitlines()
     roles = [""] * len(lines)
-    statements = _statements(_parsed_source(source))
+    tree = _parsed_source(source)
+    statements = _statements(tree)
     for statement in statements:
-        role = next((role for call, role in ACCUMULATION_CALLS.items() if _does(statement, call)), "")
-        if not role and isinstance(statement, ast.If) \
-                and any(_does(inner, call) for inner in statement.body for call, r in ACCUMULATION_CALLS.items()
-                        if r == "step"):
-            role = "step"
+        role = _accumulation_role(statement)
         for row in _rows(statement) if role else ():
             roles[row] = role
-    for node in ast.walk(_parsed_source(source)):
+    for node in ast.walk(tree):
         if isinstance(node, ast.keyword) and node.arg in TRAINER_KEYWORDS:
             roles[node.lineno - 1:node.end_lineno] = [TRAINER_KEYWORDS[node.arg]] * (node.end_lineno - node.lineno + 1)
-    _dim_instrumentation(source, roles, statements)
+    _dim_instrumentation(tree, roles, statements)
     for row in range(len(lines) - 2, -1, -1):  # a comment takes the role of the accumulation line it stands over
         if lines[row].strip().startswith("#") and roles[row + 1] in ROLES.values():
             roles[row] = roles[row + 1]
     return roles
 
 
-def _dim_instrumentation(source: str, roles: list[str], statements: list[ast.stmt]) -> None:
+def _accumulation_role(statement: ast.stmt) -> str:
+    """'scale', 'backward' or 'step' for a statement (its header) that makes one of ``ACCUMULATION_CALLS``, 'step'
+    for an ``if`` whose body steps; '' otherwise."""
+    role = next((role for call, role in ACCUMULATION_CALLS.items() if _does(statement, call)), "")
+    if not role and isinstance(statement, ast.If) \
+            and any(_accumulation_role(inner) == "step" for inner in statement.body):
+        return "step"
+    return role
+
+
+def _dim_instrumentation(tree: ast.Module, roles: list[str], statements: list[ast.stmt]) -> None:
     """Dims each line where an instrumentation name (a variable, an attribute, a keyword) stands, and the whole of
     a simple statement whose first line does (``report.step(...)`` over two lines)."""
     rows = set()
-    for node in ast.walk(_parsed_source(source)):
+    for node in ast.walk(tree):
         if isinstance(node, ast.keyword) and node.arg in INSTRUMENTATION_KEYWORDS \
                 or isinstance(node, ast.Name) and node.id in INSTRUMENTATION \
                 or isinstance(node, ast.Attribute) and node.attr in INSTRUMENTATION:

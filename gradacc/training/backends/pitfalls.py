@@ -60,14 +60,16 @@ def install(job, report, model, optimizer, lr_scheduler, windows, window) -> Non
     loop = Loop(job, model, optimizer, lr_scheduler, windows, window)
     for name in job.config.pitfalls:
         HOOKS[name](loop)
-    closes = windows.closes  # the rule the loop now follows, a pitfall's or the right one
-    windows.closes = lambda index, num_micro_batches: _noted(loop, closes(index, num_micro_batches))
+    windows.closes = _noting(loop, windows.closes)  # after the hooks: the rule the loop follows, a pitfall's or not
     report.pitfall_probe = Probe(job, model, optimizer)
 
 
-def _noted(loop: Loop, closing: bool) -> bool:
-    loop.closing = closing
-    return closing
+def _noting(loop: Loop, closes: Callable[[int, int], bool]) -> Callable[[int, int], bool]:
+    """The window rule ``closes``, its answer for the micro-batch the loop asks about kept in ``loop.closing``."""
+    def closes_and_notes(index: int, num_micro_batches: int) -> bool:
+        loop.closing = closes(index, num_micro_batches)
+        return loop.closing
+    return closes_and_notes
 
 
 def pitfall(name: str, breaks: str):

@@ -26,8 +26,6 @@ FROM_SCRATCH_MODELS = ("tiny-bert", "tiny-gpt", "bow-batchnorm", "bow-layernorm"
 # Memory levers beside accumulation (gradacc.training.backends.device and .optimizer apply them; the device decides what runs).
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "adamw-fused", "sgd", "adafactor", "adamw-8bit")
-# Mistakes the plain PyTorch loop makes on purpose when a run asks for them (one wrong line each, beside the
-# right one in gradacc/training/backends/pytorch_loop.py), with the upstream report of each.
 # How a sharded (FSDP) run syncs gradients while it accumulates: reduce-scatter once per window (each rank holds the
 # whole model's unsharded gradients meanwhile) or after every micro-batch (each rank holds only its shard).
 PER_WINDOW, PER_MICRO_BATCH = "per-window", "per-micro-batch"
@@ -36,6 +34,8 @@ GRAD_SYNCS = (PER_WINDOW, PER_MICRO_BATCH)
 # neither shards nor synchronises (gradacc.training.fsdp.unwrappable finds the same in a folder's model).
 FSDP_UNSHARDABLE = {"bow-batchnorm": "its BatchNorm keeps running statistics, buffers FSDP neither shards nor "
                                      "synchronises across processes"}
+# Mistakes the plain PyTorch loop makes on purpose when a run asks for them (one wrong line each, a hook in
+# gradacc/training/backends/pitfalls.py), with the upstream report of each.
 PITFALLS = {
     "scheduler-per-micro-batch": "accelerate #963",
     "clip-per-micro-batch": "accelerate #641",

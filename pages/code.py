@@ -29,11 +29,11 @@ with normalization_column:
                                   persist_state="session", horizontal=True)
 
 pitfalls = []
-if backend == "pytorch":  # only the plain loop has deliberate wrong lines to show
-    pitfalls = inputs.pitfall_input(K, "Break it on purpose: show the loop with these wrong lines",
-                                help="Each is one real upstream mistake: its line is drawn in red, the right one it "
-                                     "stands beside outlined in green. A Train run with the same choice measures "
-                                     "what it breaks.")
+if backend == "pytorch":  # only the plain loop can be broken on purpose
+    pitfalls = inputs.pitfall_input(K, "Break it on purpose: show the hooks these mistakes add",
+                                help="Each is one real upstream mistake, added to the right loop as a hook: its "
+                                     "wrong line is drawn in red, the loop's line it gets wrong outlined in green. "
+                                     "A Train run with the same choice measures what it breaks.")
 
 try:
     # The loop's other settings shown in the header: the Train form's epochs, learning rate and seed.
@@ -56,9 +56,17 @@ roles = codeview.line_roles(code)
 st.markdown("What accumulation adds to a training loop, highlighted: "
             + " · ".join(f"**{number}** {codeview.ROLE_TITLES[role]}" for number, role in codeview.ROLES.items())
             + ". Measuring and reporting (gradacc's instrumentation) is dimmed.")
-notes, right_rows = codeview.pitfall_notes(code)
-for note in notes:
-    st.markdown(note)
+right_rows = set()
+if config.pitfalls:
+    with st.container(border=True):
+        st.markdown("**What “Break it on purpose” changes.** Not a line of the loop below: it stays the right one. "
+                    "Each mistake is a hook gradacc adds to the loop's objects (its model, optimizer, scheduler, "
+                    "window rule or loss log), from `gradacc/training/backends/pitfalls.py`.")
+        for name in config.pitfalls:
+            note, row = codeview.pitfall_note(code, name)
+            right_rows |= {row} - {None}
+            st.markdown(note)
+            st.html(codeview.highlighted_html(codeview.pitfall_source(name), codeview.pitfall_roles(name)))
 st.html(codeview.highlighted_html(code, roles, right_rows))
 with st.expander("The same code as plain text, to copy"):
     st.code(code, language="python")

@@ -78,9 +78,9 @@ st.divider()
 checking = bool(scenario.checks) and coupled_view.pending(checks, scenario.checks)
 
 
-# One poller for the runs and the checks: a full rerun asked by one fragment while another fragment's run is under way
-# mounts the charts anew, a blink on the projector (warmup_status.py met it first; the checks' own fragment asked for
-# one when they ended: the likely cause of the batchnorm demo's charts mounted twice in one CI run).
+# One poller for the runs and the checks: a full rerun that one fragment asks for while another fragment's run is
+# under way mounts the charts anew (a blink on the projector, or a chart mounted twice): one fragment polls both, so
+# none races another (warmup_status.py never asks for a full rerun, for the same reason).
 polling = pacing.CHART_POLL_SECONDS if checking else None
 if live:
     polling = pacing.chart_poll_seconds(*(manager.get(run_id) for run_id in run_ids))

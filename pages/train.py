@@ -44,9 +44,9 @@ with settings_column:
     st.subheader("Accumulation and training")
     settings = inputs.training_inputs(K, errors, model)
     with st.expander("Break it on purpose"):
-        st.caption("PyTorch loop only. Each choice runs one wrong line from a real upstream report (the Code page "
-                   "shows it in red beside the right one); the run then says what it broke, measured against the "
-                   "right loop in the same run.")
+        st.caption("PyTorch loop only. Each choice adds one wrong line from a real upstream report to the right loop, "
+                   "as a hook (the Code page shows it in red beside the line it gets wrong); the run then says what "
+                   "it broke, measured against the right loop in the same run.")
         settings["pitfalls"] = inputs.pitfall_input(K, field_label("pitfalls"), help="None chosen: the right loop.")
         errors.slot("pitfalls")
 

@@ -1,14 +1,15 @@
 """The Code page's source: the loop each backend really runs, read from gradacc's own files.
 
 The text comes from the backend module's file (``ast`` finds ``train``), so it can never drift from what
-runs, and reading it imports nothing heavy (importing the module itself would import torch).
+runs, and reading it imports nothing heavy (importing the module itself would import torch). What each line does
+(scale, backward, step, instrumentation) is read from the syntax tree too, never from a comment's words; a pitfall is
+its hook in pitfalls.py, found by its ``@pitfall`` decorator and shown apart from the loop.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib.util
-import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -32,7 +33,8 @@ HEADER = (("micro_batch_size", "micro_batch_size", "m"),
 _FIELDS = set(RunConfig().to_dict())
 # Helpers in other modules worth showing beside a loop: the weight every backend puts on a micro-batch, and
 # the clipping both hand-written loops do before the optimizer step.
-SHARED_HELPERS = {"loss_weight": "gradacc.training.windows", "clip_gradients": "gradacc.training.backends.optimizer"}
+SHARED_HELPERS = {"WindowRule": "gradacc.training.windows", "loss_weight": "gradacc.training.windows",
+                  "clip_gradients": "gradacc.training.backends.optimizer"}
 
 
 @lru_cache(maxsize=None)
@@ -111,15 +113,10 @@ def annotate(source: str, config: RunConfig) -> str:
 
 def backend_code(config: RunConfig) -> str:
     """The header with this run's settings, then the backend's ``train`` with the values filled in: the loop as this
-    run executes it, so the plain loop's deliberate wrong lines appear only for the pitfalls the config names."""
+    run executes it (a pitfall changes none of its lines: it is a hook from pitfalls.py, see ``pitfall_source``)."""
     module_name = MODULES[config.backend]
-    source = without_pitfalls(definition_source(module_name, "train"), keep=config.pitfalls)
-    return settings_header(config, module_name) + "\n\n\n" + annotate(source, config)
+    return settings_header(config, module_name) + "\n\n\n" + annotate(definition_source(module_name, "train"), config)
 
-
-# ---- pitfalls: the plain loop's deliberate wrong lines, ``if job.pitfall("NAME"): ...  # WRONG: ...`` -------
-# Found in the syntax tree, not by how a line is laid out: an ``if`` whose test calls ``job.pitfall("NAME")``, on one
-# line or several; the right line it stands beside is the first other statement that does what its body does.
 
 def _parsed_source(source: str) -> ast.Module:
     """``source``'s syntax tree; an empty one for a fragment that does not parse."""
@@ -129,161 +126,169 @@ def _parsed_source(source: str) -> ast.Module:
         return ast.Module(body=[], type_ignores=[])
 
 
-def _pitfall_ifs(tree: ast.Module) -> dict[str, ast.If]:
-    """{pitfall name: its ``if job.pitfall("NAME")`` statement} in ``tree``."""
+def _names(target: str, dotted: str) -> bool:
+    """Whether ``dotted`` is ``target`` or ends with it (``loop.optimizer.zero_grad`` names ``optimizer.zero_grad``)."""
+    return dotted == target or dotted.endswith("." + target)
+
+
+_BLOCKS = ("body", "orelse", "finalbody", "handlers", "decorator_list")
+
+
+def _header(statement: ast.stmt) -> list[ast.AST]:
+    """What a statement is without the statements it holds: the whole of a simple one, a compound one's header
+    (``if last_of_window``, ``with model.no_sync() ...``, ``for index, batch in ...``)."""
+    parts = []
+    for field, value in ast.iter_fields(statement):
+        if field not in _BLOCKS:
+            parts += value if isinstance(value, list) else [value]
+    return [part for part in parts if isinstance(part, ast.AST)]
+
+
+def _rows(statement: ast.stmt) -> range:
+    """The rows (0-based) of a statement's header: all of a simple statement, a compound one's up to its body."""
+    ends = [node.end_lineno for node in _header(statement) if getattr(node, "end_lineno", None)]
+    last = statement.end_lineno if not hasattr(statement, "body") else max(ends, default=statement.lineno)
+    return range(statement.lineno - 1, last)
+
+
+def _does(statement: ast.stmt, target: str) -> bool:
+    """Whether a statement's header calls ``target`` or assigns to it (by its dotted name or the end of one)."""
+    for part in _header(statement):
+        for node in ast.walk(part):
+            if isinstance(node, ast.Call) and _names(target, ast.unparse(node.func)):
+                return True
+    targets = statement.targets if isinstance(statement, ast.Assign) else []
+    return any(_names(target, ast.unparse(node)) for node in targets)
+
+
+def _statements(tree: ast.Module) -> list[ast.stmt]:
+    return sorted((node for node in ast.walk(tree) if isinstance(node, ast.stmt)), key=lambda node: node.lineno)
+
+
+# ---- pitfalls: hooks in pitfalls.py, each ``@pitfall("NAME", breaks="CALL")`` beside the loop's line of CALL ------
+
+PITFALLS_MODULE = "gradacc.training.backends.pitfalls"
+
+
+def pitfall_hooks() -> dict[str, tuple[str, str]]:
+    """{pitfall name: (its hook function, the loop's call whose line it gets wrong)}, from each ``@pitfall(NAME,
+    breaks=CALL)`` in pitfalls.py's syntax tree."""
     found = {}
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.If):
-            continue
-        for call in ast.walk(node.test):
-            if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "pitfall" \
-                    and call.args and isinstance(call.args[0], ast.Constant) and call.args[0].value in PITFALLS:
-                found[call.args[0].value] = node
+    for node in _parsed(PITFALLS_MODULE)[1].body:
+        for decorator in getattr(node, "decorator_list", []):
+            if isinstance(decorator, ast.Call) and ast.unparse(decorator.func) == "pitfall":
+                breaks = next(k.value.value for k in decorator.keywords if k.arg == "breaks")
+                found[decorator.args[0].value] = (node.name, breaks)
     return found
 
 
-def pitfall_statements(source: str) -> dict[str, tuple[int, int]]:
-    """{pitfall name: (first, last) row, 0-based} of each ``if job.pitfall("NAME")`` statement in ``source``."""
-    return {name: (node.lineno - 1, node.end_lineno - 1) for name, node in _pitfall_ifs(_parsed_source(source)).items()}
+def pitfall_source(name: str) -> str:
+    """The hook that installs pitfall ``name``: what "Break it on purpose" changes, shown apart from the loop."""
+    return definition_source(PITFALLS_MODULE, pitfall_hooks()[name][0])
 
 
-def without_pitfalls(source: str, keep=()) -> str:
-    """``source`` without the wrong lines of the pitfalls not in ``keep`` (with none kept: the right loop)."""
-    dropped = {row for name, (first, last) in pitfall_statements(source).items() if name not in keep
-               for row in range(first, last + 1)}
-    return "\n".join(line for row, line in enumerate(source.splitlines()) if row not in dropped)
+def pitfall_roles(name: str) -> list[str]:
+    """One role per line of ``pitfall_source(name)``: 'wrong' where the hook calls (or replaces) the loop's call."""
+    source, breaks = pitfall_source(name), pitfall_hooks()[name][1]
+    roles = [""] * len(source.splitlines())
+    for statement in _statements(_parsed_source(source)):
+        if _does(statement, breaks):
+            for row in _rows(statement):
+                roles[row] = WRONG
+    return roles
 
 
-def _actions(statement: ast.stmt) -> set[str]:
-    """What a simple statement does, by name: the names it assigns (``logged_loss``) and the function its value calls
-    (``optimizer.zero_grad()``)."""
-    if isinstance(statement, ast.Assign):
-        targets = statement.targets
-    elif isinstance(statement, (ast.AugAssign, ast.AnnAssign)):
-        targets = [statement.target]
-    else:
-        targets = []
-    value = getattr(statement, "value", None) if isinstance(statement, (ast.Assign, ast.AugAssign, ast.AnnAssign,
-                                                                         ast.Expr)) else None
-    called = {ast.unparse(value.func) + "()"} if isinstance(value, ast.Call) else set()
-    return {ast.unparse(target) for target in targets} | called
-
-
-def pitfall_notes(source: str) -> tuple[list[str], set[int]]:
-    """For each wrong line in ``source``: one Markdown sentence naming its pitfall, its upstream report and the
-    right line it stands beside; and the rows of those right lines (to outline them)."""
-    lines, notes, rows = source.splitlines(), [], set()
-    for name in pitfall_statements(source):
-        row = right_line(source, name)
-        right = f"; the right line, outlined in green: `{lines[row].split('#')[0].strip()}`" if row is not None else ""
-        notes.append(f":red[**✗ {name}**] ({PITFALLS[name]}): the red line is the mistake{right}.")
-        rows |= {row} if row is not None else set()
-    return notes, rows
+def _right_statement(source: str, name: str) -> ast.stmt | None:
+    """The loop's statement that pitfall ``name`` gets wrong: the first simple one that calls its ``breaks`` (zeroes,
+    clips, steps the scheduler, logs the loss, asks the window rule); None if none does."""
+    breaks = pitfall_hooks()[name][1]
+    return next((statement for statement in _statements(_parsed_source(source))
+                 if not hasattr(statement, "body") and _does(statement, breaks)), None)
 
 
 def right_line(source: str, name: str) -> int | None:
-    """The row (0-based) of the right line that pitfall ``name``'s wrong line stands beside: the first statement
-    outside every pitfall's ``if`` that does what the wrong one does (zeroes, clips, steps the scheduler, sets
-    ``logged_loss`` or ``last_of_window``); None if there is none."""
-    tree = _parsed_source(source)
-    ifs = _pitfall_ifs(tree)
-    if name not in ifs:
-        return None
-    wrong = set().union(*(_actions(statement) for statement in ifs[name].body))
-    inside = {id(node) for node in ifs.values() for node in ast.walk(node)}
-    statements = sorted((node for node in ast.walk(tree)
-                         if isinstance(node, ast.stmt) and id(node) not in inside), key=lambda node: node.lineno)
-    return next((statement.lineno - 1 for statement in statements if _actions(statement) & wrong), None)
+    """The row (0-based) where the loop's statement that pitfall ``name`` gets wrong starts; None if none."""
+    statement = _right_statement(source, name)
+    return None if statement is None else statement.lineno - 1
+
+
+def pitfall_note(source: str, name: str) -> tuple[str, int | None]:
+    """One Markdown sentence naming pitfall ``name``, its upstream report and the loop's line it gets wrong, and the
+    row of that line in ``source`` (to outline it)."""
+    statement = _right_statement(source, name)
+    if statement is None:
+        return f":red[**✗ {name}**] ({PITFALLS[name]}): its hook, with the wrong line in red.", None
+    return (f":red[**✗ {name}**] ({PITFALLS[name]}): its hook, with the wrong line in red; the loop's line it gets "
+            f"wrong is outlined in green: `{ast.unparse(statement)}`.", statement.lineno - 1)
 
 
 # ---- what to look at: the three things accumulation adds, and the bookkeeping around them --------------
 
-# The backends mark each of the three with a comment, "# Accumulation, 1 of 3: ..." (Trainer: "# Accumulation:").
 ROLES = {"1": "scale", "2": "backward", "3": "step"}
 ROLE_TITLES = {"scale": "scale the loss", "backward": "backward() every micro-batch",
                "step": "step and zero every k"}
 WRONG = "wrong"  # a pitfall's wrong line: red
-_MARKER = re.compile(r"^\s*# Accumulation(?:, (\d) of 3)?:")
-# Statements inside the "step" block that are the step itself (the rest there is bookkeeping).
-_STEP_ITSELF = re.compile(r"\b(optimizer\.(step|zero_grad)|precision\.step|lr_scheduler\.step|if last_of_window|"
-                          r"sync_gradients)\b")
+# The three, found in the syntax tree by the call that does them (a dotted name, or the end of one); the ``if``
+# that holds the step is the step's too. Comments never decide a role: editing one changes nothing here.
+ACCUMULATION_CALLS = {"loss_weight": "scale", "backward": "backward", "optimizer.step": "step",
+                      "precision.step": "step", "lr_scheduler.step": "step", "optimizer.zero_grad": "step"}
 # Trainer does all three inside its own loop: what gradacc sets is the k and the loss scaling.
-_TRAINER_SETTINGS = {"gradient_accumulation_steps=": "step", "compute_loss_func=": "scale"}
-# Measuring and reporting, not training: drawn dimmed, so the loop reads as the loop.
-_INSTRUMENTATION = re.compile(
-    r"\b(meter|report|measuring|activation_bytes|check_stop|sync_probe|SyncProbe|"
-    r"StepReporter|ActivationMeter|activation_meter|WindowTally|window|callback|EventCallback|before_optimizer_step|"
-    r"check_finite|job=job|logged_loss)\b")
+TRAINER_KEYWORDS = {"gradient_accumulation_steps": "step", "compute_loss_func": "scale"}
+# Measuring and reporting, not training: a line that names one of these is drawn dimmed, so the loop reads as the loop.
+INSTRUMENTATION = frozenset({
+    "meter", "report", "measuring", "activation_bytes", "check_stop", "sync_probe", "SyncProbe", "StepReporter",
+    "ActivationMeter", "activation_meter", "WindowTally", "window", "callback", "EventCallback",
+    "before_optimizer_step", "check_finite", "pitfalls"})
+INSTRUMENTATION_KEYWORDS = INSTRUMENTATION | {"job"}  # GradaccTrainer(job=job): the job is read, not trained
 
 
 def line_roles(source: str) -> list[str]:
-    """One role per line of ``source``: 'scale', 'backward' or 'step' for the three things accumulation adds
-    (their marker comments included), 'wrong' for a pitfall's wrong line, 'instrumentation' for measuring and
-    reporting, '' for the rest."""
+    """One role per line of ``source``, from its syntax tree: 'scale', 'backward' or 'step' for the three things
+    accumulation adds (with the comment lines right above them), 'instrumentation' for measuring and reporting,
+    '' for the rest."""
     lines = source.splitlines()
     roles = [""] * len(lines)
-    try:
-        tree = warmup.parse(source)
-    except SyntaxError:  # not a whole function (a fragment): the markers and the patterns still apply
-        tree = ast.Module(body=[], type_ignores=[])
-    statements = sorted((node for node in ast.walk(tree) if isinstance(node, ast.stmt)), key=lambda n: n.lineno)
-    for index, line in enumerate(lines):
-        marker = _MARKER.match(line)
-        if not marker:
-            continue
-        role = ROLES.get(marker.group(1) or "", "")
-        for comment in range(index, len(lines)):  # the marker comment, however many lines it takes
-            if not lines[comment].strip().startswith("#"):
-                break
-            roles[comment] = role or "step"
-        if role:
-            _mark_statements(lines, roles, statements, comment, role)
-        else:
-            _mark_trainer_settings(lines, roles, tree)
-    for first, last in pitfall_statements(source).values():
-        roles[first:last + 1] = [WRONG] * (last + 1 - first)
-    for index, line in enumerate(lines):
-        if not roles[index] and _INSTRUMENTATION.search(line.split("#")[0]):
-            roles[index] = "instrumentation"
+    tree = _parsed_source(source)
+    statements = _statements(tree)
+    for statement in statements:
+        role = _accumulation_role(statement)
+        for row in _rows(statement) if role else ():
+            roles[row] = role
+    for node in ast.walk(tree):
+        if isinstance(node, ast.keyword) and node.arg in TRAINER_KEYWORDS:
+            roles[node.lineno - 1:node.end_lineno] = [TRAINER_KEYWORDS[node.arg]] * (node.end_lineno - node.lineno + 1)
+    _dim_instrumentation(tree, roles, statements)
+    for row in range(len(lines) - 2, -1, -1):  # a comment takes the role of the accumulation line it stands over
+        if lines[row].strip().startswith("#") and roles[row + 1] in ROLES.values():
+            roles[row] = roles[row + 1]
     return roles
 
 
-def _mark_statements(lines, roles, statements, first: int, role: str) -> None:
-    """What a marker points at: for 1 and 2 the statement right after it; for 3 the step itself, the statements
-    after it (up to a blank line or the end of their block) that step, schedule or zero, and the header of a
-    compound statement that does (``if last_of_window:``) with those inside it."""
-    start = next((s for s in statements if s.lineno - 1 >= first), None)
-    if start is None:
-        return
-    if role != "step":
-        for row in range(start.lineno - 1, start.end_lineno):
-            roles[row] = role
-        return
-    level = _indent(lines[start.lineno - 1])
-    row = start.lineno - 1
-    while row < len(lines):
-        text = lines[row]
-        if not text.strip() or _indent(text) < level:
-            return
-        statement = next((s for s in statements if s.lineno - 1 == row), None)
-        end = statement.end_lineno if statement else row + 1
-        if _STEP_ITSELF.search(text.split("#")[0]):
-            roles[row] = role
-            for inner in range(row + 1, end):
-                if _STEP_ITSELF.search(lines[inner].split("#")[0]):
-                    roles[inner] = role
-        row = end
+def _accumulation_role(statement: ast.stmt) -> str:
+    """'scale', 'backward' or 'step' for a statement (its header) that makes one of ``ACCUMULATION_CALLS``, 'step'
+    for an ``if`` whose body steps; '' otherwise."""
+    role = next((role for call, role in ACCUMULATION_CALLS.items() if _does(statement, call)), "")
+    if not role and isinstance(statement, ast.If) \
+            and any(_accumulation_role(inner) == "step" for inner in statement.body):
+        return "step"
+    return role
 
 
-def _mark_trainer_settings(lines, roles, tree) -> None:
+def _dim_instrumentation(tree: ast.Module, roles: list[str], statements: list[ast.stmt]) -> None:
+    """Dims each line where an instrumentation name (a variable, an attribute, a keyword) stands, and the whole of
+    a simple statement whose first line does (``report.step(...)`` over two lines)."""
+    rows = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.keyword) and f"{node.arg}=" in _TRAINER_SETTINGS:
-            for inner in range(node.lineno - 1, node.end_lineno):
-                roles[inner] = _TRAINER_SETTINGS[f"{node.arg}="]
-
-
-def _indent(line: str) -> int:
-    return len(line) - len(line.lstrip())
+        if isinstance(node, ast.keyword) and node.arg in INSTRUMENTATION_KEYWORDS \
+                or isinstance(node, ast.Name) and node.id in INSTRUMENTATION \
+                or isinstance(node, ast.Attribute) and node.attr in INSTRUMENTATION:
+            rows.add(node.lineno - 1)
+    for statement in statements:
+        if not hasattr(statement, "body") and statement.lineno - 1 in rows:
+            rows.update(_rows(statement))
+    for row in rows:
+        if not roles[row]:
+            roles[row] = "instrumentation"
 
 
 def highlighted_html(source: str, roles: list[str], right_rows=()) -> str:

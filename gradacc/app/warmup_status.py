@@ -22,8 +22,8 @@ def warm_up_status() -> None:
             st.caption("⏳ Warming up the training libraries (torch, transformers)…")
             return
         # Ready: this fragment goes on polling (a caption a second) until the page's next full run, on any click,
-        # draws it without. Only a page opened in the seconds the server warms up polls so. A full rerun from here
-        # instead raced the page's other fragment (a demo's live view) and mounted its charts anew: a blink.
+        # draws it without. Only a page opened in the seconds the server warms up polls so. It never asks for a full
+        # rerun: one would race the page's other fragment (a demo's live view) and mount its charts anew, a blink.
         if state == "warm":
             st.caption("✅ Training libraries ready.")
         else:

@@ -52,6 +52,18 @@ def window_totals(rank_items: list[list[int]], grad_accum_steps: int) -> list[in
     return totals
 
 
+class WindowRule:
+    """Which micro-batch closes its window: its backward is the last before the optimizer step."""
+
+    def __init__(self, grad_accum_steps: int):
+        self.grad_accum_steps = grad_accum_steps
+
+    def closes(self, index: int, num_micro_batches: int) -> bool:
+        """Every k-th micro-batch of the epoch (``index`` from 0), and the epoch's last: a short last window steps
+        too, or its examples never train."""
+        return (index + 1) % self.grad_accum_steps == 0 or index + 1 == num_micro_batches
+
+
 def loss_weight(normalization: str, batch_items: int, window_items: int, grad_accum_steps: int,
                 num_processes: int = 1) -> float:
     """What a micro-batch's mean loss is multiplied by before backward().

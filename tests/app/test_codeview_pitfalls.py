@@ -1,7 +1,7 @@
-"""The Code page's loop with a pitfall: the right loop plus exactly that pitfall's wrong line, in red."""
+"""The Code page's pitfalls: the loop stays the right one; each pitfall is a hook from pitfalls.py, shown apart with
+its wrong line in red, beside the loop's line it gets wrong."""
 
 import ast
-import difflib
 
 import pytest
 
@@ -10,73 +10,72 @@ from gradacc.app import codeview
 from gradacc.choices import PITFALLS
 from gradacc.config import RunConfig
 
-
-# The right line each pitfall's wrong line stands beside, as the plain loop writes it.
-RIGHT_LINES = {"scheduler-per-micro-batch": "lr_scheduler.step()", "clip-per-micro-batch": "norm = clip_gradients(",
-               "zero-grad-per-micro-batch": "optimizer.zero_grad()", "log-undivided-loss": "logged_loss = loss.item()",
-               "drop-last-window": "last_of_window = (index + 1) %"}
 LOOP = "gradacc.training.backends.pytorch_loop"
-
-
-def added_and_removed(right: str, broken: str) -> tuple[list[str], list[str]]:
-    diff = list(difflib.ndiff(right.splitlines(), broken.splitlines()))
-    return [line[2:] for line in diff if line.startswith("+ ")], [line[2:] for line in diff if line.startswith("- ")]
+# The loop's right line each pitfall gets wrong, and the hook's wrong line, as the two files write them.
+RIGHT_LINES = {"scheduler-per-micro-batch": "lr_scheduler.step()", "clip-per-micro-batch": "norm = clip_gradients(",
+               "zero-grad-per-micro-batch": "optimizer.zero_grad()", "log-undivided-loss": "window.add(loss.item()",
+               "drop-last-window": "last_of_window = windows.closes("}
+WRONG_LINES = {"scheduler-per-micro-batch": "loop.lr_scheduler.step()",
+               "clip-per-micro-batch": "clip_gradients(loop.model,",
+               "zero-grad-per-micro-batch": "loop.optimizer.zero_grad()",
+               "log-undivided-loss": 'loop.window.add = lambda loss, activation_bytes: add(returned["loss"].item()',
+               "drop-last-window": "loop.windows.closes = lambda index, num_micro_batches: (index + 1) % k == 0"}
 
 
 @pytest.mark.parametrize("name", list(PITFALLS))
-def test_each_pitfall_adds_exactly_its_own_wrong_line_marked_beside_the_right_one(name):
+def test_each_pitfall_is_a_hook_whose_wrong_line_stands_beside_the_loops_right_line(name):
     right = codeview.backend_code(RunConfig().check())
-    broken = codeview.backend_code(RunConfig(pitfalls=[name]).check())
-    added, removed = added_and_removed(right, broken)
-    assert not removed and added
-    assert f'if job.pitfall("{name}")' in added[0] and "# WRONG" in added[0]
-    roles = codeview.line_roles(broken)
-    lines = broken.splitlines()
-    assert [line for line, role in zip(lines, roles) if role == codeview.WRONG] == added
-    right_row = codeview.right_line(broken, name)
-    assert lines[right_row].strip().startswith(RIGHT_LINES[name]) and roles[right_row] != codeview.WRONG
-    html = codeview.highlighted_html(broken, roles, {right_row})
-    assert html.count('class="ga-line ga-wrong') == len(added) and html.count("ga-right") == 2  # the CSS rule, the row
+    assert codeview.backend_code(RunConfig(pitfalls=[name]).check()) == right  # the loop itself never changes
+    hook = codeview.pitfall_source(name)
+    assert hook.startswith(f'@pitfall("{name}", breaks=')
+    roles = codeview.pitfall_roles(name)
+    assert [line.strip() for line, role in zip(hook.splitlines(), roles) if role == codeview.WRONG] \
+        and all(line.strip().startswith(WRONG_LINES[name])
+                for line, role in zip(hook.splitlines(), roles) if role == codeview.WRONG)
+    lines = right.splitlines()
+    row = codeview.right_line(right, name)
+    assert lines[row].strip().startswith(RIGHT_LINES[name])
+    note, noted_row = codeview.pitfall_note(right, name)
+    assert noted_row == row and name in note and PITFALLS[name] in note
+    html = codeview.highlighted_html(right, codeview.line_roles(right), {row})
+    assert html.count("ga-right") == 2 and 'class="ga-line ga-wrong' not in html  # the CSS rule and the row
+    assert codeview.highlighted_html(hook, roles).count('class="ga-line ga-wrong') == roles.count(codeview.WRONG)
 
 
-def test_wrong_and_right_lines_are_found_in_the_syntax_tree_however_the_loop_is_laid_out():
-    """The loop rewritten by ``ast.unparse`` (every ``if x: stmt`` on two lines, no comments, other quotes), the clip
-    wrapped over two lines and two right lines written differently: each pitfall's whole ``if`` is still red, and its
-    right line is still found, by what it does."""
+def test_every_pitfall_has_one_registered_hook_and_the_loop_names_none():
+    from gradacc.training.backends import pitfalls
+
+    hooks = codeview.pitfall_hooks()
+    assert list(hooks) == list(pitfalls.HOOKS) and set(hooks) == set(PITFALLS)
+    assert all(pitfalls.HOOKS[name].__name__ == function for name, (function, _) in hooks.items())
+    loop = ast.parse(codeview.definition_source(LOOP, "train"))
+    named = {node.value for node in ast.walk(loop) if isinstance(node, ast.Constant)}
+    assert not named & set(PITFALLS)
+
+
+def test_the_right_line_is_found_in_the_syntax_tree_however_the_loop_is_laid_out():
+    """The loop rewritten by ``ast.unparse`` (no comments, other quotes), the clip wrapped over two lines: each
+    pitfall's right line is still found, by the call it makes."""
     source = ast.unparse(ast.parse(codeview.definition_source(LOOP, "train")))
     source = source.replace("norm = clip_gradients(model, config.max_grad_norm)",
                             "grad_norm = clip_gradients(\n                    model, config.max_grad_norm)")
-    source = source.replace("logged_loss = loss.item()", "logged_loss: float = loss.item()")
-    assert "if job.pitfall('log-undivided-loss'):\n" in source  # the one-line layout is gone
-    rewritten = {**RIGHT_LINES, "clip-per-micro-batch": "grad_norm = clip_gradients(",
-                 "log-undivided-loss": "logged_loss: float = loss.item()"}
-    lines, roles = source.splitlines(), codeview.line_roles(source)
-    statements = codeview.pitfall_statements(source)
-    assert set(statements) == set(PITFALLS)
-    for name, (first, last) in statements.items():
-        assert last > first and roles[first:last + 1] == [codeview.WRONG] * (last + 1 - first)
+    lines = source.splitlines()
+    rewritten = {**RIGHT_LINES, "clip-per-micro-batch": "grad_norm = clip_gradients("}
+    for name in PITFALLS:
         assert lines[codeview.right_line(source, name)].strip().startswith(rewritten[name]), name
-    dropped = codeview.without_pitfalls(source)
-    assert "job.pitfall(" not in dropped and "grad_norm = clip_gradients(" in dropped
-    ast.parse(dropped)
 
 
-def test_the_right_loop_shows_no_wrong_line_and_the_source_still_holds_them_all():
-    right = codeview.backend_code(RunConfig().check())
-    assert "job.pitfall(" not in right and codeview.WRONG not in codeview.line_roles(right)
-    source = codeview.definition_source("gradacc.training.backends.pytorch_loop", "train")
-    assert set(codeview.pitfall_statements(source)) == set(PITFALLS)
-
-
-def test_the_code_page_draws_the_chosen_pitfall_in_red(app_home):
+def test_the_code_page_shows_the_chosen_pitfalls_hook_apart_from_the_loop(app_home):
     at = open_app("code")
     right = at.code[0].value
     at.multiselect(key="form.code.pitfalls").set_value(["log-undivided-loss"]).run()
     assert not at.exception
-    added, removed = added_and_removed(right, at.code[0].value)
-    assert not removed and len(added) == 1 and 'job.pitfall("log-undivided-loss")' in added[0]
-    assert "ga-wrong" in at.get("html")[0].proto.body
+    assert at.code[0].value == right  # the loop as plain text: unchanged
+    hook, loop = [html.proto.body for html in at.get("html") if "ga-listing" in html.proto.body]
+    assert 'class="ga-line ga-wrong' in hook and "log_undivided_loss" in hook
+    assert 'class="ga-line ga-wrong' not in loop and 'class="ga-line ga-plain ga-right' in loop
     said = " ".join(m.value for m in at.markdown)
-    assert "log-undivided-loss" in said and "transformers #35204" in said and "`logged_loss = loss.item()`" in said
-    at.radio(key="form.code.backend").set_value("accelerate").run()  # the other loops have no wrong lines to show
-    assert not at.multiselect and "job.pitfall(" not in at.code[0].value
+    assert "log-undivided-loss" in said and "transformers #35204" in said and "Break it on purpose" in said
+    assert "`window.add(loss.item(), meter.bytes if measuring else None)`" in said
+    at.radio(key="form.code.backend").set_value("accelerate").run()  # the other loops have no pitfalls to show
+    assert not at.multiselect and sum("ga-listing" in html.proto.body for html in at.get("html")) == 1

@@ -209,9 +209,9 @@ def test_the_warm_up_leaves_the_threads_of_a_torch_imported_before_it(fresh_warm
 
 def test_threads_started_after_a_real_warm_up_compute_with_the_suites_count(fresh_warmup, monkeypatch):
     """torch.set_num_threads from the warm-up thread sets the count every thread starts with afterwards (a
-    run's thread, Trainer's), not the caller's: on main, with OMP_NUM_THREADS=2 in the shell, a thread started
-    after a page test's warm-up computed with 1 thread and one started before with 2. Here the real torch, the
-    real warm-up and a count it would set that differs from the suite's."""
+    run's thread, Trainer's), not the caller's: with OMP_NUM_THREADS=2 in the shell, a thread started after a page
+    test's warm-up would compute with 1 thread and one started before with 2. Here the real torch, the real warm-up
+    and a count it would set that differs from the suite's."""
     import torch
 
     monkeypatch.setattr(warmup, "IMPORTS", [("torch", ())])
@@ -229,7 +229,7 @@ def test_threads_started_after_a_real_warm_up_compute_with_the_suites_count(fres
         assert warmup.wait_until_warm(timeout=30) and warmup.state() == "warm"
         assert in_new_thread() == torch.get_num_threads() == 1
     finally:
-        torch.set_num_threads(1)  # without the fix the warm-up changed it: later tests get the suite's count back
+        torch.set_num_threads(1)  # the warm-up may set another count: later tests get the suite's back
 
 
 def test_a_bad_torch_threads_value_is_said_on_the_page(fresh_warmup, monkeypatch):

@@ -109,6 +109,24 @@ def test_torch_scheduler_mark_ddp_flag_and_fsdp_records():
     contract("torch", "DTensor._local_tensor", "_local_tensor" in getattr(DTensor, "__slots__", ()))
 
 
+def test_torch_runs_a_callback_queued_during_backward_once_every_gradient_is_in_grad():
+    """The pitfalls' after-backward hook: queued from a hook on the loss, it runs after the last parameter's
+    gradient is accumulated, once per backward."""
+    from gradacc.training.compat import torch as compat
+
+    contract("torch", "Variable._execution_engine.queue_callback",
+             callable(getattr(torch.autograd.Variable._execution_engine, "queue_callback", None)))
+    first, second = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))
+    seen = []
+    for _ in range(2):
+        loss = (first * 2).sum() + (second * 3).sum()
+        loss.register_hook(lambda grad: compat.at_end_of_backward(
+            lambda: seen.append((first.grad.tolist(), second.grad.tolist()))))
+        loss.backward()
+    contract("torch", "Variable._execution_engine.queue_callback (runs after .grad is accumulated)",
+             seen == [([2.0] * 3, [3.0] * 2), ([4.0] * 3, [6.0] * 2)], str(seen))
+
+
 def test_lightning_calls_the_hooks_on_the_instance_in_order_and_wraps_the_optimizer_in_a_copy():
     """A LightningModule's training_step and on_before_optimizer_step are looked up on the instance (an instance
     attribute stands in); the module's on_before_optimizer_step runs after the callbacks' and before

@@ -25,7 +25,6 @@ from gradacc.training.backends.evaluation import evaluate
 from gradacc.training.backends.optimizer import clip_gradients, make_optimizer, make_scheduler
 from gradacc.training.backends.reporting import StepReporter, WindowTally, activation_meter, check_finite
 from gradacc.training.compat import accelerate as compat
-from gradacc.training.distributed import SyncProbe
 from gradacc.training.windows import loss_weight
 
 MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
@@ -74,8 +73,7 @@ def train(job) -> None:
         accelerate_fsdp.prepared_sharded(accelerator, model)
     meter = activation_meter(job, model)
     report = StepReporter(job, num_processes)
-    report.sync_probe = SyncProbe.attach(model)  # None unless prepare wrapped the model in DDP
-    report.sharding_probe = fsdp.ShardingProbe.attach(model, config, job.device)  # None unless prepare sharded it
+    report.watch(model)  # DDP's gradient syncs, FSDP's shards, where prepare wrapped the model so
 
     step, window = 0, WindowTally()  # the window being accumulated: its loss, micro-batches, activation bytes
     for epoch in range(1, config.epochs + 1):
@@ -89,7 +87,7 @@ def train(job) -> None:
                 with meter.measure() if measuring else contextlib.nullcontext():
                     outputs = model(**batch)
                 loss = outputs.loss
-                check_finite(loss, step + 1)
+                check_finite(loss, step + 1)  # a host sync (waits for the GPU): a NaN stops the run where it starts
                 # Accumulation, 1 of 3: scale the loss. accelerator.backward divides by k itself (even in a short
                 # last window); the exact weights undo that.
                 weight = loss_weight(config.loss_normalization, job.batch_items[index], job.window_items[index],
@@ -97,6 +95,7 @@ def train(job) -> None:
                 # Accumulation, 2 of 3: backward every micro-batch.
                 accelerator.backward(loss * weight * grad_accum_steps)
                 report.backward_done()
+                # .item() is a host sync too, for the log: the scaled losses of a window add up to its mean loss.
                 window.add(loss.item() * weight, meter.bytes if measuring else None)
                 norm = None
                 if accelerator.sync_gradients:

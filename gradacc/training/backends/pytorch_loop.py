@@ -1,11 +1,12 @@
 """Backend 1: a plain PyTorch loop.
 
 Forward, scale the loss, ``backward()``; every k micro-batches (and at the end of the epoch) clip,
-``optimizer.step()``, ``lr_scheduler.step()``, ``optimizer.zero_grad()``. Nothing hidden.
+``optimizer.step()``, ``lr_scheduler.step()``, ``optimizer.zero_grad()``. Nothing hidden, and nothing wrong: the
+loop below is the right one whatever the run asks for.
 
-Lines marked ``# WRONG`` run only when a run asks for that pitfall (``--pitfall NAME``, the Train page's "Break it
-on purpose"): each is a real upstream mistake, one line beside the right one, and gradacc.training.backends.pitfalls
-measures what it did against the right loop in the same run.
+"Break it on purpose" (``--pitfall NAME``, the Train page) leaves this loop as it is: each mistake is a hook that
+gradacc.training.backends.pitfalls puts on the loop's model, optimizer, scheduler, window rule or loss log, doing
+the one wrong thing where the wrong line would, and measuring what it did against the right loop in the same run.
 
 On several processes (``accelerate launch`` / ``torchrun``) the model is wrapped in
 ``DistributedDataParallel`` and every micro-batch but the window's last runs inside ``model.no_sync()``:
@@ -18,19 +19,17 @@ from __future__ import annotations
 
 import contextlib
 
-import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from gradacc.choices import PER_MICRO_BATCH
 from gradacc.training import fsdp
+from gradacc.training.backends import pitfalls
 from gradacc.training.backends.device import to_device
 from gradacc.training.backends.evaluation import evaluate
 from gradacc.training.backends.optimizer import clip_gradients, make_optimizer, make_scheduler
 from gradacc.training.backends.reporting import StepReporter, WindowTally, activation_meter, check_finite
-from gradacc.training.distributed import SyncProbe
-from gradacc.training.backends.pitfalls import Probe as PitfallProbe
-from gradacc.training.windows import loss_weight
+from gradacc.training.windows import WindowRule, loss_weight
 
 
 def train(job) -> None:
@@ -50,21 +49,19 @@ def train(job) -> None:
     # After wrapping: FSDP replaces each parameter by this rank's shard, which is what the optimizer steps.
     optimizer = make_optimizer(model, config, job.device)
     lr_scheduler = make_scheduler(optimizer, config, job.total_steps)
-    report.sync_probe = SyncProbe.attach(model)  # None unless the model is DDP-wrapped
-    report.sharding_probe = fsdp.ShardingProbe.attach(model, config, job.device)  # None unless it is sharded
-    report.pitfall_probe = PitfallProbe.attach(job, model, optimizer)  # None unless the run asks for pitfalls
-
+    windows = WindowRule(grad_accum_steps)  # which micro-batch closes a window and steps
     step, window = 0, WindowTally()  # the window being accumulated: its loss, micro-batches, activation bytes
+    report.watch(model)  # DDP's gradient syncs, FSDP's shards: nothing on one process
+    pitfalls.install(job, report, model, optimizer, lr_scheduler, windows, window)  # nothing unless asked for
+
     for epoch in range(1, config.epochs + 1):
         model.train()
         for index, batch in enumerate(dataloader):
             job.check_stop()
-            if job.pitfall("zero-grad-per-micro-batch"): optimizer.zero_grad()  # WRONG: a step keeps 1 micro-batch
             batch = to_device(batch, job.device)
             report.micro_batch(batch)
-            last_of_window = (index + 1) % grad_accum_steps == 0 or index + 1 == len(dataloader)
-            if job.pitfall("drop-last-window"):  # WRONG: the epoch's short last window never steps
-                last_of_window = (index + 1) % grad_accum_steps == 0
+            # Every k-th micro-batch closes a window, and so does the epoch's last: a short last window still steps.
+            last_of_window = windows.closes(index, len(dataloader))
             # DDP all-reduces gradients during backward(); inside no_sync() they only add up on this rank.
             # Forward and backward both go inside: DDP decides at forward time whether backward syncs.
             # FSDP reduce-scatters during backward() unless told not to (per window: only the window's last).
@@ -78,19 +75,15 @@ def train(job) -> None:
                 with meter.measure() if measuring else contextlib.nullcontext(), precision.autocast():
                     outputs = model(**batch)
                 loss = outputs.loss
-                check_finite(loss, step + 1)
+                check_finite(loss, step + 1)  # a host sync (waits for the GPU): a NaN stops the run where it starts
                 # Accumulation, 1 of 3: scale each micro-batch's loss (÷ k, or by its share of the window's items).
                 loss = loss * loss_weight(config.loss_normalization, job.batch_items[index], job.window_items[index],
                                           grad_accum_steps, num_processes)
                 # Accumulation, 2 of 3: backward() every micro-batch; the gradients add up in each .grad.
                 precision.scale(loss).backward()
             report.backward_done()
-            if job.pitfall("clip-per-micro-batch"): clip_gradients(model, config.max_grad_norm)  # WRONG: k clips
-            if job.pitfall("scheduler-per-micro-batch") and not last_of_window:  # WRONG: k schedule steps per step
-                lr_scheduler.step()
-            logged_loss = loss.item()  # the scaled losses of a window add up to its mean loss
-            if job.pitfall("log-undivided-loss"): logged_loss = outputs.loss.item()  # WRONG: not ÷ k
-            window.add(logged_loss, meter.bytes if measuring else None)
+            # .item() is a host sync too, for the log: the scaled losses of a window add up to its mean loss.
+            window.add(loss.item(), meter.bytes if measuring else None)
 
             # Accumulation, 3 of 3: step and zero the gradients once per window of k micro-batches.
             if last_of_window:

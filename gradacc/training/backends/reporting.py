@@ -12,7 +12,7 @@ import torch
 from gradacc import events
 from gradacc.errors import RunFailed
 from gradacc.events import BASELINE_METRICS
-from gradacc.training import distributed
+from gradacc.training import distributed, fsdp
 from gradacc.training.memory import measure
 
 
@@ -81,7 +81,7 @@ class StepReporter:
         self.sync_probe: distributed.SyncProbe | None = None
         # Set when the model is sharded (FSDP): each rank's gradient bytes, collective bytes and window seconds.
         self.sharding_probe = None
-        # Set when the run asks for pitfalls: what the right loop would have done at each step (training.pitfalls).
+        # Set when the run asks for pitfalls: what the right loop would have done at each step (backends.pitfalls).
         self.pitfall_probe = None
         self.started = time.perf_counter()
         # The training thread's CPU time measures a step's work whatever else the machine runs, where that thread
@@ -89,6 +89,12 @@ class StepReporter:
         self.thread = threading.get_ident()
         self.started_cpu = time.thread_time() if (torch.device(job.device).type == "cpu"
                                                   and torch.get_num_threads() == 1) else None
+
+    def watch(self, model) -> None:
+        """Attach the probes ``model`` needs: DDP's sync rounds when it is DDP-wrapped, FSDP's bytes and times when it
+        is sharded (neither on one process)."""
+        self.sync_probe = distributed.SyncProbe.attach(model)
+        self.sharding_probe = fsdp.ShardingProbe.attach(model, self.job.config, self.job.device)
 
     def micro_batch(self, batch: dict) -> None:
         if self.job.memory_guard is not None:

@@ -35,7 +35,6 @@ from gradacc.training.backends.accelerate_fsdp import forget_fsdp_on_cpu, keep_f
 from gradacc.training.backends.evaluation import EVAL_BATCH_SIZE, evaluate, next_token_predictions
 from gradacc.training.backends.optimizer import make_optimizer, warmup_steps
 from gradacc.training.backends.reporting import StepReporter, WindowTally, activation_meter, check_finite
-from gradacc.training.distributed import SyncProbe
 from gradacc.training.memory.measure import ActivationMeter
 from gradacc.training.backends.metrics import classification_metrics, language_model_metrics
 from gradacc.training.windows import loss_weight
@@ -126,12 +125,10 @@ class EventCallback(TrainerCallback):
         self.lr = 0.0
 
     def on_train_begin(self, args, state, control, **kwargs):
-        # Trainer has just DDP-wrapped the model (on several processes): count its gradient all-reduces; or sharded it.
-        self.report.sync_probe = SyncProbe.attach(self.trainer.model_wrapped)
+        # Trainer has just DDP-wrapped the model (on several processes), or sharded it: watch its gradient syncs.
         if self.job.config.fsdp:
             prepared_sharded(self.trainer.accelerator, self.trainer.model_wrapped)
-            self.report.sharding_probe = fsdp.ShardingProbe.attach(self.trainer.model_wrapped, self.job.config,
-                                                                   self.job.device)
+        self.report.watch(self.trainer.model_wrapped)
 
     def on_substep_end(self, args, state, control, **kwargs):
         if self.job.stop.is_set():

@@ -1,7 +1,10 @@
 """torch's internals gradacc relies on (torch 2.13): the LR scheduler's mark on ``optimizer.step``, DDP's sync flag,
-and FSDP2's per-parameter records (FSDP2 has no public API for the unsharded gradients it accumulates)."""
+FSDP2's per-parameter records (FSDP2 has no public API for the unsharded gradients it accumulates), and autograd's
+end-of-backward callbacks (no public hook runs once every gradient of a backward is in ``.grad``)."""
 
 from __future__ import annotations
+
+from torch.autograd import Variable
 
 # FSDP2's default collectives (private module): gradacc's ledger subclasses them to count what each rank sends.
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter  # noqa: F401
@@ -15,6 +18,12 @@ def keep_scheduler_mark(replacement, original) -> None:
     """``replacement`` (a function standing in for ``original``, an optimizer's step) carries the scheduler's mark."""
     if getattr(original, SCHEDULER_MARK, False):
         setattr(replacement, SCHEDULER_MARK, True)
+
+
+def at_end_of_backward(callback) -> None:
+    """Run ``callback`` when the backward now running ends, once every gradient is added to ``.grad`` (FSDP1's
+    post-backward works this way). Only from a hook that runs during that backward."""
+    Variable._execution_engine.queue_callback(callback)
 
 
 def ddp_syncs_next_backward(ddp_model) -> bool:

@@ -62,10 +62,6 @@ class Job:
     def causal_lm(self) -> bool:
         return self.config.task == CAUSAL_LM
 
-    def pitfall(self, name: str) -> bool:
-        """Whether this run asked for the pitfall ``name`` (the plain loop's deliberate wrong lines)."""
-        return name in self.config.pitfalls
-
     @property
     def contrastive(self) -> bool:
         return self.config.task == CONTRASTIVE

@@ -103,7 +103,8 @@ def _tokenize_next_token(tokenizer, text: data.TextData, config: RunConfig, toke
     kept_train = [e for e in train if data.item_count(e)]
     kept_eval = [e for e in held_out if data.item_count(e)]
     if not kept_train or not kept_eval:
-        raise GradaccError("Dataset: no text is longer than one token, so a causal LM has nothing to predict.", "dataset")
+        raise GradaccError("Dataset: no text is longer than one token, so a causal LM has nothing to predict.",
+                           "dataset")
     dropped = len(train) + len(held_out) - len(kept_train) - len(kept_eval)
     notes = (f"{dropped} text(s) of a single token were dropped: a causal LM predicts nothing from them.",)
     return Tokenized(kept_train, kept_eval, train_cut + eval_cut, notes if dropped else ())

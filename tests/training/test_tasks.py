@@ -88,7 +88,8 @@ def test_no_module_but_the_specs_compares_a_task_with_a_task_name():
 
 
 @pytest.mark.parametrize("planted, caught", [
-    ("from gradacc.choices import CAUSAL_LM\nif config.task == CAUSAL_LM:\n    pass\n", ["2: config.task == CAUSAL_LM"]),
+    ("from gradacc.choices import CAUSAL_LM\nif config.task == CAUSAL_LM:\n    pass\n",
+     ["2: config.task == CAUSAL_LM"]),
     ("if run.get('task') not in (None, 'classification'):\n    pass\n",
      ["1: run.get('task') not in (None, 'classification')"]),
     ("from gradacc.choices import CONTRASTIVE as PAIRS\nok = task != PAIRS\n", ["2: task != PAIRS"]),

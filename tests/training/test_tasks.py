@@ -98,3 +98,29 @@ def test_no_module_but_the_specs_compares_a_task_with_a_task_name():
 ])
 def test_a_planted_comparison_with_a_task_name_is_caught(planted, caught):
     assert task_comparisons(ROOT / "gradacc" / "probe.py", planted) == caught
+
+
+def word_tokenizer():
+    """A tokenizer of one token per word and no special tokens, so a one-word text is a single token."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = Tokenizer(models.WordLevel({"[PAD]": 0, "a": 1, "b": 2, "c": 3}, unk_token="[PAD]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=words, pad_token="[PAD]", unk_token="[PAD]")
+
+
+def test_a_causal_lm_drops_the_texts_it_predicts_nothing_from_and_says_so():
+    from gradacc.config import RunConfig
+    from gradacc.errors import GradaccError
+    from gradacc.training.sources.data import TextData
+
+    spec, config = TASKS[choices.CAUSAL_LM], RunConfig(max_seq_length=8)
+    text = TextData(["a b", "c"], [], ["a b c", "b"], [], [])
+    tokenized = spec.tokenize(word_tokenizer(), text, config, True)
+    # Position 0 predicts nothing: "a b" predicts b, "a b c" predicts b then c.
+    assert [e["labels"] for e in tokenized.train] == [[-100, 2]]
+    assert [e["labels"] for e in tokenized.eval] == [[-100, 2, 3]]
+    assert tokenized.notes == ("2 text(s) of a single token were dropped: a causal LM predicts nothing from them.",)
+    with pytest.raises(GradaccError, match="a causal LM has nothing to predict"):
+        spec.tokenize(word_tokenizer(), TextData(["a"], [], ["b"], [], []), config, True)

@@ -9,6 +9,11 @@ LOSS_NORMALIZATIONS = ("exact", "naive")
 CLASSIFICATION, CAUSAL_LM, CONTRASTIVE = "classification", "causal-lm", "contrastive"
 # contrastive: a sentence-transformers model learns (query, positive) pairs with in-batch negatives.
 TASKS = (CLASSIFICATION, CAUSAL_LM, CONTRASTIVE)
+# The built-in data each task trains on when a run names none (gradacc.training.tasks holds the rest of each task).
+TASK_DATASETS = {CLASSIFICATION: "builtin-sentiment", CAUSAL_LM: "builtin-text", CONTRASTIVE: "builtin-pairs"}
+# Tasks whose micro-batch's examples are each other's negatives: accumulation is not the big batch there, so they run
+# on one process and GradCache's mini-batch applies.
+IN_BATCH_NEGATIVE_TASKS = (CONTRASTIVE,)
 # bow-batchnorm and bow-layernorm: a bag-of-embeddings classifier with BatchNorm (statistics over the micro-batch,
 # which couples its examples: accumulation is not the big batch) or LayerNorm (per example: it is).
 BUILTIN_MODELS = ("tiny-bert", "all-MiniLM-L6-v2", "tiny-gpt", "bow-batchnorm", "bow-layernorm")

@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass, field
 
 from gradacc import paths, recipes
-from gradacc.choices import (BACKENDS, BUILTIN_DATASETS, BUILTIN_MODELS, CONTRASTIVE, FSDP_UNSHARDABLE, GRAD_SYNCS,
-                             LOSS_NORMALIZATIONS, OPTIMIZERS, PER_WINDOW, PITFALLS, PRECISIONS,
+from gradacc.choices import (BACKENDS, BUILTIN_DATASETS, BUILTIN_MODELS, FSDP_UNSHARDABLE, GRAD_SYNCS,
+                             IN_BATCH_NEGATIVE_TASKS, LOSS_NORMALIZATIONS, OPTIMIZERS, PER_WINDOW, PITFALLS, PRECISIONS,
                              SINGLE_EXAMPLE_UNMEASURABLE, TASKS)
 from gradacc.errors import GradaccError
 from gradacc.labels import field_label
@@ -263,7 +263,7 @@ def _check_pitfalls(checks: _Checks) -> None:
 
 def _check_contrastive(checks: _Checks) -> None:
     values = checks.values
-    contrastive = values["task"] == CONTRASTIVE
+    contrastive = values["task"] in IN_BATCH_NEGATIVE_TASKS  # gradacc.training.tasks.Task.in_batch_negatives
     if values["gradcache_mini_batch"] is not None:
         if not contrastive:
             checks.refuse("gradcache_mini_batch", f"{field_label('gradcache_mini_batch')} is for the contrastive "

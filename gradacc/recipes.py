@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from gradacc.choices import BUILTIN_MODEL_TASKS, CAUSAL_LM, FROM_SCRATCH_MODELS
+from gradacc.choices import BUILTIN_MODEL_TASKS, CLASSIFICATION, FROM_SCRATCH_MODELS, TASK_DATASETS
 from gradacc.labels import field_label
 
 
@@ -105,8 +105,9 @@ def no_recipe_rate(model: str, optimizer: str) -> str:
 
 
 def default_dataset(model: str | None) -> str:
-    """The built-in data a built-in model trains on: builtin-text for a causal LM, builtin-sentiment otherwise."""
-    return "builtin-text" if BUILTIN_MODEL_TASKS.get((model or "").strip()) == CAUSAL_LM else "builtin-sentiment"
+    """The built-in data a built-in model trains on: its task's (builtin-text for a causal LM, builtin-sentiment for
+    a classifier, and for a model not built in)."""
+    return TASK_DATASETS[BUILTIN_MODEL_TASKS.get((model or "").strip(), CLASSIFICATION)]
 
 
 def is_pretrained(model: str | None) -> bool:

@@ -8,6 +8,7 @@ from gradacc import units
 from gradacc.training.run import health
 from gradacc.app.live_chart import live_chart
 from gradacc.training.backends import DESCRIPTIONS
+from gradacc.training.tasks import task_named
 from gradacc.choices import BACKENDS
 from gradacc.config import RunConfig
 from gradacc.labels import field_label
@@ -36,7 +37,7 @@ with data_column:
     inputs.recipe_note("train")
     dataset, text_column, label_column, dataset_problem = inputs.dataset_input("train", errors, limits)
     task = inputs.task_input("train", errors, RunConfig(model=model, dataset=dataset))
-    gradcache_mini_batch = inputs.gradcache_input("train", errors) if task == "contrastive" else None
+    gradcache_mini_batch = inputs.gradcache_input("train", errors) if task_named(task).gradcache else None
     backend = st.radio(field_label("backend"), BACKENDS, key=K + "backend", persist_state="session",
                        format_func=inputs.BACKEND_NAMES.get, captions=[DESCRIPTIONS[b] for b in BACKENDS])
     errors.slot("backend")

@@ -37,7 +37,7 @@ from gradacc.choices import GRAD_SYNCS, PER_MICRO_BATCH, PER_WINDOW
 from gradacc.config import RunConfig
 from gradacc.labels import field_label
 from gradacc.errors import GradaccError
-from gradacc.training.sources.models import infer_task
+from gradacc.training.tasks import task_of
 
 CASES = ("equal_windows", "short_last_window", "token_level", "language_model")
 # The language-model case: a causal LM's next-token loss, where micro-batches of texts of uneven lengths
@@ -66,7 +66,8 @@ def check(config: RunConfig, samples: int | None = None, cases=CASES, confinemen
     ``confinement``: where a local model or data path may lie (``paths.TRUST_USER`` from the command line;
     None: the app's visitors' folders).
     """
-    if config.task == "contrastive":  # in-batch negatives: the three ways to a big batch, not naive vs exact
+    task = task_of(config)
+    if task.in_batch_negatives:  # the three ways to a big batch, not naive vs exact
         if samples is not None:
             raise GradaccError(f"{field_label('samples')} is not used by the contrastive check: it compares whole "
                                "batches of m×k pairs.", "samples")
@@ -80,7 +81,7 @@ def check(config: RunConfig, samples: int | None = None, cases=CASES, confinemen
         product = "m×k" if processes == 1 else "m×k×processes"
         raise GradaccError(f"{field_label('samples')} must be a whole number from 1 to {product} = {full} (one "
                            f"accumulation window); got {samples!r}.", "samples")
-    if infer_task(config) == "causal-lm":
+    if task.next_token:
         # Every window of a causal LM is token-level already: the two windows are the cases.
         cases = [case for case in cases if case in ("equal_windows", "short_last_window")]
     coupled = config.model.strip() in COUPLED_MODELS

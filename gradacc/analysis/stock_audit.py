@@ -15,13 +15,13 @@ import tempfile
 
 from gradacc import audit as public_audit  # light: each name loads its module when first used
 from gradacc import paths
-from gradacc.choices import CAUSAL_LM, CONTRASTIVE
 from gradacc.config import RunConfig
 from gradacc.errors import GradaccError
 from gradacc.labels import field_label
-from gradacc.training import process_state
+from gradacc.training import process_state, tasks
 from gradacc.training.run.engine import quiet_libraries
 from gradacc.training.sources import data, models
+from gradacc.training.tasks import TASKS
 
 # torch, transformers and the training modules that import them at their top are imported inside the functions that
 # train or measure: the app's audit queue (gradacc.serving.audits), and `gradacc --help`, imports this module before
@@ -40,11 +40,11 @@ def stock_examples(tokenizer, texts: list[str], labels: list[int] | None, max_le
 
 
 def stock_collator(tokenizer, task: str):
-    """The collator a stock Trainer uses for the task (transformers' own)."""
+    """The collator a stock Trainer uses for the task named ``task`` (transformers' own)."""
     # here: the app and `gradacc --help` import this module before transformers loads
     from transformers import DataCollatorForLanguageModeling, DataCollatorWithPadding
 
-    if task == CAUSAL_LM:
+    if TASKS[task].next_token:
         if tokenizer.pad_token is None:  # GPT-2's tokenizer has none: the docs' way
             tokenizer.pad_token = tokenizer.eos_token
         return DataCollatorForLanguageModeling(tokenizer=tokenizer, mlm=False)
@@ -59,14 +59,14 @@ def audit_stock_trainer(config: RunConfig, steps: int = 1, callbacks=(), confine
     folders). ``audited=False``: the same run without the audit (the benchmark's baseline): returns None."""
     config = config.check()
     config = config.replace(task=models.infer_task(config))
-    if config.task == CONTRASTIVE:
-        raise GradaccError("The audit is of a Trainer's accumulated loss on a classifier or a causal LM; the "
-                           "contrastive task trains with sentence-transformers.", "task")
+    task = TASKS[config.task]
+    if task.stock_audit_refusal:
+        raise GradaccError(task.stock_audit_refusal, "task")
     m, k = config.micro_batch_size, config.grad_accum_steps
     # Full windows on every rank (under accelerate launch / torchrun each takes its share of the examples).
     config = config.replace(train_samples=m * k * steps * config.num_processes, eval_samples=8)
     quiet_libraries()
-    text = data.load_text_data(config, confinement)
+    text = data.load_text_data(config, confinement, labelled=task.labelled)
     if len(text.train_texts) < m:
         raise GradaccError(f"{field_label('micro_batch_size')} is {m}, but the data has only "
                            f"{len(text.train_texts)} training rows.", "micro_batch_size")
@@ -90,9 +90,9 @@ def _audited_steps(config: RunConfig, text, steps: int, callbacks, confinement, 
     from transformers import PrinterCallback, Trainer, TrainingArguments
 
     m, k = config.micro_batch_size, config.grad_accum_steps
-    loaded = models.load(config, text.num_labels, text.label_names, confinement=confinement)
-    causal = config.task == CAUSAL_LM
-    examples = stock_examples(loaded.tokenizer, text.train_texts, None if causal else text.train_labels,
+    loaded = tasks.load_model(config, text.num_labels, text.label_names, confinement=confinement)
+    labelled = TASKS[config.task].labelled
+    examples = stock_examples(loaded.tokenizer, text.train_texts, text.train_labels if labelled else None,
                               config.max_seq_length)
     with tempfile.TemporaryDirectory(prefix="gradacc-audit-") as output_dir:
         args = TrainingArguments(output_dir=output_dir, per_device_train_batch_size=m, gradient_accumulation_steps=k,

@@ -12,6 +12,7 @@ pitfalls and several processes change the weighting in their own ways: no scales
 from __future__ import annotations
 
 from gradacc import events as ev
+from gradacc.training.tasks import task_named
 
 # Scales this close to 1 are 1 (float rounding of N/(k·n) never comes near).
 SAME = 1e-9
@@ -22,7 +23,8 @@ def step_scales(run_events: list[dict]) -> list[tuple[int, float, float]] | None
     cannot tell (see the module's docstring)."""
     started = next((e for e in run_events if e.get("event") == ev.RUN_STARTED), None)
     config = (started or {}).get("config") or {}
-    if (started is None or config.get("task") not in (None, "classification") or config.get("pitfalls")
+    # A label per text: each example is one item of the loss.
+    if (started is None or not task_named(config.get("task")).labelled or config.get("pitfalls")
             or config.get("backend") == "trainer" or (config.get("num_processes") or 1) != 1
             or config.get("loss_normalization") not in ("naive", "exact")):
         return None

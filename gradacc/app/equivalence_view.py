@@ -13,6 +13,7 @@ from gradacc.analysis import contrastive
 from gradacc.analysis.equivalence import EXACT_LIMIT, library_default_verdict
 from gradacc.analysis.equivalence import rows as report_rows  # light: torch is imported only inside check()
 from gradacc.training.audit.vocabulary import words  # no torch: the page paints before it loads
+from gradacc.training.tasks import task_named
 
 EXACT_LOOKS_LIKE = EXACT_LIMIT  # float32 rounding of a sum of micro-batch gradients stays well below this
 # `python -m gradacc bench families`' rows (see gradacc.bench.families.PAGE_TABLE): measured, not computed here.
@@ -39,7 +40,7 @@ def coupled_summary(reports: list[dict]) -> tuple[list[str], list[dict]]:
     its m and k, and its gradient's relative error against the big batch."""
     sentences, table_rows = [], []
     for report in reports:
-        if report.get("task") == "contrastive":
+        if task_named(report.get("task")).in_batch_negatives:
             sentences += contrastive.explanation(report)
             for name, way in report["ways"].items():
                 if name == "batch":

@@ -8,8 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gradacc import paths, recipes
-from gradacc.choices import (BUILTIN_DATASETS, BUILTIN_MODEL_TASKS, BUILTIN_MODELS, CAUSAL_LM, CONTRASTIVE,
-                             CONTRASTIVE_MODELS)
+from gradacc.choices import BUILTIN_DATASETS, BUILTIN_MODEL_TASKS, BUILTIN_MODELS
 from gradacc.config import ConfigErrors, RunConfig, ValidConfig, too_few_examples
 from gradacc.recipes import RECIPES, recipe_for
 from gradacc.steps import total_optimizer_steps
@@ -19,7 +18,7 @@ from gradacc.serving.limits import Limits
 from gradacc.training.sources import tables
 from gradacc.training.sources import data as data_module
 from gradacc.training.sources import models  # light: torch and transformers load only inside load()
-from gradacc.training.sources.models import infer_task
+from gradacc.training.tasks import dataset_refusal, task_of
 
 # The built-in dataset's size when train_samples is not set (gradacc.training.sources.data uses the same).
 BUILTIN_DEFAULT_TRAIN = 2000
@@ -151,22 +150,21 @@ def describe_dataset_move(model: str, dataset: str) -> str:
 
 def task_errors(config: RunConfig) -> dict[str, str]:
     """A model, task and built-in dataset that cannot go together, said before Start (no torch needed)."""
-    task = infer_task(config)
+    task = task_of(config)
     model_task = BUILTIN_MODEL_TASKS.get(config.model)
-    if task == CONTRASTIVE:
-        if model_task is not None and config.model not in CONTRASTIVE_MODELS:
-            return {"task": f"Task contrastive trains a sentence-transformers model ({', '.join(CONTRASTIVE_MODELS)} "
-                            f"or a folder), not {config.model}."}
-        if config.dataset != "builtin-pairs":
-            return {"dataset": "Task contrastive trains on builtin-pairs, (query, positive) pairs."}
+    if task.models is not None:  # a task that trains its own models on its own data only
+        if model_task is not None and config.model not in task.models:
+            return {"task": f"Task {task.name} trains {task.models_words}, not {config.model}."}
+        if config.dataset != task.default_dataset:
+            return {"dataset": f"Task {task.name} trains on {task.default_dataset}, {task.data_words}."}
         return {}
-    if config.dataset == "builtin-pairs":
-        return {"dataset": "Dataset builtin-pairs holds (query, positive) pairs: it is for the contrastive task."}
-    if model_task is not None and model_task != task:
-        return {"task": f"Task {task} does not fit {config.model}, a {model_task} model."}
-    if config.dataset == "builtin-text" and task != CAUSAL_LM:
-        return {"dataset": "Dataset builtin-text has no labels to classify: it is for the causal-lm task (tiny-gpt)."}
-    return {}
+    errors = {}
+    if model_task is not None and model_task != task.name:
+        errors["task"] = f"Task {task.name} does not fit {config.model}, a {model_task} model."
+    refusal = dataset_refusal(task, config.dataset)
+    if refusal:
+        errors["dataset"] = refusal
+    return errors
 
 
 def optimizer_steps(config: ValidConfig, train_examples: int | None) -> int | None:
@@ -190,7 +188,7 @@ def count_train_examples(config: RunConfig) -> int:
     known = known_train_examples(config)
     if known is not None:
         return known
-    return len(data_module.load_text_data(config).train_texts)
+    return len(data_module.load_text_data(config, labelled=task_of(config).labelled).train_texts)
 
 
 RUN_LABEL_MODEL_CHARS = 40

@@ -6,8 +6,10 @@ import heapq
 import statistics
 
 from gradacc import events as ev
+from gradacc.choices import BUILTIN_MODEL_TASKS
 from gradacc.config import RunConfig
 from gradacc.export.trackers import tensorboard_zip as zip_events
+from gradacc.training.tasks import Task, task_named
 
 RECENT_RUNS = 10  # finished runs whose durations estimate a queued run's wait
 
@@ -117,26 +119,17 @@ def has_anything_to_show(run) -> bool:
 
 
 def eval_scores(run) -> list[tuple[str, str]]:
-    """The two latest eval scores the run's task has, as (name, shown value): perplexity and next-token
-    accuracy for a causal LM, F1 and accuracy for a classifier ("—" before the first eval)."""
+    """The two latest eval scores the run's task has (``Task.metric_rows``), as (name, shown value): perplexity
+    and next-token accuracy for a causal LM, F1 and accuracy for a classifier ("—" before the first eval)."""
     latest = latest_eval(run)
-    if is_contrastive(run):
-        return [("Eval MRR@10", _shown(latest, "eval_mrr_at_10", "{:.3f}")),
-                ("Eval recall@1", _shown(latest, "eval_recall_at_1", "{:.3f}"))]
-    if is_language_model(run):
-        return [("Eval perplexity", _shown(latest, "eval_perplexity", "{:.2f}")),
-                ("Next-token accuracy", _shown(latest, "eval_next_token_accuracy", "{:.3f}"))]
-    return [("Eval F1", _shown(latest, "eval_f1", "{:.3f}")), ("Eval accuracy", _shown(latest, "eval_accuracy", "{:.3f}"))]
+    return [(label, _shown(latest, key, form)) for label, key, form in run_task(run).metric_rows]
 
 
-def is_contrastive(run) -> bool:
+def run_task(run) -> Task:
+    """The spec of a run's task: the one it named (its run_started event names the model's), else its built-in
+    model's."""
     config = (run.started or {}).get("config") or run.config or {}
-    return config.get("task") == "contrastive"
-
-
-def is_language_model(run) -> bool:
-    config = (run.started or {}).get("config") or run.config or {}
-    return config.get("task") == "causal-lm" or (config.get("task") is None and config.get("model") == "tiny-gpt")
+    return task_named(config.get("task") or BUILTIN_MODEL_TASKS.get(config.get("model")))
 
 
 def _shown(latest: dict | None, key: str, form: str) -> str:

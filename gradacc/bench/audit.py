@@ -33,7 +33,9 @@ from gradacc.audit import audit_loop
 from gradacc.bench import report
 from gradacc.config import RunConfig
 from gradacc.training.run.engine import quiet_libraries
+from gradacc.training import tasks
 from gradacc.training.sources import data, models
+from gradacc.training.tasks import TASKS
 
 # Per model: optimizer steps per run and rounds (even: each of with/without goes first equally often).
 FULL = dict(micro_batch_size=8, grad_accum_steps=4, max_seq_length=64,
@@ -80,8 +82,8 @@ def measure_loop(config: RunConfig, steps: int, audited: bool) -> dict:
     config = config.replace(task=models.infer_task(config))
     m, k = config.micro_batch_size, config.grad_accum_steps
     config = config.replace(train_samples=m * k * steps, eval_samples=8)
-    text = data.load_text_data(config, None)
-    loaded = models.load(config, text.num_labels, text.label_names)
+    text = data.load_text_data(config, None, labelled=TASKS[config.task].labelled)
+    loaded = tasks.load_model(config, text.num_labels, text.label_names)
     collate = stock_collator(loaded.tokenizer, config.task)
     examples = stock_examples(loaded.tokenizer, text.train_texts, text.train_labels, config.max_seq_length)
     batches = [collate(examples[i:i + m]) for i in range(0, len(examples), m)]

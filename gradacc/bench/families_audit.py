@@ -31,6 +31,7 @@ from gradacc.audit import audit_accelerate, audit_trainer, token_mean_loss
 from gradacc.choices import CAUSAL_LM, CLASSIFICATION
 from gradacc.errors import one_line
 from gradacc.training import process_state
+from gradacc.training.tasks import TASKS
 from gradacc.training.sources import builtin_data
 from gradacc.training.sources import dropout as dropouts
 
@@ -75,14 +76,15 @@ def _trainer_with_the_fix(saved: SavedFamily, settings: dict):
     tokenizer = AutoTokenizer.from_pretrained(saved.folder)
     examples, task = _examples(saved, tokenizer, m * k)
     model = _model(saved)
-    if task == CAUSAL_LM:
+    next_token = TASKS[task].next_token
+    if next_token:
         model.loss_type = "ForCausalLM"
     with tempfile.TemporaryDirectory(prefix="gradacc-families-audit-") as output_dir:
         args = TrainingArguments(output_dir=output_dir, per_device_train_batch_size=m, gradient_accumulation_steps=k,
                                  max_steps=1, seed=settings["seed"], report_to="none", save_strategy="no",
                                  disable_tqdm=True, use_cpu=True)
         trainer = Trainer(model=model, args=args, train_dataset=examples, data_collator=stock_collator(tokenizer, task),
-                          compute_loss_func=None if task == CAUSAL_LM else token_mean_loss)
+                          compute_loss_func=None if next_token else token_mean_loss)
         trainer.remove_callback(PrinterCallback)
         audit = audit_trainer(trainer)
         trainer.train()

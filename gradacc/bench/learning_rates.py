@@ -22,9 +22,10 @@ import time
 from plotly.subplots import make_subplots
 
 from gradacc.bench import report, runs
-from gradacc.choices import BUILTIN_MODEL_TASKS, CAUSAL_LM
+from gradacc.choices import BUILTIN_MODEL_TASKS
 from gradacc.config import RunConfig
 from gradacc.recipes import RECIPES, default_dataset
+from gradacc.training.tasks import task_named
 
 # Half-decade steps. SGD's rates are larger than AdamW's (its step is the gradient itself, not a normalised one).
 GRIDS = {"sgd": (3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0), "adafactor": (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)}
@@ -39,7 +40,7 @@ QUICK = dict(models=("bow-layernorm",), grids={"sgd": (1e-2, 1e-1), "adafactor":
 
 def metric(model: str) -> tuple[str, bool]:
     """The held-out score of ``model``'s task and whether higher is better."""
-    return ("eval_perplexity", False) if BUILTIN_MODEL_TASKS.get(model) == CAUSAL_LM else ("eval_f1", True)
+    return task_named(BUILTIN_MODEL_TASKS.get(model)).headline_metric
 
 
 def one_run(model: str, optimizer: str, learning_rate: float, seed: int, size: dict) -> dict:

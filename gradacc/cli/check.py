@@ -7,9 +7,10 @@ import json
 from gradacc import paths
 from gradacc.analysis import equivalence
 from gradacc.analysis.contrastive import WAY_NAMES, explanation
-from gradacc.choices import CONTRASTIVE, GRAD_SYNCS
+from gradacc.choices import GRAD_SYNCS
 from gradacc.cli.options import EXIT_OK, add_run_options, config_from_args
 from gradacc.training import distributed
+from gradacc.training.tasks import task_named
 from gradacc.units import format_bytes
 
 
@@ -30,7 +31,7 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(report))
         return EXIT_OK
-    if report.get("task") == CONTRASTIVE:
+    if task_named(report.get("task")).in_batch_negatives:
         return print_contrastive_check(report)
     processes = report["num_processes"]
     print(f"{report['backend']}: micro-batch {report['micro_batch_size']}, k={report['grad_accum_steps']}"

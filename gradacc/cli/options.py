@@ -6,12 +6,11 @@ import argparse
 import json
 import sys
 
-from gradacc.choices import (BACKENDS, BUILTIN_MODEL_TASKS, CAUSAL_LM, CONTRASTIVE, GRAD_SYNCS, LOSS_NORMALIZATIONS,
-                             OPTIMIZERS, PRECISIONS, TASKS)
+from gradacc.choices import BACKENDS, GRAD_SYNCS, LOSS_NORMALIZATIONS, OPTIMIZERS, PRECISIONS, TASKS
 from gradacc.config import RunConfig
 from gradacc.errors import GradaccError
 from gradacc.training import distributed
-from gradacc.training.sources.models import infer_task
+from gradacc.training.tasks import task_named, task_of
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -86,18 +85,15 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
             raise GradaccError(f"Could not read the config file {args.config_file!r}: {error}", "config") from None
     else:
         values = {k: v for k, v in vars(args).items() if v is not None or k in ("max_steps",)}
-        if values.get("task") == CONTRASTIVE and "model" not in values:
-            values["model"] = "all-MiniLM-L6-v2"  # a sentence-transformers model, trained this way
+        default_model = task_named(values.get("task")).default_model  # the task is one of --task's choices
+        if default_model and "model" not in values:
+            values["model"] = default_model  # e.g. contrastive: a sentence-transformers model, trained this way
         if "dataset" not in values:
             values["dataset"] = default_dataset(RunConfig.from_dict(values))
     return RunConfig.from_dict(values).replace(num_processes=distributed.world_size())
 
 
 def default_dataset(config: RunConfig) -> str:
-    """A language model's run without --dataset trains on builtin-text, a classifier's on builtin-sentiment."""
-    if config.task == CONTRASTIVE:
-        return "builtin-pairs"
-    task = config.task or BUILTIN_MODEL_TASKS.get(config.model)
-    if task is None:  # a folder: read its architecture (cheap, no torch)
-        task = infer_task(config)
-    return "builtin-text" if task == CAUSAL_LM else "builtin-sentiment"
+    """The built-in data of the run's task (a folder's is read from its architecture: cheap, no torch): builtin-text
+    for a language model, builtin-sentiment for a classifier, builtin-pairs for the contrastive task."""
+    return task_of(config).default_dataset

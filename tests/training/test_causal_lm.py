@@ -64,7 +64,7 @@ def test_labels_are_the_tokens_and_counts_are_of_predicted_tokens_with_a_short_l
     import threading
 
     job = prepare(RunConfig(**LM).check(), lambda e: None, threading.Event())
-    assert job.config.task == CAUSAL_LM and job.causal_lm
+    assert job.config.task == CAUSAL_LM and job.task.next_token
     example = job.train_examples[0]
     # Position 0 predicts nothing; every other token is predicted from the ones before it.
     assert example["labels"][0] == -100 and example["labels"][1:] == example["input_ids"][1:]

@@ -11,7 +11,7 @@ from gradacc.bench import families
 from gradacc.config import RunConfig
 from gradacc.errors import GradaccError
 from gradacc.training.sources import dropout
-from gradacc.training.sources import models
+from gradacc.training import tasks
 
 RUN_DROPOUT = 0.25  # no family's default: a setting that was not applied shows
 
@@ -39,7 +39,7 @@ def test_the_runs_dropout_is_set_on_every_attribute_and_module_of_a_folder_model
     kind = families.FAMILIES[family][0]
     config = RunConfig(model=str(family_folders / family), dropout=RUN_DROPOUT,
                        task="causal-lm" if kind == families.CAUSAL_LM else "classification").check()
-    loaded = models.load(config, 2, ["negative", "positive"], confinement=paths.TRUST_USER)
+    loaded = tasks.load_model(config, 2, ["negative", "positive"], confinement=paths.TRUST_USER)
     attributes, modules = _dropout_settings(loaded.model)
     assert attributes, "every family names at least one dropout in its config"
     assert attributes == {name: RUN_DROPOUT for name in attributes}

@@ -7,7 +7,7 @@ from gradacc.training.memory import measure
 from gradacc.config import RunConfig
 from gradacc.training.run.engine import train
 from gradacc.events import Recorder
-from gradacc.training.sources.models import load
+from gradacc.training.tasks import load_model as load
 
 
 @pytest.fixture(scope="module")

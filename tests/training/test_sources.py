@@ -11,7 +11,7 @@ from gradacc.training.sources.data import load_text_data
 from gradacc.training.run.engine import train
 from gradacc.errors import GradaccError
 from gradacc.events import Recorder
-from gradacc.training.sources.models import load
+from gradacc.training.tasks import load_model as load
 
 SMALL = dict(train_samples=None, eval_samples=None, epochs=1, micro_batch_size=4, grad_accum_steps=2,
              max_seq_length=32)

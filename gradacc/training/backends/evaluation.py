@@ -37,12 +37,14 @@ def evaluate(model: torch.nn.Module, job) -> dict:
 def _evaluate(model: torch.nn.Module, job) -> dict:
     was_training = model.training
     model.eval()
-    if job.causal_lm:
-        return _evaluate_causal_lm(model, job, was_training)
-    if job.contrastive:
-        metrics = retrieval_metrics(model, job.eval_examples, job.collate, job.device, EVAL_BATCH_SIZE)
+    try:
+        return job.task.evaluate(model, job)  # gradacc.training.tasks: each task's figures
+    finally:
         model.train(was_training)
-        return metrics
+
+
+def evaluate_labels(model: torch.nn.Module, job) -> dict:
+    """A classifier's (of texts or of tokens) mean loss, accuracy, F1 and the baselines' figures."""
     total_loss, predictions, labels = 0.0, [], []
     for start in range(0, len(job.eval_examples), EVAL_BATCH_SIZE):
         chunk = job.eval_examples[start:start + EVAL_BATCH_SIZE]
@@ -52,13 +54,13 @@ def _evaluate(model: torch.nn.Module, job) -> dict:
         labelled = batch["labels"] != IGNORE_INDEX  # token labels: skip padding and special tokens
         predictions.extend(outputs.logits.argmax(-1)[labelled].tolist())
         labels.extend(batch["labels"][labelled].tolist())
-    model.train(was_training)
     scores = classification_metrics(predictions, labels, job.num_labels)
     return {"eval_loss": total_loss / len(job.eval_examples), "eval_accuracy": scores["accuracy"],
             "eval_f1": scores["f1"], **{f"eval_{name}": scores[name] for name in BASELINE_METRICS}}
 
 
-def _evaluate_causal_lm(model: torch.nn.Module, job, was_training: bool) -> dict:
+def evaluate_next_token(model: torch.nn.Module, job) -> dict:
+    """A causal LM's token-weighted loss, perplexity and next-token accuracy."""
     losses, predictions, targets = [], [], []
     for start in range(0, len(job.eval_examples), EVAL_BATCH_SIZE):
         batch = to_device(job.collate(job.eval_examples[start:start + EVAL_BATCH_SIZE]), job.device)
@@ -68,8 +70,12 @@ def _evaluate_causal_lm(model: torch.nn.Module, job, was_training: bool) -> dict
         losses.extend(token_losses[kept].tolist())
         predictions.extend(predicted[kept].tolist())
         targets.extend(target[kept].tolist())
-    model.train(was_training)
     return language_model_metrics(losses, predictions, targets)
+
+
+def evaluate_retrieval(model: torch.nn.Module, job) -> dict:
+    """Every held-out query ranks every held-out positive (``retrieval_metrics``)."""
+    return retrieval_metrics(model, job.eval_examples, job.collate, job.device, EVAL_BATCH_SIZE)
 
 
 def next_token_predictions(logits: torch.Tensor, labels: torch.Tensor):

@@ -100,9 +100,9 @@ class GradaccTrainer(Trainer):
         return loss
 
     def evaluate(self, *args, **kwargs):
-        if not self.job.contrastive:
+        if not self.job.task.model_computes_loss:
             return super().evaluate(*args, **kwargs)
-        # Retrieval over the held-out pairs (every query against every positive), as the other backends do;
+        # E.g. retrieval over the held-out pairs (every query against every positive), as the other backends do;
         # Trainer's prediction loop knows only labels and logits.
         metrics = evaluate(self.model, self.job)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
@@ -155,7 +155,7 @@ class EventCallback(TrainerCallback):
             control.should_evaluate = False
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
-        if self.job.causal_lm:
+        if self.job.task.next_token:
             # Trainer's own eval_loss averages batch means; every backend reports the token-weighted mean.
             metrics = {**metrics, "eval_loss": metrics["eval_token_loss"]}
         self.report.evaluation(epoch=round(state.epoch), step=state.global_step, metrics=metrics)
@@ -258,17 +258,18 @@ def train(job) -> None:
                 eval_dataset=_Samples(job.eval_examples),
                 data_collator=job.collate,
                 processing_class=job.tokenizer,
-                compute_metrics=compute_lm_metrics if job.causal_lm else compute_metrics,
+                compute_metrics=compute_lm_metrics if job.task.next_token else compute_metrics,
                 # A causal LM's eval keeps each token's loss and prediction, not (examples × tokens × vocabulary)
                 # logits.
-                preprocess_logits_for_metrics=_per_token if job.causal_lm else None,
+                preprocess_logits_for_metrics=_per_token if job.task.next_token else None,
                 # The run's optimizer (the same groups and class the other backends build); Trainer adds its schedule.
                 # With FSDP Trainer asks GradaccTrainer.create_optimizer for it instead.
                 optimizers=(None, None) if config.fsdp else (make_optimizer(job.model, config, job.device), None),
-                # Contrastive: the model's own loss (the micro-batch's in-batch-negatives mean), which Trainer
-                # divides by k, as sentence-transformers' own Trainer subclass does.
-                compute_loss_func=None if job.trainer_library_default or job.contrastive else make_loss_function(
-                    config.loss_normalization, config.grad_accum_steps, config.num_processes, job.causal_lm),
+                # A model that computes its loss (contrastive: the micro-batch's in-batch-negatives mean) keeps it;
+                # Trainer divides it by k, as sentence-transformers' own Trainer subclass does.
+                compute_loss_func=None if job.trainer_library_default or job.task.model_computes_loss
+                else make_loss_function(config.loss_normalization, config.grad_accum_steps, config.num_processes,
+                                        job.task.next_token),
                 callbacks=[callback],
                 job=job,
                 meter=meter,

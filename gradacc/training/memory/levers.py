@@ -17,7 +17,8 @@ from gradacc.config import RunConfig
 from gradacc.training.memory import budget, measure
 from gradacc.training.backends.device import Precision, enable_gradient_checkpointing, to_device
 from gradacc.training.backends.optimizer import make_optimizer
-from gradacc.training.sources import builtin_data, models
+from gradacc.training import tasks
+from gradacc.training.sources import builtin_data
 
 class LeverRig:
     """``model`` loaded once, set up with ``levers`` (any of gradient_checkpointing, precision, optimizer; the
@@ -28,7 +29,7 @@ class LeverRig:
         self.device = torch.device(device)
         extra = {} if dropout is None else {"dropout": dropout}  # None: the model's recipe, as a run takes it
         self.config = RunConfig(model=model, max_seq_length=max_seq_length, seed=seed, **extra, **levers).check()
-        loaded = models.load(self.config, len(builtin_data.LABEL_NAMES), list(builtin_data.LABEL_NAMES))
+        loaded = tasks.load_model(self.config, len(builtin_data.LABEL_NAMES), list(builtin_data.LABEL_NAMES))
         self.model, self.tokenizer = loaded.model.to(self.device), loaded.tokenizer
         if self.config.gradient_checkpointing:
             enable_gradient_checkpointing(self.model, model)

@@ -10,33 +10,41 @@ import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from gradacc.training.sources import data as data_module
 from gradacc.training import distributed, windows
 from gradacc.training.memory import budget
 from gradacc.training.sources import dropout as dropouts
 from gradacc.training.sources import models
-from gradacc.choices import CAUSAL_LM, CONTRASTIVE, PITFALLS
+from gradacc.training import tasks
+from gradacc.training.tasks import TASKS, Task
+from gradacc.choices import PITFALLS
 from gradacc.config import ValidConfig, too_few_examples
 from gradacc.steps import optimizer_steps_per_epoch, total_optimizer_steps
 from gradacc.errors import GradaccError, RunStopped
 from gradacc.events import EventSink
 from gradacc.training.run.options import RunOptions
 
+if TYPE_CHECKING:  # names for the annotations only: the app and `gradacc --help` import this module before torch loads
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+    from gradacc.training.backends.device import Precision
+
 
 @dataclass(frozen=True)  # built whole by ``prepare``: nothing is set on a Job after it is made
 class Job:
     config: ValidConfig
-    model: object
-    tokenizer: object
+    model: torch.nn.Module
+    tokenizer: PreTrainedTokenizerBase
     train_examples: list[dict]
     eval_examples: list[dict]
     label_names: list[str]
     collate: Callable
     emit: EventSink
     stop: threading.Event
-    device: object
+    device: torch.device
     steps_per_epoch: int
     total_steps: int
     # This rank's micro-batches of an epoch (example indices; all of them on one process).
@@ -51,20 +59,17 @@ class Job:
     trainer_library_default: bool = False
     sync_each_micro_batch: bool = False
     # The memory levers: autocast (and fp16's grad scaler) for the forward pass, set by ``prepare``.
-    precision: object = None
-    # When the run has a memory budget or the deployment a limit (``gradacc.training.memory.budget.Guard``).
-    memory_guard: object = None
-    # How far two training-mode passes of the first two examples differ at the run's dropout
-    # (``gradacc.training.sources.dropout.Variation``); the equivalence check refuses a model that varies at dropout 0.
-    variation: object = None
+    precision: Precision | None = None
+    # When the run has a memory budget or the deployment a limit.
+    memory_guard: budget.Guard | None = None
+    # How far two training-mode passes of the first two examples differ at the run's dropout; the equivalence
+    # check refuses a model that varies at dropout 0.
+    variation: dropouts.Variation | None = None
 
     @property
-    def causal_lm(self) -> bool:
-        return self.config.task == CAUSAL_LM
-
-    @property
-    def contrastive(self) -> bool:
-        return self.config.task == CONTRASTIVE
+    def task(self) -> Task:
+        """What the run's task does differently (its evaluation, its loss's shape): ``gradacc.training.tasks``."""
+        return TASKS[self.config.task]
 
     def check_stop(self) -> None:
         if self.stop.is_set():
@@ -100,21 +105,52 @@ def _stop_requested(stop: threading.Event) -> None:
         raise RunStopped()
 
 
-def _with_predicted_tokens(train_examples, eval_examples):
-    keep_train = [e for e in train_examples if data_module.item_count(e)]
-    keep_eval = [e for e in eval_examples if data_module.item_count(e)]
-    if not keep_train or not keep_eval:
-        raise GradaccError("Dataset: no text is longer than one token, so a causal LM has nothing to predict.", "dataset")
-    return keep_train, keep_eval, len(train_examples) + len(eval_examples) - len(keep_train) - len(keep_eval)
-
-
 def prepare(config: ValidConfig, emit: EventSink, stop: threading.Event, options: RunOptions = RunOptions()) -> Job:
     """Load the data and the model of a checked config (``RunConfig.check()``), tokenise and order the data,
     measure the run's memory when something caps it (refusing it, ``budget.OutOfMemory``, past the cap);
     GradaccError on bad input (a data file, a model folder). ``options``: see ``RunOptions``.
+
+    Each step reads what the run's task does differently from its spec (``gradacc.training.tasks``).
     """
-    token_level, collate, confinement = options.token_level, options.collate, options.confinement
+    config = _for_this_launch(config)
+    task = TASKS[config.task]
     phase = options.on_phase or (lambda text: None)
+    _stop_requested(stop)  # e.g. the run's time ran out while torch was still importing
+    text_data = _load_data(config, task, options, phase)
+    _stop_requested(stop)
+    token_level = options.token_level or task.next_token  # a causal LM's label is per token
+    loaded = _build_model(config, text_data, token_level, options, phase)
+    _stop_requested(stop)
+    phase(f"tokenising {len(text_data.train_texts) + len(text_data.eval_texts):,} texts")
+    tokenized = task.tokenize(loaded.tokenizer, text_data, config, token_level)
+    _stop_requested(stop)
+    notes = [*text_data.notes, *tokenized.notes]
+    if tokenized.truncated:
+        notes.append(f"{tokenized.truncated} text(s) longer than {config.max_seq_length} tokens were truncated.")
+    train_examples = data_module.shuffled(tokenized.train, config.seed)
+    plan, rank_items = _micro_batches(config, train_examples, notes)
+    rank = distributed.rank()
+    collate = options.collate or task.collator(loaded.tokenizer, token_level)
+    device, precision, model, variation, guard = _place_model(config, loaded, collate,
+                                                              [train_examples[i] for i in plan[rank][0][:2]],
+                                                              train_examples, options, phase, notes)
+    return Job(config=config, model=model, precision=precision, tokenizer=loaded.tokenizer,
+               train_examples=train_examples, eval_examples=tokenized.eval, label_names=text_data.label_names,
+               collate=collate, emit=emit, stop=stop, variation=variation,
+               device=device,
+               steps_per_epoch=optimizer_steps_per_epoch(len(train_examples), config.micro_batch_size,
+                                                         config.grad_accum_steps, config.num_processes),
+               total_steps=total_optimizer_steps(config, len(train_examples)),
+               micro_batches=plan[rank], window_items=windows.window_totals(rank_items, config.grad_accum_steps),
+               batch_items=rank_items[rank], token_level=token_level, notes=notes,
+               before_optimizer_step=options.before_optimizer_step,
+               trainer_library_default=options.trainer_library_default or config.trainer_library_default,
+               sync_each_micro_batch=options.sync_each_micro_batch, memory_guard=guard)
+
+
+def _for_this_launch(config: ValidConfig) -> ValidConfig:
+    """The config with its task named (the model's when it names none), refused when this launch has another
+    number of processes than it asks for."""
     if not isinstance(config, ValidConfig):  # a caller's slip, not bad input: check() it where it enters
         raise TypeError(f"prepare takes a ValidConfig (RunConfig.check()); got {type(config).__name__}")
     if config.task is None:  # the model's task, shown in run_started's config (a new ValidConfig: it is checked)
@@ -123,52 +159,29 @@ def prepare(config: ValidConfig, emit: EventSink, stop: threading.Event, options
         raise GradaccError(f"Processes is {config.num_processes}, but this is a {distributed.world_size()}-process "
                            f"launch; start a {config.num_processes}-process run with accelerate launch or torchrun "
                            "(the app does it through gradacc.training.run.launch).", "num_processes")
-    _stop_requested(stop)  # e.g. the run's time ran out while torch was still importing
-    pairs = None
+    return config
+
+
+def _load_data(config: ValidConfig, task: Task, options: RunOptions, phase) -> data_module.TextData:
     phase(f"loading the data ({Path(str(config.dataset)).name})")
-    if config.task == CONTRASTIVE:
-        pairs = data_module.load_pairs(config)  # (train, held out): no labels, each query's positive is its label
-        text_data = data_module.TextData([p["query"] for p in pairs[0]], [], [p["query"] for p in pairs[1]], [], [])
-    else:
-        text_data = data_module.load_text_data(config, confinement)
+    text_data = task.load_data(config, options.confinement)
     if options.whole_micro_batch and config.micro_batch_size > len(text_data.train_texts):
         raise GradaccError(too_few_examples(config.micro_batch_size, len(text_data.train_texts)), "micro_batch_size")
-    _stop_requested(stop)
-    phase(f"loading the model ({Path(str(config.model)).name})")
-    loaded = models.load(config, text_data.num_labels, text_data.label_names, token_level, confinement)
-    _stop_requested(stop)
-    phase(f"tokenising {len(text_data.train_texts) + len(text_data.eval_texts):,} texts")
-    if pairs is not None:
-        # here: it imports torch; the app and `gradacc --help` import this module before torch loads
-        from gradacc.training.contrastive import pair_collator, tokenize_pairs
+    return text_data
 
-        train_examples, train_cut = tokenize_pairs(loaded.tokenizer, pairs[0], config.max_seq_length)
-        eval_examples, eval_cut = tokenize_pairs(loaded.tokenizer, pairs[1], config.max_seq_length)
-        collate = collate or pair_collator(loaded.tokenizer)
-    elif config.task == CAUSAL_LM:
-        token_level = True  # a label per token; the collator pads labels with -100
-        train_examples, train_cut = data_module.tokenize_causal_lm(loaded.tokenizer, text_data.train_texts,
-                                                                   config.max_seq_length)
-        eval_examples, eval_cut = data_module.tokenize_causal_lm(loaded.tokenizer, text_data.eval_texts,
-                                                                 config.max_seq_length)
-        train_examples, eval_examples, empty = _with_predicted_tokens(train_examples, eval_examples)
-        if empty:
-            text_data.notes.append(f"{empty} text(s) of a single token were dropped: a causal LM predicts nothing "
-                                   "from them.")
-    else:
-        train_examples, train_cut = data_module.tokenize(loaded.tokenizer, text_data.train_texts,
-                                                         text_data.train_labels, config.max_seq_length, token_level)
-        eval_examples, eval_cut = data_module.tokenize(loaded.tokenizer, text_data.eval_texts, text_data.eval_labels,
-                                                       config.max_seq_length, token_level)
-    _stop_requested(stop)
-    notes = list(text_data.notes)
-    if train_cut or eval_cut:
-        notes.append(f"{train_cut + eval_cut} text(s) longer than {config.max_seq_length} tokens were truncated.")
-    train_examples = data_module.shuffled(train_examples, config.seed)
+
+def _build_model(config: ValidConfig, text_data: data_module.TextData, token_level: bool, options: RunOptions,
+                 phase) -> models.LoadedModel:
+    phase(f"loading the model ({Path(str(config.model)).name})")
+    return tasks.load_model(config, text_data.num_labels, text_data.label_names, token_level, options.confinement)
+
+
+def _micro_batches(config: ValidConfig, train_examples: list[dict], notes: list[str]):
+    """Every rank's micro-batches of an epoch (example indices) and each one's items; ``notes`` gains what a person
+    should know of them."""
     # Every rank knows every rank's micro-batches, so window totals over all ranks need no communication.
     plan = windows.shard(len(train_examples), config.micro_batch_size, config.num_processes)
     rank_items = [windows.batch_item_counts(train_examples, batches) for batches in plan]
-    rank = distributed.rank()
     repeated = sum(len(batch) for batches in plan for batch in batches) - len(train_examples)
     if repeated:
         notes.append(f"{repeated} example(s) from the start of the data are repeated at the end of each epoch so "
@@ -176,6 +189,13 @@ def prepare(config: ValidConfig, emit: EventSink, stop: threading.Event, options
     if config.pitfalls:
         notes.append("Broken on purpose: " + ", ".join(f"{name} ({PITFALLS[name]})" for name in config.pitfalls)
                      + "; the run measures what it breaks against the right loop and says it when it ends.")
+    return plan, rank_items
+
+
+def _place_model(config: ValidConfig, loaded: models.LoadedModel, collate: Callable, first_two: list[dict],
+                 train_examples: list[dict], options: RunOptions, phase, notes: list[str]):
+    """The model on this rank's device with the run's levers, its dropout measured (``first_two`` examples) and
+    its memory guarded: (device, precision, model, variation, guard); ``notes`` gains the dropout's."""
     device = pick_device()
     # Every backend's ranks join here (Accelerate and Trainer use a group that exists): one timeout for all of them.
     distributed.init_process_group(device)
@@ -188,26 +208,14 @@ def prepare(config: ValidConfig, emit: EventSink, stop: threading.Event, options
     if config.gradient_checkpointing:
         enable_gradient_checkpointing(loaded.model, config.model)
     model = loaded.model.to(device)
-    collate = collate or data_module.collator(loaded.tokenizer, token_level)
     # Two examples show randomness as well as a whole micro-batch, and cost no more than the budget's own probes
     # (a run too large for its memory is refused after this, before its first micro-batch).
-    variation = _dropout_variation(model, collate, [train_examples[i] for i in plan[rank][0][:2]], device, precision)
+    variation = _dropout_variation(model, collate, first_two, device, precision)
     dropout_note = dropouts.note(config.model, config.dropout, variation)
     if dropout_note:
         notes.append(dropout_note)
     guard = budget.guard_for(config, options.max_run_memory_mb, model, train_examples, collate, device, precision)
-    return Job(config=config, model=model, precision=precision, tokenizer=loaded.tokenizer,
-               train_examples=train_examples, eval_examples=eval_examples, label_names=text_data.label_names,
-               collate=collate, emit=emit, stop=stop, variation=variation,
-               device=device,
-               steps_per_epoch=optimizer_steps_per_epoch(len(train_examples), config.micro_batch_size,
-                                                         config.grad_accum_steps, config.num_processes),
-               total_steps=total_optimizer_steps(config, len(train_examples)),
-               micro_batches=plan[rank], window_items=windows.window_totals(rank_items, config.grad_accum_steps),
-               batch_items=rank_items[rank], token_level=token_level, notes=notes,
-               before_optimizer_step=options.before_optimizer_step,
-               trainer_library_default=options.trainer_library_default or config.trainer_library_default,
-               sync_each_micro_batch=options.sync_each_micro_batch, memory_guard=guard)
+    return device, precision, model, variation, guard
 
 
 def _dropout_variation(model, collate, examples: list[dict], device, precision):

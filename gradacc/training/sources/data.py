@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gradacc import paths
-from gradacc.choices import CAUSAL_LM
 from gradacc.conventions import IGNORE_INDEX
 from gradacc.config import RunConfig
 from gradacc.errors import GradaccError, one_line
@@ -34,14 +33,20 @@ class TextData:
     label_names: list[str]
     # Sentences a person should read before trusting the run (rows dropped, texts truncated, ...).
     notes: list[str] = field(default_factory=list)
+    # The contrastive task's (query, positive) pairs, train and held out (the texts are their queries).
+    pairs: tuple[list[dict], list[dict]] | None = None
 
     @property
     def num_labels(self) -> int:
         return len(self.label_names)
 
 
-def load_text_data(config: RunConfig, confinement: paths.Confinement | None = None) -> TextData:
+def load_text_data(config: RunConfig, confinement: paths.Confinement | None = None, *,
+                   labelled: bool = True) -> TextData:
     """Load, label-map, split and trim the data a config names; GradaccError on anything unusable.
+
+    ``labelled``: the run's task learns a label per text, found in a label column; a causal LM learns the texts
+    alone (its task's ``gradacc.training.tasks.Task.labelled``).
 
     ``confinement``: where a local path may lie (``paths.TRUST_USER`` on the command line); None: the app's
     visitors' folders.
@@ -52,18 +57,18 @@ def load_text_data(config: RunConfig, confinement: paths.Confinement | None = No
         raise GradaccError("Dataset builtin-pairs holds (query, positive) pairs: it is for the contrastive task.",
                            "dataset")
     if source == "builtin-text":
-        if config.task != CAUSAL_LM:
+        if labelled:
             raise GradaccError("Dataset builtin-text has no labels to classify: it is for the causal-lm task (tiny-gpt).",
                                "dataset")
         data = _builtin_text(config)
     elif source == "builtin-sentiment":
         data = _builtin(config)
     elif Path(source).suffix.lower() in FILE_SUFFIXES or Path(source).expanduser().is_file():
-        data = _from_table(read_table(source, where), config)
+        data = _from_table(read_table(source, where), config, labelled)
     elif paths.dataset_is_local(source):
-        data = _from_saved(source, config, where)
+        data = _from_saved(source, config, where, labelled)
     else:
-        data = _from_hub(source, config)
+        data = _from_hub(source, config, labelled)
     return _limit(data, config)
 
 
@@ -93,11 +98,11 @@ def load_pairs(config: RunConfig) -> tuple[list[dict], list[dict]]:
     return train[:config.train_samples or len(train)], held_out[:config.eval_samples or len(held_out)]
 
 
-def _from_table(frame, config: RunConfig) -> TextData:
+def _from_table(frame, config: RunConfig, labelled: bool) -> TextData:
     """A single table: pick columns, map labels, split off a deterministic eval part."""
     if len(frame) == 0:
         raise GradaccError("The data has no rows.", "dataset")
-    text_col, label_col = pick_columns(frame, config)
+    text_col, label_col = pick_columns(frame, config, labelled)
     if label_col is None:
         texts, labels, label_names, notes, _ = clean_texts(list(frame[text_col]))
     else:
@@ -113,7 +118,7 @@ def _from_table(frame, config: RunConfig) -> TextData:
                     [texts[i] for i in eval_idx], [labels[i] for i in eval_idx] if labels else [], label_names, notes)
 
 
-def _from_saved(source: str, config: RunConfig, confinement: paths.Confinement) -> TextData:
+def _from_saved(source: str, config: RunConfig, confinement: paths.Confinement, labelled: bool) -> TextData:
     """A folder written by ``Dataset.save_to_disk`` or ``DatasetDict.save_to_disk``."""
     import datasets  # here: the app and `gradacc --help` import this module before datasets loads
 
@@ -123,10 +128,10 @@ def _from_saved(source: str, config: RunConfig, confinement: paths.Confinement) 
     except (FileNotFoundError, ValueError) as error:
         raise GradaccError(f"{path.name!r} is not a folder written by save_to_disk "
                            f"({one_line(error, with_type=False)}).", "dataset") from None
-    return _from_hf(loaded, config)
+    return _from_hf(loaded, config, labelled)
 
 
-def _from_hub(source: str, config: RunConfig) -> TextData:
+def _from_hub(source: str, config: RunConfig, labelled: bool) -> TextData:
     import datasets  # here: the app and `gradacc --help` import this module before datasets loads
 
     hub.require_online(source, "dataset")
@@ -135,10 +140,10 @@ def _from_hub(source: str, config: RunConfig) -> TextData:
     except Exception as error:  # the hub raises many types; the person needs one sentence
         raise GradaccError(f"Could not load hub dataset {source!r} split {config.dataset_split!r}: "
                            f"{one_line(error, with_type=False)}", "dataset") from None
-    return _from_hf(loaded, config)
+    return _from_hf(loaded, config, labelled)
 
 
-def _from_hf(loaded, config: RunConfig) -> TextData:
+def _from_hf(loaded, config: RunConfig, labelled: bool) -> TextData:
     import datasets  # here: the app and `gradacc --help` import this module before datasets loads
 
     if isinstance(loaded, datasets.DatasetDict):
@@ -147,15 +152,15 @@ def _from_hf(loaded, config: RunConfig) -> TextData:
                                "dataset")
         eval_name = next((s for s in ("validation", "test", "eval") if s in loaded), None)
         if eval_name is None:
-            return _from_table(loaded["train"].to_pandas(), config)
+            return _from_table(loaded["train"].to_pandas(), config, labelled)
         train, evaluation = loaded["train"].to_pandas(), loaded[eval_name].to_pandas()
-        text_col, label_col = pick_columns(train, config)
+        text_col, label_col = pick_columns(train, config, labelled)
         if label_col is None:
             return _two_text_splits(train, evaluation, text_col, eval_name)
         names = loaded["train"].features[label_col].names if hasattr(loaded["train"].features[label_col], "names") \
             else None
         return _two_splits(train, evaluation, text_col, label_col, names, eval_name)
-    return _from_table(loaded.to_pandas(), config)
+    return _from_table(loaded.to_pandas(), config, labelled)
 
 
 def _two_splits(train, evaluation, text_col, label_col, class_names, eval_name) -> TextData:

@@ -16,7 +16,7 @@ from gradacc import paths
 from gradacc.training import process_state
 from gradacc.training.sources import dropout as dropouts
 from gradacc.training.sources import builtin_data, hub
-from gradacc.choices import BUILTIN_MODEL_TASKS, CAUSAL_LM, CLASSIFICATION, CONTRASTIVE
+from gradacc.choices import BUILTIN_MODEL_TASKS, CAUSAL_LM, CLASSIFICATION
 from gradacc.config import MAX_SEQ_LEN, RunConfig
 from gradacc.errors import GradaccError, one_line
 
@@ -48,9 +48,10 @@ class LoadedModel:
     name: str
 
 
-def load(config: RunConfig, num_labels: int, label_names: list[str], token_level: bool = False,
+def load(config: RunConfig, build, num_labels: int, label_names: list[str], token_level: bool = False,
          confinement: paths.Confinement | None = None) -> LoadedModel:
-    """The model a config names, with a fresh head for ``num_labels`` classes.
+    """The model a config names, built by its task's ``build`` (``gradacc.training.tasks.Task.build_model``; a
+    classifier gets a fresh head for ``num_labels`` classes), seeded, with the run's dropout.
 
     ``confinement``: where a local folder may lie (``paths.TRUST_USER`` on the command line); None: the app's
     visitors' folders.
@@ -61,20 +62,16 @@ def load(config: RunConfig, num_labels: int, label_names: list[str], token_level
     # audit), and interleaved draws gave a demo's control pair another init ("differed by 10%").
     with process_state.guard(generator=True):
         torch.manual_seed(config.seed)  # a new classifier head is random: the same seed, the same head
-        loaded = _load(config, num_labels, label_names, token_level, confinement)
+        loaded = build(config.model.strip(), config, num_labels, {i: n for i, n in enumerate(label_names)},
+                       token_level, confinement)
     # Heads and layers that build nn.Dropout with a fixed p, whatever the config says, get the run's too.
     dropouts.set_in_modules(loaded.model, config.dropout)
     return loaded
 
 
-def _load(config: RunConfig, num_labels: int, label_names: list[str], token_level: bool,
-          confinement: paths.Confinement | None) -> LoadedModel:
-    name = config.model.strip()
-    id2label = {i: n for i, n in enumerate(label_names)}
-    if config.task == CAUSAL_LM:
-        return _load_causal_lm(name, config, confinement)
-    if config.task == CONTRASTIVE:
-        return _load_contrastive(name, config, confinement)
+def load_classifier(name: str, config: RunConfig, num_labels: int, id2label: dict, token_level: bool,
+                    confinement: paths.Confinement | None) -> LoadedModel:
+    """A classifier of texts (or of tokens, ``token_level``) with a fresh head for ``num_labels`` classes."""
     if name == TINY_GPT:
         raise GradaccError(f"Task classification does not fit {TINY_GPT}, a language model: use the causal-lm task.", "task")
     if name == TINY_BERT:
@@ -211,7 +208,9 @@ def _build_gpt_tokenizer(folder: Path) -> None:
     _save_atomically(fast, folder)
 
 
-def _load_causal_lm(name: str, config: RunConfig, confinement) -> LoadedModel:
+def load_causal_lm(name: str, config: RunConfig, num_labels: int, id2label: dict, token_level: bool,
+                   confinement: paths.Confinement | None) -> LoadedModel:
+    """A language model with its own head (the labels are the text's next tokens: no classes)."""
     if name == TINY_GPT:
         return LoadedModel(tiny_gpt(config.seed, config.dropout), tiny_gpt_tokenizer(), name)
     if name in BUILTIN_MODEL_TASKS:
@@ -249,7 +248,8 @@ def _load_pretrained_lm(source: str, shown_name: str, config: RunConfig) -> Load
 
 # ---- the contrastive task: a sentence-transformers model and its in-batch-negatives loss --------------------
 
-def _load_contrastive(name: str, config: RunConfig, confinement) -> LoadedModel:
+def load_contrastive(name: str, config: RunConfig, num_labels: int, id2label: dict, token_level: bool,
+                     confinement: paths.Confinement | None) -> LoadedModel:
     """all-MiniLM-L6-v2 (a sentence-transformers model, from its package) or a local folder: a
     sentence-transformers model, or a transformers encoder that gets mean pooling."""
     # here: it imports torch; the app and `gradacc --help` import this module before torch loads

@@ -6,7 +6,6 @@ dataset through these; the Train form checks a visitor's file with them before S
 from __future__ import annotations
 
 from gradacc import paths
-from gradacc.choices import CAUSAL_LM
 from gradacc.config import RunConfig
 from gradacc.errors import GradaccError, one_line
 from gradacc.labels import field_label
@@ -100,11 +99,12 @@ def detect_label_column(frame, text_column: str | None = None) -> str | None:
     return (usable or named or [None])[0]
 
 
-def pick_columns(frame, config: RunConfig) -> tuple[str, str | None]:
+def pick_columns(frame, config: RunConfig, labelled: bool) -> tuple[str, str | None]:
+    """The text column and (``labelled``: the task learns a label per text) the label column."""
     columns = list(frame.columns)
     text_col = _pick_column(columns, config.text_column, TEXT_COLUMNS, "text", "text_column")
-    if config.task == CAUSAL_LM:
-        return text_col, None  # a language model learns the text itself: no label column
+    if not labelled:
+        return text_col, None  # e.g. a language model learns the text itself
     label_col = config.label_column or detect_label_column(frame, text_col)
     if label_col is None:
         works = usable_label_columns(frame, text_col)

@@ -41,8 +41,10 @@ from tokenizers import Tokenizer, models as token_models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, PrinterCallback, Qwen2Config, Qwen2ForCausalLM, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
+from gradacc.audit import audit_trainer
 from gradacc.bench import report
-from gradacc.training.audit import grpo
+from gradacc.training.audit import grpo, grpo_audit
+from gradacc.training.compat import trl as compat_trl
 from gradacc.training.run.engine import quiet_libraries
 
 MICRO_BATCH, GENERATIONS, MAX_COMPLETION, PROMPTS = 4, 4, 8, 32
@@ -117,18 +119,15 @@ def reward(completions, **kwargs):
 
 
 class RecordingGRPOTrainer(GRPOTrainer):
-    """GRPOTrainer that keeps, per micro-batch, the inputs its loss was computed from (detached copies)."""
-
-    KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "old_per_token_logps",
-            "ref_per_token_logps", "num_items_in_batch")
+    """GRPOTrainer that keeps, per micro-batch, the inputs its loss was computed from (detached copies of what the
+    audit reads: gradacc.training.compat.trl.GRPO_INPUTS)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.recorded = []
 
     def _compute_loss(self, model, inputs):
-        self.recorded.append({key: inputs[key].detach().clone() for key in self.KEYS
-                              if isinstance(inputs.get(key), torch.Tensor)})
+        self.recorded.append({key: value.detach().clone() for key, value in compat_trl.grpo_inputs(inputs).items()})
         return super()._compute_loss(model, inputs)
 
 
@@ -139,15 +138,7 @@ class StepJudge(TrainerCallback):
     def __init__(self, trainer: RecordingGRPOTrainer, loss_type: str):
         self.trainer, self.loss_type = trainer, loss_type
         self.truth_model = tiny_qwen2().double()
-        args = trainer.args
-        self.settings = grpo.Settings(
-            max_completion_length=args.max_completion_length, beta=args.beta,
-            bias_correction_kl=args.use_bias_correction_kl, epsilon_low=args.epsilon,
-            epsilon_high=args.epsilon_high if args.epsilon_high is not None else args.epsilon,
-            importance_sampling_level=args.importance_sampling_level,
-            sapo_temperature_pos=args.sapo_temperature_pos, sapo_temperature_neg=args.sapo_temperature_neg,
-            vespo_k_pos=args.vespo_k_pos, vespo_lambda_pos=args.vespo_lambda_pos, vespo_k_neg=args.vespo_k_neg,
-            vespo_lambda_neg=args.vespo_lambda_neg)
+        self.settings = grpo_audit.settings(trainer.args)
         self.steps = []
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
@@ -180,15 +171,9 @@ class StepJudge(TrainerCallback):
                           for n, g in zip(names, grads)])
 
     def _replayed(self, inputs: dict, temperature: float) -> grpo.MicroBatch:
-        input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
-        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-        logits = self.truth_model(input_ids=input_ids, attention_mask=attention_mask).logits
-        logps = grpo.completion_logps(logits, inputs["completion_ids"], temperature)
-        old = inputs.get("old_per_token_logps")
-        ref = inputs.get("ref_per_token_logps")
-        return grpo.MicroBatch(logps=logps, mask=inputs["completion_mask"], advantages=inputs["advantages"].double(),
-                               old_logps=None if old is None else old.double(),
-                               ref_logps=None if ref is None else ref.double())
+        """The micro-batch through the float64 copy, its stored log-probs and advantages in float64 too."""
+        return grpo_audit.replayed(self.truth_model, {key: value.double() if value.is_floating_point() else value
+                                                      for key, value in inputs.items()}, temperature)
 
 
 def compare(applied: torch.Tensor, truth: torch.Tensor) -> dict:
@@ -223,7 +208,11 @@ def one_run(loss_type: str, k: int, steps_per_generation: int, steps: int, outpu
     trainer.remove_callback(PrinterCallback)
     judge = StepJudge(trainer, loss_type)
     trainer.add_callback(judge)
+    audit = audit_trainer(trainer)  # the audit's verdict on the first step, beside the truth's
     trainer.train()
+    said = audit.verdict
+    judge.steps[0]["audit"] = {"cause": str(said.gradient), "scale": said.fit.scale if said.fit else None,
+                               "line": said.line, "seconds": said.audit_seconds}
     variant = ", ".join(f"{key}={value}" for key, value in (extra or {}).items())
     return [{"loss_type": loss_type, "variant": variant, "k": k, "steps_per_generation": steps_per_generation,
              "step": i + 1, **step, "issues": verdict_on_issues(loss_type, k, steps_per_generation, step["verdict"],

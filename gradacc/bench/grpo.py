@@ -135,9 +135,9 @@ class StepJudge(TrainerCallback):
     """Before each optimizer step: the gradient in ``.grad`` against the gradient of the window's documented
     objective, recomputed in float64 from the recorded micro-batches."""
 
-    def __init__(self, trainer: RecordingGRPOTrainer, loss_type: str):
+    def __init__(self, trainer: RecordingGRPOTrainer, loss_type: str, truth_model: Qwen2ForCausalLM):
         self.trainer, self.loss_type = trainer, loss_type
-        self.truth_model = tiny_qwen2().double()
+        self.truth_model = truth_model.double()  # the weights are loaded from the run's at each step
         self.settings = grpo_audit.settings(trainer.args)
         self.steps = []
 
@@ -206,7 +206,7 @@ def one_run(loss_type: str, k: int, steps_per_generation: int, steps: int, outpu
     trainer = RecordingGRPOTrainer(model=model, args=config, processing_class=tokenizer(), reward_funcs=reward,
                                    train_dataset=Dataset.from_dict({"prompt": prompts(PROMPTS)}))
     trainer.remove_callback(PrinterCallback)
-    judge = StepJudge(trainer, loss_type)
+    judge = StepJudge(trainer, loss_type, tiny_qwen2())
     trainer.add_callback(judge)
     audit = audit_trainer(trainer)  # the audit's verdict on the first step, beside the truth's
     trainer.train()

@@ -211,8 +211,10 @@ def one_run(loss_type: str, k: int, steps_per_generation: int, steps: int, outpu
     audit = audit_trainer(trainer)  # the audit's verdict on the first step, beside the truth's
     trainer.train()
     said = audit.verdict
+    # What the audit cost against what the window cost (TRL's step_time: generation, forwards and backwards).
+    window_seconds = next((entry["step_time"] for entry in trainer.state.log_history if "step_time" in entry), None)
     judge.steps[0]["audit"] = {"cause": str(said.gradient), "scale": said.fit.scale if said.fit else None,
-                               "line": said.line, "seconds": said.audit_seconds}
+                               "line": said.line, "seconds": said.audit_seconds, "window_seconds": window_seconds}
     variant = ", ".join(f"{key}={value}" for key, value in (extra or {}).items())
     return [{"loss_type": loss_type, "variant": variant, "k": k, "steps_per_generation": steps_per_generation,
              "step": i + 1, **step, "issues": verdict_on_issues(loss_type, k, steps_per_generation, step["verdict"],
@@ -291,14 +293,24 @@ def figure(result: dict):
 
 def table(result: dict) -> tuple[list[str], list[list]]:
     headers = ["loss_type", "k", "steps_per_generation", "step", "scale", "residual", "verdict", "window tokens",
-               "generation tokens", "bnpo vs window token mean: scale, residual", "issue"]
+               "generation tokens", "bnpo vs window token mean: scale, residual", "audit (step 1): verdict, scale, "
+               "seconds / window seconds", "issue"]
     rows = [[r["loss_type"] + (f" ({r['variant']})" if r.get("variant") else ""), r["k"], r["steps_per_generation"],
              r["step"],
              None if r["scale"] is None else f"{r['scale']:.6f}", r["residual"], r["verdict"], r["window_tokens"],
-             ",".join(map(str, r["generation_batch_tokens"])), _versus(r.get("vs_window_token_mean")), r["issues"]]
+             ",".join(map(str, r["generation_batch_tokens"])), _versus(r.get("vs_window_token_mean")),
+             _audit(r.get("audit")), r["issues"]]
             for r in result["rows"]]
     return headers, rows
 
 
 def _versus(entry: dict | None) -> str | None:
     return None if entry is None else f"{entry['scale']:.4f}, {entry['residual']:.2e}"
+
+
+def _audit(entry: dict | None) -> str | None:
+    if entry is None:
+        return None
+    scale = "—" if entry["scale"] is None else f"{entry['scale']:.6f}"
+    window = "?" if entry["window_seconds"] is None else f"{entry['window_seconds']:.3f}"
+    return f"{entry['cause']}, {scale}, {entry['seconds']:.3f} / {window}"

@@ -93,6 +93,19 @@ def test_dapo_two_windows_per_generation_is_scaled_by_the_generation_and_the_nam
     assert fixed.gradient == V.EXACT and fixed.ok, fixed.line
 
 
+def test_dapo_with_a_generation_per_micro_batch_weights_each_by_its_own_count():
+    """steps_per_generation < k: each micro-batch is its own generation, divided by its own tokens × k: no scale of
+    the window's objective (the truth's residual), and the audit names the generation count."""
+    verdict, truth, seen = audited("dapo", k=2, steps_per_generation=1, max_grad_norm=0.0)
+    counts = [int(inputs["num_items_in_batch"]) for inputs in seen]
+    assert counts == [int(inputs["completion_mask"].sum()) for inputs in seen] and counts[0] != counts[1]
+    assert truth[0]["verdict"] == "differs"
+    assert verdict.gradient == V.GENERATION_COUNT and not verdict.ok, verdict.line
+    assert verdict.fit.residual == pytest.approx(truth[0]["residual"], rel=1e-3)
+    assert "each micro-batch's tokens are weighted by its own generation batch's count" in verdict.meaning
+    assert f"each generation batch's own token count ({counts[0]}, {counts[1]})" in verdict.meaning
+
+
 def test_grpo_with_a_kl_term_off_policy_is_exact():
     """β > 0 (the KL to a saved reference, × the importance ratio by default) at steps_per_generation = 2k: the
     stored old and reference log-probs are in the audit's objective."""

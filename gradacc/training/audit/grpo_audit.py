@@ -117,7 +117,9 @@ def judge(trainer, micro_batches: list, clips: tuple, precision: str) -> Verdict
     weights = {"token_mean": [k * n / window_tokens for n in tokens]} if loss_type in MICRO_BATCH_LOSSES else {}
     if loss_type in TOKEN_COUNT_LOSSES and None not in generation_tokens:
         weights["generation"] = [window_tokens * spg / (g * k) for g in generation_tokens]
-    sums = {name: {n: torch.zeros_like(g) for n, g in applied.items()} for name in ("reference", *weights)}
+    # In float32 whatever the parameters' dtype: a bf16 sum of k shares would round each one.
+    sums = {name: {n: torch.zeros_like(g, dtype=torch.float32) for n, g in applied.items()}
+            for name in ("reference", *weights)}
     objective = settings(args)
     kept = RandomState.take()
     try:
@@ -132,7 +134,7 @@ def judge(trainer, micro_batches: list, clips: tuple, precision: str) -> Verdict
             for (name, _), g in zip(params.items(), share):
                 if g is None or name not in applied:
                     continue
-                g = g.detach().reshape(-1).to(applied[name].dtype)
+                g = g.detach().reshape(-1).float()
                 sums["reference"][name].add_(g)
                 for which, w in weights.items():
                     sums[which][name].add_(g, alpha=w[i])

@@ -18,6 +18,10 @@ the same direction (residual < 1e-4) at another scale; "differs": another direct
 ``num_iterations=1``, no vLLM. With steps_per_generation = 2k one generation feeds both steps, so the second step's
 ratios π_θ/π_old differ from 1 (the learning rate is large on purpose), so the clip can act (not counted here).
 
+Each run also has ``gradacc.audit.audit_trainer``: its verdict on the first step (cause, scale, its seconds against
+TRL's ``step_time`` for the window) is recorded beside the truth's; the recording and the replay above are the
+audit's own code (``gradacc.training.compat.trl.grpo_inputs``, ``gradacc.training.audit.grpo_audit.replayed``).
+
 Beside the grid, the full run has ``dapo`` with ``mask_truncated_completions=True`` (TRL #6439: truncated completions
 out of the loss and of its token count), ``grpo`` and ``dapo`` with ``beta=0.04`` (the KL term to a reference TRL
 loads from a saved copy of the policy without its EOS bias, × the importance ratio: ``use_bias_correction_kl``'s

@@ -120,3 +120,19 @@ def test_settings_outside_the_documented_objectives_are_not_judged_with_the_reas
     assert not verdict.judged and not verdict.ok
     assert verdict.line.startswith("gradacc audit (trainer, Qwen2ForCausalLM): not judged — GRPOTrainer, "
                                    "num_iterations=2: each generation is trained on more than once")
+
+
+def test_the_audited_run_is_bit_identical_to_the_run_without_it():
+    """The audit's replays restore every random state and write no gradient: two steps of one generation (the second
+    off-policy) end on the same weights, bit for bit."""
+    from transformers import PrinterCallback
+
+    def weights(audit: bool) -> torch.Tensor:
+        trainer = script.trainer("dapo", 2, 4, steps=2, max_grad_norm=0.0)
+        trainer.remove_callback(PrinterCallback)
+        if audit:
+            audit_trainer(trainer)
+        trainer.train()
+        return torch.cat([p.detach().flatten() for p in trainer.model.parameters()])
+
+    assert torch.equal(weights(True), weights(False))

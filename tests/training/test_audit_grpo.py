@@ -122,6 +122,14 @@ def test_settings_outside_the_documented_objectives_are_not_judged_with_the_reas
                                    "num_iterations=2: each generation is trained on more than once")
 
 
+def test_a_window_whose_rewards_all_tie_is_not_judged(monkeypatch):
+    """Every advantage 0: the objective has no gradient to compare with, and the verdict says why."""
+    monkeypatch.setattr(script, "reward_len", lambda completions, **kwargs: [1.0] * len(completions))
+    verdict, truth, _ = audited("grpo", max_grad_norm=0.0)
+    assert truth[0]["verdict"] == "no signal"
+    assert not verdict.judged and "every advantage 0" in verdict.meaning, verdict.line
+
+
 def test_the_audited_run_is_bit_identical_to_the_run_without_it():
     """The audit's replays restore every random state and write no gradient: two steps of one generation (the second
     off-policy) end on the same weights, bit for bit."""

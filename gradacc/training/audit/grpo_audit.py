@@ -141,11 +141,11 @@ def judge(trainer, micro_batches: list, clips: tuple, precision: str) -> Verdict
     finally:
         kept.put_back()
     seconds = time.perf_counter() - started
+    if not any(bool(g.any()) for g in sums["reference"].values()):  # nothing to project on
+        return Verdict(gradient=NOT_JUDGED, meaning=f"GRPOTrainer, loss_type={loss_type!r}: the window's objective has "
+                       "no gradient (every advantage 0: the rewards of each prompt's completions tie)", **base)
     fits = {which: _fit(applied, sums[which], unclip, precision) for which in sums}
     fit = fits["reference"]
-    if fit.rel_error == 0.0 and not any(float(g.abs().max()) for g in sums["reference"].values()):
-        return Verdict(gradient=NOT_JUDGED, meaning=f"loss_type={loss_type!r}: the window's objective has no gradient "
-                       "(every advantage 0: the rewards of each prompt's completions tie)", **base)
     cause, meaning, fix = _cause(loss_type, fit, fits, k, spg, window_tokens, generation_tokens, j)
     return Verdict(gradient=cause, meaning=meaning, fix=fix, fit=fit, items=tuple(tokens),
                    reference=f"the documented {loss_type} objective, computed from the window's stored completions, "
@@ -171,17 +171,16 @@ def _cause(loss_type, fit, fits, k, spg, window_tokens, generation_tokens, j):
         g = generation_tokens[0]
         counts = ", ".join(f"{c:g}" for c in dict.fromkeys(generation_tokens))
         normaliser = (f"the generation batch's token count × k/steps_per_generation ({g:g} × {k}/{spg} = "
-                      f"{g * k / spg:g}), which is the window's {window_tokens:g}" if spg >= k else
-                      f"each generation batch's own token count ({counts}) × k/steps_per_generation, which is the "
-                      "window's token count")
+                      f"{g * k / spg:g}; the window holds {window_tokens:g})" if spg >= k else
+                      f"each generation batch's own token count ({counts}) × k/steps_per_generation")
         said = (f"the step is {fit.scale:.4g}× the gradient of {documented}" if fit.plain_scale else
                 f"the step is not the gradient of {documented} (its best scale {fit.scale:.4g}, residual "
                 f"{fit.residual:.2g}): each micro-batch's tokens are weighted by its own generation batch's count")
         other = (f"; the generation's other window then gets {2 - fit.scale:.4g}× (its tokens are the rest of the "
                  f"generation's {g:g})" if spg == 2 * k and fit.plain_scale else "")
         return (Cause.GENERATION_COUNT,
-                f"{said}: TRL divides by {normaliser} only when steps_per_generation = "
-                f"gradient_accumulation_steps{other}. The effective learning rate moves from "
+                f"{said}: TRL divides by {normaliser}, the window's own token count only when "
+                f"steps_per_generation = gradient_accumulation_steps{other}. The effective learning rate moves from "
                 "step to step with how the generation's tokens fall",
                 f"GRPOConfig(steps_per_generation={k}) (= gradient_accumulation_steps)")
     if fit.plain_scale:

@@ -54,6 +54,7 @@ def test_grpo_is_exact_with_the_default_clipping_judged_before_it():
     assert step["scale"] == pytest.approx(min(1.0, 1.0 / step["truth_norm"]), rel=1e-4) and step["residual"] < 1e-4
     assert verdict.kind == LossKind.GRPO and verdict.gradient == V.EXACT and verdict.ok, verdict.line
     assert abs(verdict.fit.scale - 1) < 1e-4 and verdict.fit.residual < 1e-4
+    assert "grpo is accumulation-invariant by design" in verdict.meaning
     assert verdict.check("clipping").ok and "after micro-batch 2" in verdict.check("clipping").detail
 
 
@@ -91,6 +92,8 @@ def test_dapo_two_windows_per_generation_is_scaled_by_the_generation_and_the_nam
     fixed, truth, _ = audited("dapo", k=2, steps_per_generation=2, max_grad_norm=0.0)
     assert truth[0]["verdict"] == "exact"
     assert fixed.gradient == V.EXACT and fixed.ok, fixed.line
+    assert "dapo is accumulation-invariant only while steps_per_generation = gradient_accumulation_steps" in \
+        fixed.meaning
 
 
 def test_dapo_with_a_generation_per_micro_batch_weights_each_by_its_own_count():

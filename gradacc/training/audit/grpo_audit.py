@@ -165,7 +165,10 @@ def _cause(loss_type, fit, fits, k, spg, window_tokens, generation_tokens, j):
                     f"how the window is cut into micro-batches: against the window's token mean the step is "
                     f"{versus.scale:.4g}× (residual {versus.residual:.2g}). Not a bug; for a token mean over the "
                     f"whole window use loss_type='dapo' with steps_per_generation={k}", None)
-        return Cause.EXACT, f"the step applies the gradient of {documented} over its {j} micro-batches", None
+        design = (f"{loss_type} is accumulation-invariant only while steps_per_generation = "
+                  "gradient_accumulation_steps, as here" if loss_type in TOKEN_COUNT_LOSSES else
+                  f"{loss_type} is accumulation-invariant by design")
+        return Cause.EXACT, f"the step applies the gradient of {documented} over its {j} micro-batches; {design}", None
     generation = fits.get("generation")
     if generation is not None and generation.plain_scale and generation.near(1.0):
         g = generation_tokens[0]

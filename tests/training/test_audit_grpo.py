@@ -96,6 +96,18 @@ def test_dapo_two_windows_per_generation_is_scaled_by_the_generation_and_the_nam
         fixed.meaning
 
 
+def test_in_bf16_the_audit_judges_within_bf16s_noise():
+    """bf16=True (autocast on the CPU): the replay runs under the micro-batch's own autocast; dapo at spg = 2k is
+    still named, at the count ratio within bf16's rounding, as the float64 truth measures it."""
+    verdict, truth, seen = audited("dapo", k=2, steps_per_generation=4, bf16=True, max_grad_norm=0.0)
+    by_hand = sum(int(inputs["completion_mask"].sum()) for inputs in seen[:2]) / (int(seen[0]["num_items_in_batch"])
+                                                                                / 2)
+    assert verdict.precision == "bf16" and verdict.gradient == V.GENERATION_COUNT, verdict.line
+    assert verdict.fit.scale == pytest.approx(by_hand, abs=2e-3) and truth[0]["scale"] == pytest.approx(by_hand,
+                                                                                                         abs=2e-3)
+    assert verdict.fit.residual < 1e-2 and truth[0]["residual"] < 1e-2
+
+
 def test_dapo_with_a_generation_per_micro_batch_weights_each_by_its_own_count():
     """steps_per_generation < k: each micro-batch is its own generation, divided by its own tokens × k: no scale of
     the window's objective (the truth's residual), and the audit names the generation count."""

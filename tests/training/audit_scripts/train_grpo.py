@@ -53,10 +53,11 @@ def trainer(loss_type="dapo", k=2, steps_per_generation=None, beta=0.0, steps=1,
     generator = torch.Generator().manual_seed(7)
     prompts = [" ".join(WORDS[j] for j in torch.randint(0, len(WORDS), (2 + i % 3,), generator=generator).tolist())
                for i in range(16)]
-    args = GRPOConfig(output_dir=output_dir, loss_type=loss_type, per_device_train_batch_size=4,
-                      gradient_accumulation_steps=k, steps_per_generation=steps_per_generation, num_generations=4,
-                      max_completion_length=8, beta=beta, learning_rate=0.03, max_steps=steps, report_to="none",
-                      use_cpu=True, bf16=False, save_strategy="no", disable_tqdm=True, **extra)
+    args = GRPOConfig(**{**dict(output_dir=output_dir, loss_type=loss_type, per_device_train_batch_size=4,
+                                gradient_accumulation_steps=k, steps_per_generation=steps_per_generation,
+                                num_generations=4, max_completion_length=8, beta=beta, learning_rate=0.03,
+                                max_steps=steps, report_to="none", use_cpu=True, bf16=False, save_strategy="no",
+                                disable_tqdm=True), **extra})
     return GRPOTrainer(model=model, reward_funcs=reward_len, args=args, processing_class=tokenizer(),
                        train_dataset=Dataset.from_dict({"prompt": prompts}))
 

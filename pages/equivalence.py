@@ -2,6 +2,7 @@
 
 import streamlit as st
 
+from gradacc.analysis import grpo_scale
 from gradacc.app import charts, coupled_view, equivalence_view, inputs, navigation, pacing, server
 from gradacc.training.backends import DESCRIPTIONS
 from gradacc.errors import GradaccError
@@ -10,6 +11,7 @@ from gradacc.serving import checks
 navigation.under_navigation()  # a page opened alone on a fresh server: run the app instead
 
 K = f"{inputs.FORM}equivalence."
+GRPO_CASE = grpo_scale.GRPOCase()
 
 server.run_manager()  # warms the libraries up if this is the first page a visitor opens
 runner = server.check_runner()
@@ -67,6 +69,37 @@ st.dataframe(family_rows, hide_index=True, key="family_table",
                                for name in ("exact", "naive", "Trainer library default")},
                             equivalence_view.AUDIT_COLUMN: st.column_config.TextColumn(
                                 help=equivalence_view.AUDIT_HELP)})
+
+st.header("GRPO: a loss type whose scale moves with k")
+st.markdown("TRL's `GRPOTrainer` normalises its loss by `loss_type`. `dapo` (its default) is documented as the "
+            "window's token sum ÷ the window's token count, but one generation of `steps_per_generation` "
+            "micro-batches feeds `steps_per_generation ÷ k` optimizer steps, each divided by the generation's token "
+            "count × k / `steps_per_generation`. The check trains the bench's tiny Qwen2 one generation at "
+            f"`steps_per_generation = {GRPO_CASE.steps_per_generation}` for k = "
+            f"{', '.join(map(str, GRPO_CASE.ks))}, and projects each step's gradient on the gradient of its window's "
+            "documented objective (a float64 replay from the stored completions); gradacc's audit gives its verdict "
+            "on the first step.")
+grpo_runner = server.grpo_runner()
+grpo_pending = (grpo_runner.get(GRPO_CASE) is not None and not grpo_runner.get(GRPO_CASE).done)
+if st.button("Run the GRPO check", key="run_grpo_check", disabled=grpo_pending,
+             help="Seven optimizer steps of TRL's GRPOTrainer on a tiny model: about half a minute on 2 vCPUs."):
+    grpo_runner.submit(GRPO_CASE)
+    grpo_pending = True
+
+
+@st.fragment(run_every=pacing.POLL_SECONDS if grpo_pending else None)
+def grpo_result():
+    check = pacing.finished_job(grpo_runner, GRPO_CASE, grpo_pending, "GRPO check", busy="running",
+                                press="Press **Run the GRPO check** to measure dapo's scale at each k.")
+    if check is None:
+        return
+    st.markdown(f"**{grpo_scale.headline(check.report)}**")
+    st.dataframe(grpo_scale.table(check.report), hide_index=True, key="grpo_table",
+                 column_config={"scale": st.column_config.NumberColumn(format="%.4f"),
+                                "residual": st.column_config.NumberColumn(format="%.1e")})
+
+
+grpo_result()
 
 st.header("When accumulation is *not* a big batch")
 st.markdown("Everything above assumes a loss that is a sum over examples. Two common losses couple the examples of "

@@ -157,5 +157,6 @@ def _release_server_resources() -> None:
         pass  # a test with a broken setting never had a manager
     server.check_runner().shutdown()
     server.audit_runner().shutdown()
+    server.grpo_runner().shutdown()
     st.cache_resource.clear()
     st.cache_data.clear()

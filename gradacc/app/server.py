@@ -67,6 +67,14 @@ def audit_runner():
     return CheckRunner(stock_audit, audit_key, thread_name=AUDIT_THREAD_NAME)
 
 
+@st.cache_resource(show_spinner=False)
+def grpo_runner():
+    """The server's queue of GRPO scale checks (the Equivalence page's GRPO section), one worker thread."""
+    from gradacc.analysis import grpo_scale  # torch-free at import: the check imports TRL when it runs
+
+    return CheckRunner(grpo_scale.check, grpo_scale.key, thread_name="gradacc-grpo-check")
+
+
 def limits() -> Limits:
     try:
         return Limits.from_env()

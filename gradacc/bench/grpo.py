@@ -18,6 +18,10 @@ the same direction (residual < 1e-4) at another scale; "differs": another direct
 ``num_iterations=1``, no vLLM. With steps_per_generation = 2k one generation feeds both steps, so the second step's
 ratios π_θ/π_old differ from 1 (the learning rate is large on purpose), so the clip can act (not counted here).
 
+Each run also has ``gradacc.audit.audit_trainer``: its verdict on the first step (cause, scale, its seconds against
+TRL's ``step_time`` for the window) is recorded beside the truth's; the recording and the replay above are the
+audit's own code (``gradacc.training.compat.trl.grpo_inputs``, ``gradacc.training.audit.grpo_audit.replayed``).
+
 Beside the grid, the full run has ``dapo`` with ``mask_truncated_completions=True`` (TRL #6439: truncated completions
 out of the loss and of its token count), ``grpo`` and ``dapo`` with ``beta=0.04`` (the KL term to a reference TRL
 loads from a saved copy of the policy without its EOS bias, × the importance ratio: ``use_bias_correction_kl``'s
@@ -41,8 +45,10 @@ from tokenizers import Tokenizer, models as token_models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, PrinterCallback, Qwen2Config, Qwen2ForCausalLM, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
+from gradacc.audit import audit_trainer
 from gradacc.bench import report
-from gradacc.training.audit import grpo
+from gradacc.training.audit import grpo, grpo_audit
+from gradacc.training.compat import trl as compat_trl
 from gradacc.training.run.engine import quiet_libraries
 
 MICRO_BATCH, GENERATIONS, MAX_COMPLETION, PROMPTS = 4, 4, 8, 32
@@ -117,18 +123,15 @@ def reward(completions, **kwargs):
 
 
 class RecordingGRPOTrainer(GRPOTrainer):
-    """GRPOTrainer that keeps, per micro-batch, the inputs its loss was computed from (detached copies)."""
-
-    KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "old_per_token_logps",
-            "ref_per_token_logps", "num_items_in_batch")
+    """GRPOTrainer that keeps, per micro-batch, the inputs its loss was computed from (detached copies of what the
+    audit reads: gradacc.training.compat.trl.GRPO_INPUTS)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.recorded = []
 
     def _compute_loss(self, model, inputs):
-        self.recorded.append({key: inputs[key].detach().clone() for key in self.KEYS
-                              if isinstance(inputs.get(key), torch.Tensor)})
+        self.recorded.append({key: value.detach().clone() for key, value in compat_trl.grpo_inputs(inputs).items()})
         return super()._compute_loss(model, inputs)
 
 
@@ -136,18 +139,10 @@ class StepJudge(TrainerCallback):
     """Before each optimizer step: the gradient in ``.grad`` against the gradient of the window's documented
     objective, recomputed in float64 from the recorded micro-batches."""
 
-    def __init__(self, trainer: RecordingGRPOTrainer, loss_type: str):
+    def __init__(self, trainer: RecordingGRPOTrainer, loss_type: str, truth_model: Qwen2ForCausalLM):
         self.trainer, self.loss_type = trainer, loss_type
-        self.truth_model = tiny_qwen2().double()
-        args = trainer.args
-        self.settings = grpo.Settings(
-            max_completion_length=args.max_completion_length, beta=args.beta,
-            bias_correction_kl=args.use_bias_correction_kl, epsilon_low=args.epsilon,
-            epsilon_high=args.epsilon_high if args.epsilon_high is not None else args.epsilon,
-            importance_sampling_level=args.importance_sampling_level,
-            sapo_temperature_pos=args.sapo_temperature_pos, sapo_temperature_neg=args.sapo_temperature_neg,
-            vespo_k_pos=args.vespo_k_pos, vespo_lambda_pos=args.vespo_lambda_pos, vespo_k_neg=args.vespo_k_neg,
-            vespo_lambda_neg=args.vespo_lambda_neg)
+        self.truth_model = truth_model.double()  # the weights are loaded from the run's at each step
+        self.settings = grpo_audit.settings(trainer.args)
         self.steps = []
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
@@ -180,15 +175,9 @@ class StepJudge(TrainerCallback):
                           for n, g in zip(names, grads)])
 
     def _replayed(self, inputs: dict, temperature: float) -> grpo.MicroBatch:
-        input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
-        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-        logits = self.truth_model(input_ids=input_ids, attention_mask=attention_mask).logits
-        logps = grpo.completion_logps(logits, inputs["completion_ids"], temperature)
-        old = inputs.get("old_per_token_logps")
-        ref = inputs.get("ref_per_token_logps")
-        return grpo.MicroBatch(logps=logps, mask=inputs["completion_mask"], advantages=inputs["advantages"].double(),
-                               old_logps=None if old is None else old.double(),
-                               ref_logps=None if ref is None else ref.double())
+        """The micro-batch through the float64 copy, its stored log-probs and advantages in float64 too."""
+        return grpo_audit.replayed(self.truth_model, {key: value.double() if value.is_floating_point() else value
+                                                      for key, value in inputs.items()}, temperature)
 
 
 def compare(applied: torch.Tensor, truth: torch.Tensor) -> dict:
@@ -221,9 +210,15 @@ def one_run(loss_type: str, k: int, steps_per_generation: int, steps: int, outpu
     trainer = RecordingGRPOTrainer(model=model, args=config, processing_class=tokenizer(), reward_funcs=reward,
                                    train_dataset=Dataset.from_dict({"prompt": prompts(PROMPTS)}))
     trainer.remove_callback(PrinterCallback)
-    judge = StepJudge(trainer, loss_type)
+    judge = StepJudge(trainer, loss_type, tiny_qwen2())
     trainer.add_callback(judge)
+    audit = audit_trainer(trainer)  # the audit's verdict on the first step, beside the truth's
     trainer.train()
+    said = audit.verdict
+    # What the audit cost against what the window cost (TRL's step_time: generation, forwards and backwards).
+    window_seconds = next((entry["step_time"] for entry in trainer.state.log_history if "step_time" in entry), None)
+    judge.steps[0]["audit"] = {"cause": str(said.gradient), "scale": said.fit.scale if said.fit else None,
+                               "line": said.line, "seconds": said.audit_seconds, "window_seconds": window_seconds}
     variant = ", ".join(f"{key}={value}" for key, value in (extra or {}).items())
     return [{"loss_type": loss_type, "variant": variant, "k": k, "steps_per_generation": steps_per_generation,
              "step": i + 1, **step, "issues": verdict_on_issues(loss_type, k, steps_per_generation, step["verdict"],
@@ -302,14 +297,24 @@ def figure(result: dict):
 
 def table(result: dict) -> tuple[list[str], list[list]]:
     headers = ["loss_type", "k", "steps_per_generation", "step", "scale", "residual", "verdict", "window tokens",
-               "generation tokens", "bnpo vs window token mean: scale, residual", "issue"]
+               "generation tokens", "bnpo vs window token mean: scale, residual", "audit (step 1): verdict, scale, "
+               "seconds / window seconds", "issue"]
     rows = [[r["loss_type"] + (f" ({r['variant']})" if r.get("variant") else ""), r["k"], r["steps_per_generation"],
              r["step"],
              None if r["scale"] is None else f"{r['scale']:.6f}", r["residual"], r["verdict"], r["window_tokens"],
-             ",".join(map(str, r["generation_batch_tokens"])), _versus(r.get("vs_window_token_mean")), r["issues"]]
+             ",".join(map(str, r["generation_batch_tokens"])), _versus(r.get("vs_window_token_mean")),
+             _audit(r.get("audit")), r["issues"]]
             for r in result["rows"]]
     return headers, rows
 
 
 def _versus(entry: dict | None) -> str | None:
     return None if entry is None else f"{entry['scale']:.4f}, {entry['residual']:.2e}"
+
+
+def _audit(entry: dict | None) -> str | None:
+    if entry is None:
+        return None
+    scale = "—" if entry["scale"] is None else f"{entry['scale']:.6f}"
+    window = "?" if entry["window_seconds"] is None else f"{entry['window_seconds']:.3f}"
+    return f"{entry['cause']}, {scale}, {entry['seconds']:.3f} / {window}"

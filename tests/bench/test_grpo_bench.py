@@ -32,5 +32,9 @@ def test_quick_grpo_bench_measures_which_loss_types_follow_their_window(tmp_path
             assert r["scale"] == pytest.approx(r["window_tokens"] / (generation_tokens * k / spg), rel=1e-4), r
     spread = [r for r in rows if r["loss_type"] == "dapo" and r["steps_per_generation"] == 2 * r["k"]]
     assert len(spread) == 2 and sum(r["window_tokens"] for r in spread) == spread[0]["generation_batch_tokens"][0]
+    for r in (r for r in rows if r["step"] == 1):  # the audit on each run's first step, against the truth's scale
+        audit = r["audit"]
+        assert audit["cause"] == ("exact" if r["verdict"] == "exact" else "normalised_by_generation_batch"), r
+        assert audit["scale"] == pytest.approx(r["scale"], rel=1e-5), r
     headers, table = grpo.table(result)  # the table the command prints: one line a step
     assert len(table) == len(rows) and all(len(line) == len(headers) for line in table)

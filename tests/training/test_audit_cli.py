@@ -135,3 +135,15 @@ def test_model_audits_a_stock_trainer_with_the_standard_collator_so_the_causal_l
     assert main(["audit", "--model", str(tmp_path / "missing"), "-k", "2"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: --model") and len(err.splitlines()) == 1
+
+
+def test_a_users_grpo_script_is_audited_unchanged_against_its_loss_types_objective():
+    """GRPOTrainer is a Trainer: the command attaches to it. dapo with two windows per generation: the scale and
+    the fix in one line, and --strict fails the step (tests/training/test_audit_grpo.py checks the figures)."""
+    result = gradacc_audit("--strict", "--", sys.executable, str(SCRIPTS / "train_grpo.py"), "--loss-type", "dapo",
+                           "-k", "2", "--steps-per-generation", "4")
+    [line] = audit_lines(result)
+    assert result.returncode == 3, result.stdout + result.stderr[-3000:]
+    assert line.startswith("gradacc audit (trainer, Qwen2ForCausalLM): gradient scaled by the generation batch's "
+                           "token count: the step is "), line
+    assert "Fix: GRPOConfig(steps_per_generation=2) (= gradient_accumulation_steps)" in line

@@ -149,9 +149,10 @@ def test_label_smoothing_is_computed_by_hand_and_a_compute_loss_func_that_drops_
     assert "your compute_loss_func, replayed: a constant factor inside it is not seen" in kept.line
 
 
-def test_grpo_is_not_judged_as_the_models_cross_entropy():
+def test_grpo_is_judged_against_its_own_objective_not_the_models_cross_entropy():
     """GRPO's gradient is its own surrogate's: judged against the model's cross-entropy it would read 'k× too
-    large' on a correct run. Not judged, in one line, with what would let the audit judge it."""
+    large' on a correct run. The audit judges it against its loss_type's documented objective (the default dapo, at
+    the default steps_per_generation = k: exact; tests/training/test_audit_grpo.py checks it against the truth)."""
     from datasets import Dataset
     from transformers import Qwen2ForCausalLM
     from trl import GRPOConfig, GRPOTrainer
@@ -163,9 +164,8 @@ def test_grpo_is_not_judged_as_the_models_cross_entropy():
                           reward_funcs=lambda completions, **kwargs: [float(len(c)) for c in completions],
                           train_dataset=Dataset.from_dict({"prompt": texts(16, seed=7, low=2, high=5)}))
     verdict, _ = train(trainer, None)
-    assert not verdict.judged, verdict.line
-    assert verdict.meaning.startswith("the loss is not the model's own: GRPOTrainer trains on a clipped "
-                                      "policy-gradient surrogate") and "loss_fn=" in verdict.meaning
+    assert verdict.kind == LossKind.GRPO and verdict.gradient == V.EXACT and verdict.ok, verdict.line
+    assert "the documented dapo objective" in verdict.meaning
 
 
 def test_a_callback_added_the_usual_way_fails_at_construction_naming_audit_trainer():

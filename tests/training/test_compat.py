@@ -78,6 +78,31 @@ def test_trl_trainers_keep_the_state_a_replay_changes_and_their_classes():
         pass
 
     assert compat.trl_class(Mine.__new__(Mine), ("DPOTrainer",)) == "DPOTrainer"
+
+
+def test_grpo_trainer_hands_its_loss_the_inputs_and_settings_the_audit_reads():
+    import trl
+
+    from gradacc.training.compat import trl as compat
+
+    generated = inspect.getsource(trl.GRPOTrainer._generate_and_score_completions)
+    for key in compat.GRPO_INPUTS + compat.GRPO_OTHER_INPUTS:
+        contract("trl", f"GRPOTrainer's micro-batch key {key!r}",
+                 f'"{key}":' in generated or f'output["{key}"]' in generated)
+    loss = inspect.getsource(trl.GRPOTrainer._compute_loss)
+    contract("trl", "GRPOTrainer._compute_loss reads the stored log-probs",
+             'inputs.get("old_per_token_logps")' in loss and 'inputs["ref_per_token_logps"]' in loss)
+    contract("trl", "GRPOTrainer.aux_loss_enabled", "self.aux_loss_enabled" in inspect.getsource(trl.GRPOTrainer))
+    args = trl.GRPOConfig(output_dir="unused", report_to="none", use_cpu=True, bf16=False)
+    # Every field the audit reads exists, with the defaults its objective assumes (nothing unsupported).
+    settings = compat.grpo_settings(args)
+    contract("trl", "GRPOConfig's objective fields and defaults",
+             settings["epsilon_low"] == settings["epsilon_high"] == 0.2 and settings["bias_correction_kl"],
+             str(settings))
+    contract("trl", "GRPOConfig's defaults are the audit's scope", compat.grpo_unsupported(args) is None)
+    changed = trl.GRPOConfig(output_dir="unused", report_to="none", use_cpu=True, bf16=False, num_iterations=2,
+                              top_entropy_quantile=0.5)
+    assert compat.grpo_unsupported(changed).startswith("num_iterations=2: ")
     assert compat.trl_class(object(), ("DPOTrainer",)) is None
 
 

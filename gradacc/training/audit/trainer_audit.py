@@ -17,7 +17,7 @@ import torch
 from transformers import TrainerCallback
 
 from gradacc.training import distributed
-from gradacc.training.audit import losses
+from gradacc.training.audit import grpo_audit, losses
 from gradacc.training.audit.capture import MicroBatch, Patches, RandomState, Recorder, WindowLog, detached
 from gradacc.training.audit.measure import Setup, measure
 from gradacc.training.audit.verdict import NOT_JUDGED, Check, Verdict, publish, scheduler_check
@@ -28,8 +28,8 @@ from gradacc.training.tolerances import LOGGED
 
 # Trainers whose objective is not a loss of the model's outputs against labels: reinforcement learning's surrogates,
 # normalised their own way over generation batches. Not judged against a loss they do not train on.
-RL_TRAINERS = {"GRPOTrainer": "a clipped policy-gradient surrogate over sampled completions",
-               "RLOOTrainer": "a REINFORCE leave-one-out surrogate over sampled completions",
+# (GRPOTrainer is judged against its loss_type's documented objective: gradacc.training.audit.grpo_audit.)
+RL_TRAINERS = {"RLOOTrainer": "a REINFORCE leave-one-out surrogate over sampled completions",
                "PPOTrainer": "a clipped policy-gradient surrogate with a value head",
                "OnlineDPOTrainer": "DPO on completions sampled during training"}
 # The modules whose compute_loss and training_step are the frameworks' own (not a user's override).
@@ -125,6 +125,9 @@ class _Window:
         smoothing = float(getattr(args, "label_smoothing_factor", 0.0) or 0.0)
         override = user_override(trainer)
         unknown = objective_unknown(trainer)
+        if self.loss_fn is None and trl.trl_class(trainer, ("GRPOTrainer",)):
+            self.verdict = grpo_audit.judge(trainer, self.micro_batches, tuple(self.log.clips), _precision(args))
+            return
         if self.loss_fn is None and unknown:
             self.verdict = self._not_judged(unknown)
             return

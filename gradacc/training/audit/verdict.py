@@ -23,6 +23,9 @@ logger = logging.getLogger("gradacc.audit")
 EXACT, K_TIMES, DIVIDED_TWICE, SHORT_WINDOW = Cause.EXACT, Cause.K_TIMES, Cause.DIVIDED_TWICE, Cause.SHORT_WINDOW
 MISCOUNTED, WEIGHTED, CLIPPED, ZEROED = Cause.MISCOUNTED, Cause.WEIGHTED, Cause.CLIPPED, Cause.ZEROED
 SCALED, OTHER_LOSS, NOT_JUDGED = Cause.SCALED, Cause.OTHER_LOSS, Cause.NOT_JUDGED
+BY_DESIGN, GENERATION_COUNT = Cause.BY_DESIGN, Cause.GENERATION_COUNT
+# Causes that are no problem of the run: the gradient is what its documented objective gives.
+NOT_A_PROBLEM = (EXACT, NOT_JUDGED, BY_DESIGN)
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,7 @@ class Verdict:
 
     @property
     def problems(self) -> tuple:
-        gradient = () if self.gradient in (EXACT, NOT_JUDGED) else (f"gradient {words(self.gradient)}",)
+        gradient = () if self.gradient in NOT_A_PROBLEM else (f"gradient {words(self.gradient)}",)
         return gradient + tuple(check.detail for check in self.checks if check.ok is False)
 
     @property
@@ -119,8 +122,8 @@ def summary_line(verdict: Verdict) -> str:
     against = f"; judged against {verdict.reference}" if verdict.reference else ""
     if verdict.ok:
         fit = verdict.fit
-        return (f"{where}: exact — {verdict.meaning} (scale {fit.scale:.5g} ± {fit.se:.1g}, relative error "
-                f"{fit.rel_error:.1e}, k={verdict.k}, {verdict.precision}{against})")
+        return (f"{where}: {words(verdict.gradient)} — {verdict.meaning} (scale {fit.scale:.5g} ± {fit.se:.1g}, "
+                f"relative error {fit.rel_error:.1e}, k={verdict.k}, {verdict.precision}{against})")
     parts = []
     if verdict.gradient != EXACT:
         parts.append(f"gradient {words(verdict.gradient)}: {verdict.meaning}" + (f". Fix: {verdict.fix}"

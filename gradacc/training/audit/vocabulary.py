@@ -22,6 +22,12 @@ class Cause(StrEnum):
     SCALED = "scaled"
     OTHER_LOSS = "not_the_window_mean_loss"
     NOT_JUDGED = "not_judged"
+    # GRPO: the step follows its loss type's documented objective, which by design depends on the micro-batches
+    # (bnpo's token mean per micro-batch): not a bug, and not a problem of the run.
+    BY_DESIGN = "varies_with_micro_batch_by_design"
+    # GRPO's dapo/cispo/vespo: divided by the generation batch's token count × k / steps_per_generation, the window's
+    # token count only when steps_per_generation = k.
+    GENERATION_COUNT = "normalised_by_generation_batch"
 
 
 class CheckName(StrEnum):
@@ -48,6 +54,7 @@ class LossKind(StrEnum):
     TRAINER_LOSS = "trainers_own"           # no labels in the batch: the trainer's compute_loss, replayed
     USER_LOSS = "loss_fn"                   # the user's loss_fn
     DPO = "dpo"                             # TRL's DPOTrainer: computed from the policy's and reference's log-probs
+    GRPO = "grpo"                           # TRL's GRPOTrainer: its loss_type's documented objective over the window
 
 
 class Integration(StrEnum):
@@ -64,7 +71,9 @@ WORDS = {Cause.EXACT: "exact", Cause.K_TIMES: "k× too large", Cause.DIVIDED_TWI
          Cause.SHORT_WINDOW: "short window ÷ configured k", Cause.MISCOUNTED: "items miscounted",
          Cause.WEIGHTED: "weighted by micro-batch, not by item", Cause.CLIPPED: "changed by clipping",
          Cause.ZEROED: "zeroed inside the window", Cause.SCALED: "scaled",
-         Cause.OTHER_LOSS: "not the window's mean loss", Cause.NOT_JUDGED: "not judged"}
+         Cause.OTHER_LOSS: "not the window's mean loss", Cause.NOT_JUDGED: "not judged",
+         Cause.BY_DESIGN: "varies with the micro-batch by design",
+         Cause.GENERATION_COUNT: "scaled by the generation batch's token count"}
 # Each cause as an English sentence about the gradient, before its details (the Audit page's headline, ending ":").
 SENTENCES = {Cause.EXACT: "The gradient is exact", Cause.K_TIMES: "The gradient is k× too large",
              Cause.DIVIDED_TWICE: "The gradient is k× too small",
@@ -75,13 +84,15 @@ SENTENCES = {Cause.EXACT: "The gradient is exact", Cause.K_TIMES: "The gradient 
              Cause.ZEROED: "The gradients were zeroed inside the window",
              Cause.SCALED: "The gradient is scaled",
              Cause.OTHER_LOSS: "The gradient is not that of the window's mean loss",
-             Cause.NOT_JUDGED: "Not judged"}
+             Cause.NOT_JUDGED: "Not judged",
+             Cause.BY_DESIGN: "The gradient varies with the micro-batch by design",
+             Cause.GENERATION_COUNT: "The gradient is scaled by how the generation batch's tokens fall"}
 # Each kind of loss in words ("the model's own {…} loss").
 KIND_WORDS = {LossKind.CLASSIFICATION: "classifier", LossKind.MULTI_LABEL: "multi-label classifier",
               LossKind.REGRESSION: "regression head", LossKind.TOKEN: "token classifier",
               LossKind.CAUSAL: "causal LM", LossKind.FUSED_CAUSAL: "causal LM (TRL's fused head)",
               LossKind.TRAINER_LOSS: "the trainer's own loss", LossKind.USER_LOSS: "your loss_fn",
-              LossKind.DPO: "DPO's loss"}
+              LossKind.DPO: "DPO's loss", LossKind.GRPO: "GRPO's objective"}
 
 
 def words(cause) -> str:

@@ -38,3 +38,57 @@ def dpo_reference_model(trainer):
 def adds_router_loss(trainer) -> bool:
     """Whether DPOTrainer adds an MoE router loss to DPO's (``aux_loss_enabled``)."""
     return bool(getattr(trainer, "aux_loss_enabled", False))
+
+
+# GRPOTrainer: what its compute_loss is given per micro-batch, after generation and scoring (the audit's GRPO
+# reference is computed from these). num_items_in_batch: the generation batch's loss tokens, over every process.
+GRPO_INPUTS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "old_per_token_logps",
+               "ref_per_token_logps", "num_items_in_batch")
+# What else a micro-batch may carry that changes the loss or the forward: tool results' mask (multi-turn), vLLM's
+# importance-sampling ratio, a vision-language model's inputs.
+GRPO_OTHER_INPUTS = ("tool_mask", "importance_sampling_ratio", "sampling_per_token_logps", "pixel_values",
+                     "image_grid_thw", "pixel_attention_mask", "spatial_shapes", "image_sizes", "token_type_ids",
+                     "mm_token_type_ids", "image_position_ids", "num_images", "num_tiles")
+
+
+def grpo_inputs(inputs: dict) -> dict:
+    """The GRPO_INPUTS that one micro-batch's inputs hold (tensors)."""
+    return {key: inputs[key] for key in GRPO_INPUTS if hasattr(inputs.get(key), "shape")}
+
+
+def grpo_model_inputs(inputs: dict) -> list[str]:
+    """The GRPO_OTHER_INPUTS a micro-batch holds: a loss or a forward the audit does not compute."""
+    return [key for key in GRPO_OTHER_INPUTS if inputs.get(key) is not None]
+
+
+def grpo_settings(args) -> dict:
+    """The GRPOConfig fields the documented objective reads, by gradacc.training.audit.grpo.Settings's names."""
+    return dict(max_completion_length=args.max_completion_length, beta=args.beta,
+                bias_correction_kl=args.use_bias_correction_kl, epsilon_low=args.epsilon,
+                epsilon_high=args.epsilon_high if args.epsilon_high is not None else args.epsilon,
+                importance_sampling_level=args.importance_sampling_level,
+                sapo_temperature_pos=args.sapo_temperature_pos, sapo_temperature_neg=args.sapo_temperature_neg,
+                vespo_k_pos=args.vespo_k_pos, vespo_lambda_pos=args.vespo_lambda_pos, vespo_k_neg=args.vespo_k_neg,
+                vespo_lambda_neg=args.vespo_lambda_neg)
+
+
+def grpo_unsupported(args, trainer=None) -> str | None:
+    """The GRPOConfig setting (the first) that puts the run's loss outside the documented objectives the audit
+    computes, as a reason in the config's own terms; None when there is none."""
+    reasons = (
+        (args.num_iterations != 1, f"num_iterations={args.num_iterations}: each generation is trained on more than "
+                                   "once, and the audit computes the objective of num_iterations=1"),
+        (args.use_vllm, "use_vllm=True: vLLM's sampling carries an importance-sampling correction the audit does not "
+                        "compute"),
+        (args.top_entropy_quantile < 1.0, f"top_entropy_quantile={args.top_entropy_quantile}: the entropy mask "
+                                          "drops tokens the audit does not"),
+        (args.delta is not None, f"delta={args.delta}: the two-sided clip is not in the audit's objective"),
+        (args.off_policy_mask_threshold is not None, "off_policy_mask_threshold is set: the off-policy sequence "
+                                                     "mask is not in the audit's objective"),
+        (args.entropy_coef != 0.0 or args.use_adaptive_entropy,
+         "an entropy bonus (entropy_coef, use_adaptive_entropy) is not in the audit's objective"),
+        (args.use_liger_kernel, "use_liger_kernel=True: Liger's fused GRPO loss is not replayed"),
+        (adds_router_loss(trainer), "the model's MoE router loss is added to GRPO's, and the audit does not compute "
+                                    "it"),
+    )
+    return next((reason for applies, reason in reasons if applies), None)

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from gradacc.training.audit import losses
+from gradacc.training.audit import losses, router
 from gradacc.training.audit.capture import MicroBatch, RandomState, Recorder, detached
+from gradacc.training.compat import transformers as compat_transformers
 from gradacc.training.compat import trl
 from gradacc.training.tolerances import AGREE
 
@@ -76,6 +77,12 @@ class Replayer:
         # With a compute_loss_func and label smoothing configured: per micro-batch, does its mean equal the smoothed
         # loss computed here? (Trainer calls compute_loss_func instead of its label smoother.)
         self.smoothing_kept: list[bool] = []
+        # An MoE model whose forward adds its router loss: (coefficient, experts, experts per token), and what the
+        # last replay gave of it: Σ over micro-batches of ∇(router loss), each micro-batch's expert_sums.
+        self.router = compat_transformers.router_loss_settings(losses.base_model(module))
+        self.router_gradient: dict = {}
+        self.router_sums: list = []
+        self._aux = None
 
     def count(self, micro_batches: list[MicroBatch]) -> list[int]:
         """Each micro-batch's items: as its loss counts them (the kind's rule), or its rows for a trainer's own loss;
@@ -96,16 +103,47 @@ class Replayer:
             counting = self._find_kind(micro_batches[0], output)
         return [losses.items(counting, *_labels(m)) for m in micro_batches]
 
-    def replay(self, micro_batches: list[MicroBatch], divisors: list[float]) -> Reference:
+    def replay(self, micro_batches: list[MicroBatch], divisors: list[float], with_router: bool = True) -> Reference:
         """Back-propagate each micro-batch's loss summed over its items ÷ its divisor (the window's items: the
-        reference; its items × the micro-batches: their means counted equally) into ``.grad``."""
+        reference; its items × the micro-batches: their means counted equally) into ``.grad``; an MoE model's router
+        loss, computed here, apart (``router_gradient``: its own backward through the same forward)."""
         items, summed_losses = [], []
+        self.router_gradient, self.router_sums = {}, []
         for index, (micro_batch, divisor) in enumerate(zip(micro_batches, divisors), start=1):
             summed, count = self._one(index, micro_batch)
-            (summed / divisor).backward()
+            aux, self._aux = self._aux, None
+            (summed / divisor).backward(retain_graph=aux is not None and with_router)
+            if aux is not None and with_router:
+                self._router_backward(aux)
             items.append(count)
             summed_losses.append(float(summed.detach()))
         return Reference(self.kind, tuple(items), sum(summed_losses), tuple(summed_losses))
+
+    def _router_backward(self, aux) -> None:
+        named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
+        grads = torch.autograd.grad(aux, [p for _, p in named], allow_unused=True)
+        for (name, _), grad in zip(named, grads):
+            if grad is not None:
+                flat = grad.detach().reshape(-1)
+                self.router_gradient[name] = self.router_gradient[name] + flat if name in self.router_gradient \
+                    else flat
+
+    def _router_loss(self, micro_batch: MicroBatch, output, labels):
+        """The micro-batch's router loss, computed here, when the model's forward added one to its loss (it does
+        when given labels, with router logits on); None otherwise. It must equal the model's own ``aux_loss``."""
+        logits = getattr(output, "router_logits", None)
+        if self.router is None or labels is None or not logits:
+            return None
+        sums = router.expert_sums(logits, self.router[2], micro_batch.trained.kwargs.get("attention_mask"))
+        aux = router.load_balancing(sums)
+        own = getattr(output, "aux_loss", None)
+        own = own.detach() if torch.is_tensor(own) else None
+        if own is not None and abs(float(own) - float(aux)) > self.tolerance * max(1.0, abs(float(aux))):
+            raise NotReplayable(f"the model's router loss (aux_loss {float(own):.6g}) is not the load-balancing loss "
+                                f"the audit computes from its router logits ({float(aux):.6g}), so the router term "
+                                "cannot be told apart from the main loss")
+        self.router_sums.append(sums.detach())
+        return aux
 
     def _one(self, index: int, micro_batch: MicroBatch) -> tuple[torch.Tensor, int]:
         if self.kind == losses.TRAINER_LOSS:
@@ -124,6 +162,7 @@ class Replayer:
             count = self._user_count(micro_batch)  # one tensor: the mean over the batch's rows
             return result * count, count
         output = self._forward(index, micro_batch)
+        self._aux = self._router_loss(micro_batch, output, labels)
         if self.kind is None:
             self.kind = self._find_kind(micro_batch, output)
         if self.rule.compute_loss_func is not None:
@@ -144,8 +183,9 @@ class Replayer:
 
     def _find_kind(self, micro_batch: MicroBatch, output) -> str:
         labels, shift = _labels(micro_batch)
+        router_part = self.router[0] * float(self._aux) if self._aux is not None else 0.0  # in the model's .loss
         kind = losses.find_kind(self.module, output, labels, shift,
-                                micro_batch.trained.kwargs.get("num_items_in_batch"), self.tolerance)
+                                micro_batch.trained.kwargs.get("num_items_in_batch"), self.tolerance, router_part)
         if kind is None:
             raise NotReplayable(f"the loss of {type(losses.base_model(self.module)).__name__} is none the audit "
                                 "computes by hand: pass loss_fn=lambda model, batch: (its loss summed over the "

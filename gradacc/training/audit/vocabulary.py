@@ -22,6 +22,11 @@ class Cause(StrEnum):
     SCALED = "scaled"
     OTHER_LOSS = "not_the_window_mean_loss"
     NOT_JUDGED = "not_judged"
+    # An MoE model's router (load-balancing) loss, judged on the router weights apart from the main loss (which is
+    # exact when one of these is the verdict's cause).
+    ROUTER_K_TIMES = "router_loss_k_times_too_large"
+    ROUTER_SCALED = "router_loss_scaled"
+    ROUTER_OTHER = "router_loss_not_the_micro_batch_mean"
 
 
 class CheckName(StrEnum):
@@ -34,6 +39,7 @@ class CheckName(StrEnum):
     PROCESSES = "processes"
     OBJECTIVE = "objective"
     LAST_WINDOW = "last_window"  # Lightning: the epoch's short last window, when the first one was judged
+    ROUTER_LOSS = "router_loss"  # an MoE model's router (load-balancing) loss term
 
 
 class LossKind(StrEnum):
@@ -64,7 +70,9 @@ WORDS = {Cause.EXACT: "exact", Cause.K_TIMES: "k× too large", Cause.DIVIDED_TWI
          Cause.SHORT_WINDOW: "short window ÷ configured k", Cause.MISCOUNTED: "items miscounted",
          Cause.WEIGHTED: "weighted by micro-batch, not by item", Cause.CLIPPED: "changed by clipping",
          Cause.ZEROED: "zeroed inside the window", Cause.SCALED: "scaled",
-         Cause.OTHER_LOSS: "not the window's mean loss", Cause.NOT_JUDGED: "not judged"}
+         Cause.OTHER_LOSS: "not the window's mean loss", Cause.NOT_JUDGED: "not judged",
+         Cause.ROUTER_K_TIMES: "router loss k× too large", Cause.ROUTER_SCALED: "router loss scaled",
+         Cause.ROUTER_OTHER: "router loss not the micro-batches' mean"}
 # Each cause as an English sentence about the gradient, before its details (the Audit page's headline, ending ":").
 SENTENCES = {Cause.EXACT: "The gradient is exact", Cause.K_TIMES: "The gradient is k× too large",
              Cause.DIVIDED_TWICE: "The gradient is k× too small",
@@ -75,7 +83,10 @@ SENTENCES = {Cause.EXACT: "The gradient is exact", Cause.K_TIMES: "The gradient 
              Cause.ZEROED: "The gradients were zeroed inside the window",
              Cause.SCALED: "The gradient is scaled",
              Cause.OTHER_LOSS: "The gradient is not that of the window's mean loss",
-             Cause.NOT_JUDGED: "Not judged"}
+             Cause.NOT_JUDGED: "Not judged",
+             Cause.ROUTER_K_TIMES: "The router loss's gradient is k× too large",
+             Cause.ROUTER_SCALED: "The router loss's gradient is scaled",
+             Cause.ROUTER_OTHER: "The router loss's gradient is not that of the micro-batches' mean router loss"}
 # Each kind of loss in words ("the model's own {…} loss").
 KIND_WORDS = {LossKind.CLASSIFICATION: "classifier", LossKind.MULTI_LABEL: "multi-label classifier",
               LossKind.REGRESSION: "regression head", LossKind.TOKEN: "token classifier",

@@ -139,6 +139,9 @@ def measure(setup: Setup, micro_batches: list[MicroBatch], log: WindowLog, backw
         leads = gradient == EXACT and router_fit.cause != EXACT  # the main loss is right: the router term is the cause
         if leads:
             gradient, meaning, fix = router_fit.cause, router_fit.meaning, router_fit.fix
+        elif gradient == EXACT and router_fit.cause == EXACT:
+            meaning += (f", its router term coef·(the micro-batches' mean router loss) on the router weights (scale "
+                        f"{router_fit.fit.scale:.5g})")
         base["checks"] += (_router_check(router_fit, leads),)
     if replayer.smoothing_kept:
         base["checks"] += (_smoothing_check(all(replayer.smoothing_kept), setup.rule, reference.kind),)
@@ -208,7 +211,7 @@ def copies_check(processes: int) -> Check:
 def _router_term(setup: Setup, replayer: Replayer, applied: dict, params: dict, unclip: float, precision: str,
                  j: int, shared: bool, device, over_ranks) -> tuple[RouterFit, dict]:
     """The router loss term judged (router.py), and the step's gradient less its fitted router term."""
-    coefficient = replayer.router[0]
+    coefficient = replayer.router.coefficient  # the config's: the objective (a forward may add another, the fix)
     processes = setup.num_processes if shared else 1
     main = {name: p.grad.detach().reshape(-1) for name, p in params.items() if p.grad is not None}
     # coef × the gradient of the mean router loss over the window's micro-batches, on every process
@@ -223,7 +226,8 @@ def _router_term(setup: Setup, replayer: Replayer, applied: dict, params: dict, 
     expected = [1.0, 0.0, setup.k, setup.k * processes]
     fit, off = router.router_term_fit(applied, main, reference, names, main_scale, unclip, precision, expected)
     judged = router.judge(fit, who=setup.who, k=setup.k, processes=processes, coefficient=coefficient,
-                          main_scale=main_scale, off=off, micro_batch_mean=mean,
+                          forward_coefficient=replayer.router.forward_coefficient, main_scale=main_scale, off=off,
+                          micro_batch_mean=mean,
                           window_loss=float(router.load_balancing(window)))
     return judged, router.without_router(applied, reference, router_scale, unclip)
 

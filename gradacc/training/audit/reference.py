@@ -77,7 +77,7 @@ class Replayer:
         # With a compute_loss_func and label smoothing configured: per micro-batch, does its mean equal the smoothed
         # loss computed here? (Trainer calls compute_loss_func instead of its label smoother.)
         self.smoothing_kept: list[bool] = []
-        # An MoE model whose forward adds its router loss: (coefficient, experts, experts per token), and what the
+        # An MoE model whose forward adds its router loss: its settings (compat.transformers.RouterSettings), and what the
         # last replay gave of it: Σ over micro-batches of ∇(router loss), each micro-batch's expert_sums.
         self.router = compat_transformers.router_loss_settings(losses.base_model(module))
         self.router_gradient: dict = {}
@@ -134,7 +134,7 @@ class Replayer:
         logits = getattr(output, "router_logits", None)
         if self.router is None or labels is None or not logits:
             return None
-        sums = router.expert_sums(logits, self.router[2], micro_batch.trained.kwargs.get("attention_mask"))
+        sums = router.expert_sums(logits, self.router.per_token, micro_batch.trained.kwargs.get("attention_mask"))
         aux = router.load_balancing(sums)
         own = getattr(output, "aux_loss", None)
         own = own.detach() if torch.is_tensor(own) else None
@@ -183,7 +183,7 @@ class Replayer:
 
     def _find_kind(self, micro_batch: MicroBatch, output) -> str:
         labels, shift = _labels(micro_batch)
-        router_part = self.router[0] * float(self._aux) if self._aux is not None else 0.0  # in the model's .loss
+        router_part = self.router.forward_coefficient * float(self._aux) if self._aux is not None else 0.0  # in the model's .loss
         kind = losses.find_kind(self.module, output, labels, shift,
                                 micro_batch.trained.kwargs.get("num_items_in_batch"), self.tolerance, router_part)
         if kind is None:

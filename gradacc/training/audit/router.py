@@ -89,21 +89,19 @@ def router_term_fit(applied: dict, main: dict, router: dict, names: set, main_sc
     return Fit(numbers["scale"], numbers["residual"], numbers["se"], numbers["rel_error"], precision), off
 
 
-def judge(fit: Fit, *, who: Integration, k: int, processes: int, coefficient: float, main_scale: float,
-          off: float, micro_batch_mean: float, window_loss: float) -> RouterFit:
-    """The router term's cause, what it means and its fix, from its fit on the router weights."""
+def judge(fit: Fit, *, who: Integration, k: int, processes: int, coefficient: float, forward_coefficient: float,
+          main_scale: float, off: float, micro_batch_mean: float, window_loss: float) -> RouterFit:
+    """The router term's cause, what it means and its fix, from its fit on the router weights. ``coefficient``: the
+    config's (the objective); ``forward_coefficient``: the one each forward adds (the model's attribute), which the
+    fix sets: the config keeps saying what the objective is."""
     scale = fit.scale
-    gap = (f"The window's tokens as one batch have router loss {window_loss:.4g}, its micro-batches {micro_batch_mean:.4g} "
-           "on average: the router loss is not linear in the batch, so no accumulation gives the big batch's; the "
+    gap = (f"The window's tokens as one batch have router loss {window_loss:.4g}, its micro-batches "
+           f"{micro_batch_mean:.4g} on average: the router loss is not linear in the batch, so no accumulation gives the big batch's; the "
            "reference is the micro-batches' mean")
     where = f"on the router weights (the step is {off:.1%} off there; main loss {main_scale:.5g}×)"
     if fit.plain_scale and fit.near(1):
         cause, meaning, fix = EXACT, f"coef·(the micro-batches' mean router loss) {where}. {gap}", None
-    elif fit.plain_scale and fit.near(0):
-        cause, meaning = Cause.ROUTER_SCALED, f"{scale:.4g}×: the router loss is not in the step {where}. {gap}"
-        fix = "add router_aux_loss_coef · outputs.aux_loss to the loss you return (your compute_loss_func or " \
-              "compute_loss: Trainer's pops the labels, so the model adds none)"
-    elif fit.plain_scale:
+    elif fit.plain_scale and not fit.near(0):
         large = k * processes if processes > 1 and fit.near(k * processes) else k
         times = f"k·P = {k}·{processes}" if large != k else f"k = {k}"
         why = "each micro-batch's router loss is added whole, k of them per step"
@@ -112,18 +110,18 @@ def judge(fit: Fit, *, who: Integration, k: int, processes: int, coefficient: fl
                    "num_items_in_batch), k per step" + (", and multiplies the loss by the processes "
                                                          "(average_tokens_across_devices; transformers #48690)"
                                                          if large != k else ""))
-        divisor = large if k > 1 and fit.near(large) else scale
         cause = Cause.ROUTER_K_TIMES if k > 1 and fit.near(large) else Cause.ROUTER_SCALED
         meaning = (f"{scale:.4g}× coef·(the micro-batches' mean router loss)"
                    + (f" ({times}): {why}" if cause == Cause.ROUTER_K_TIMES else "") + f", {where}. {gap}")
-        fix = (f"divide the router loss's coefficient by {divisor:.4g}: router_aux_loss_coef={coefficient:g} / "
-               f"{divisor:.4g} = {coefficient / divisor:.4g} in the model's config before building it (or "
-               f"model.router_aux_loss_coef = {coefficient / divisor:.4g})")
+        right = forward_coefficient / scale  # what each forward should add for a factor of 1
+        fix = (f"make each forward add the router loss at {right:.4g}, keeping the config's coefficient {coefficient:g} "
+               f"(the objective): model.router_aux_loss_coef = model.config.router_aux_loss_coef / "
+               f"{coefficient / right:.4g} after building the model")
     else:
         cause = Cause.ROUTER_OTHER
         meaning = (f"no scale of coef·(the micro-batches' mean router loss) {where} (residual {fit.residual:.2g}, "
                    f"scale {scale:.3g}). {gap}")
-        fix = ("add coef·aux_loss to each micro-batch's loss as the model computes it, and divide it by k once "
-               "(router_aux_loss_coef / k)")
-    return RouterFit(coefficient=coefficient, fit=fit, main_scale=main_scale, cause=cause, meaning=meaning, fix=fix,
-                     off_on_router_weights=off, micro_batch_mean=micro_batch_mean, window_loss=window_loss)
+        fix = ("let the model add its router loss to each micro-batch's loss, at 1/k of the config's coefficient: "
+               "model.router_aux_loss_coef = model.config.router_aux_loss_coef / k")
+    return RouterFit(coefficient=coefficient, forward_coefficient=forward_coefficient, fit=fit, main_scale=main_scale,
+                     cause=cause, meaning=meaning, fix=fix, off_on_router_weights=off, micro_batch_mean=micro_batch_mean, window_loss=window_loss)

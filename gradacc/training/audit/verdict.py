@@ -55,7 +55,8 @@ class RouterFit:
     weights, the step's gradient less the main loss's part (``main_scale`` × its reference) against ``coefficient`` ×
     the gradient of the window's micro-batches' mean router loss."""
 
-    coefficient: float        # the model's router_aux_loss_coef
+    coefficient: float        # the config's router_aux_loss_coef: the objective's
+    forward_coefficient: float  # the model's own attribute: what each forward adds (the fix divides it)
     fit: Fit                  # the router term's scale (1: the micro-batches' mean) and what no scale explains
     main_scale: float         # the main loss's scale in the two-term fit over the whole gradient
     cause: Cause              # EXACT or one of ROUTER_CAUSES

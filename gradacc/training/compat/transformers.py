@@ -3,6 +3,8 @@ model keeps its router loss's settings and its router weights."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 # Trainer.compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None): after model and inputs,
 # num_items_in_batch is the second positional argument when a caller passes it by position.
 NUM_ITEMS_POSITION = 1
@@ -15,16 +17,25 @@ def num_items_in_batch(args: tuple, kwargs: dict):
     return args[NUM_ITEMS_POSITION] if len(args) > NUM_ITEMS_POSITION else None
 
 
-def router_loss_settings(model) -> tuple[float, int, int] | None:
-    """(router_aux_loss_coef, experts, experts per token) of an MoE model whose forward adds its router
-    (load-balancing) loss to its loss when it is given labels and ``output_router_logits`` is on (the MoE
-    ``…ForCausalLM`` classes: Mixtral, Qwen2-MoE, Qwen3-MoE, … keep all three on the instance, and the forward reads
-    the instance's coefficient). None for any other model (their classifiers add none), or a coefficient of 0."""
-    coefficient = getattr(model, "router_aux_loss_coef", None)
+class RouterSettings(NamedTuple):
+    coefficient: float          # the config's router_aux_loss_coef: the objective, coef × the router loss
+    forward_coefficient: float  # the instance's: what each forward adds (the forward reads it, not the config)
+    experts: int
+    per_token: int              # experts chosen per token (top k)
+
+
+def router_loss_settings(model) -> RouterSettings | None:
+    """How an MoE model whose forward adds its router (load-balancing) loss to its loss (when it is given labels and
+    ``output_router_logits`` is on) weighs it: the MoE ``…ForCausalLM`` classes (Mixtral, Qwen2-MoE, Qwen3-MoE, …)
+    copy ``router_aux_loss_coef``, ``num_experts`` and ``num_experts_per_tok`` onto the instance at build, and their
+    forward reads the instance's coefficient. None for any other model (their classifiers add none), or a coefficient
+    of 0."""
+    forward = getattr(model, "router_aux_loss_coef", None)
     experts, per_token = getattr(model, "num_experts", None), getattr(model, "num_experts_per_tok", None)
-    if not coefficient or not isinstance(experts, int) or not isinstance(per_token, int):
+    configured = getattr(getattr(model, "config", None), "router_aux_loss_coef", forward)
+    if not forward or not configured or not isinstance(experts, int) or not isinstance(per_token, int):
         return None
-    return float(coefficient), experts, per_token
+    return RouterSettings(float(configured), float(forward), experts, per_token)
 
 
 def router_parameter_names(model) -> set[str]:

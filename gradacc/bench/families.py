@@ -37,6 +37,7 @@ from gradacc import paths
 from gradacc.analysis import equivalence
 from gradacc.analysis.equivalence import EXACT_LIMIT, library_default_verdict
 from gradacc.bench import report
+from gradacc.bench import families_moe
 from gradacc.bench.families_audit import SavedFamily, audit_family
 from gradacc.config import RunConfig
 from gradacc.errors import GradaccError, one_line
@@ -138,6 +139,9 @@ def run(quick: bool = False, threads: int = 1) -> dict:
     finally:
         shutil.rmtree(home, ignore_errors=True)
     result["rows"] = rows
+    report.progress("moe: a tiny Mixtral's router loss, stock Trainer and the fix"
+                    + ("" if quick else f", and on {families_moe.PROCESSES} processes (torchrun, gloo)"))
+    result["moe"] = families_moe.moe_rows(quick, threads)
     checked = [r for r in rows if "exact" in r]
     worst = max((r["exact"] for r in checked), default=float("nan"))
     result["goals"] = {
@@ -150,11 +154,33 @@ def run(quick: bool = False, threads: int = 1) -> dict:
             sum(1 for r in checked for way in AUDIT_WAYS if r.get(way) != "exact"),
             "0 verdicts other than exact (Trainer with the fix, the Accelerate recipe)",
             all(r.get(way) == "exact" for r in checked for way in AUDIT_WAYS)),
+        "moe_router_term_named_and_its_fix_exact": report.goal(
+            sum(1 for r in result["moe"]["rows"] if not moe_row_right(r, SETTINGS["grad_accum_steps"])),
+            "0 MoE rows where the audit misses the router term's k (k·P) or the fix is not exact",
+            all(moe_row_right(r, SETTINGS["grad_accum_steps"]) for r in result["moe"]["rows"])),
     }
     return report.finish(result, started)
 
 
 AUDIT_WAYS = ("audit_trainer_fixed", "audit_accelerate_recipe")
+
+
+def moe_expected_scale(row: dict, k: int) -> float:
+    """The router term's scale a stock Trainer gives: k, and k·P with average_tokens_across_devices (#48690)."""
+    if row["way"] != "stock Trainer":
+        return 1.0
+    return k * (row["processes"] if row["average_tokens_across_devices"] else 1)
+
+
+def moe_row_right(row: dict, k: int) -> bool:
+    """The router term judged as the row's settings make it. Without average_tokens_across_devices on P processes
+    each process divides its main loss by its own tokens: the main loss's own verdict leads there, the router
+    term's is in its check."""
+    if row.get("router_scale") is None:
+        return False
+    expected = moe_expected_scale(row, k)
+    verdict = "exact" if expected == 1 else "router_loss_k_times_too_large"
+    return row["router_verdict"] == verdict and abs(row["router_scale"] - expected) <= 1e-3 * expected
 
 
 def audit_cell(row: dict) -> str:
@@ -203,6 +229,13 @@ def table(result: dict) -> tuple[list[str], list[list]]:
                          f"{r['library_default']:.2e}", verdict(r, k), audit_cell(r)])
         else:
             rows.append([r["family"], r["kind"], "-", "-", "-", verdict(r, k), "-"])
+    for r in result.get("moe", {}).get("rows", []):
+        where = f"mixtral-moe, {r.get('way')}, P={r.get('processes', '-')}" + (
+            ", average_tokens" if r.get("average_tokens_across_devices") and r.get("processes", 1) > 1 else "")
+        said = (f"router term {r['router_scale']:.4g}× the micro-batches' mean, main {r['main_scale']:.4g}×"
+                if r.get("router_scale") is not None else r.get("failed", "")[-200:])
+        rows.append([where, "MoE causal LM", "-", "-", "-", said,
+                     f"{r.get('verdict', '-')} (router term: {r.get('router_verdict', '-')})"])
     return headers, rows
 
 

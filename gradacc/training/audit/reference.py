@@ -138,9 +138,9 @@ class Replayer:
         aux = router.load_balancing(sums)
         own = getattr(output, "aux_loss", None)
         own = own.detach() if torch.is_tensor(own) else None
-        if own is not None and abs(float(own) - float(aux)) > self.tolerance * max(1.0, abs(float(aux))):
+        if own is not None and abs(float(own) - float(aux.detach())) > self.tolerance * max(1.0, abs(float(aux.detach()))):
             raise NotReplayable(f"the model's router loss (aux_loss {float(own):.6g}) is not the load-balancing loss "
-                                f"the audit computes from its router logits ({float(aux):.6g}), so the router term "
+                                f"the audit computes from its router logits ({float(aux.detach()):.6g}), so the router term "
                                 "cannot be told apart from the main loss")
         self.router_sums.append(sums.detach())
         return aux

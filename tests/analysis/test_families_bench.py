@@ -44,7 +44,19 @@ def test_no_false_verdicts_and_the_library_default_by_head(quick):
             assert row["library_default"] == pytest.approx(k - 1, rel=0.01)
     assert all(goal["met"] for goal in quick["goals"].values())
     headers, table = families.table(quick)
-    assert headers[-2] == "Trainer's default" and len(table) == len(rows)
+    assert headers[-2] == "Trainer's default" and len(table) == len(rows) + len(quick["moe"]["rows"])
+
+
+def test_the_moe_rows_name_the_router_term_k_times_and_the_fix_exact(quick):
+    """One process (--quick): a stock Trainer's router term 4× the micro-batches' mean, the fix 1× (the audit's
+    verdicts; tests/training/test_audit_moe.py holds them against the truth)."""
+    k = quick["settings"]["grad_accum_steps"]
+    stock, fixed = quick["moe"]["rows"]
+    assert stock["verdict"] == "router_loss_k_times_too_large" and stock["router_scale"] == pytest.approx(k, rel=1e-3)
+    assert fixed["verdict"] == "exact" and fixed["router_scale"] == pytest.approx(1, rel=1e-3)
+    assert stock["main_scale"] == pytest.approx(1, abs=1e-4) and fixed["main_scale"] == pytest.approx(1, abs=1e-4)
+    gap = quick["moe"]["window_gap"]
+    assert -1 <= gap["cosine_all_weights"] < 1 - 1e-6  # the window's router loss is another objective
 
 
 def test_the_audit_raises_no_false_alarm_on_any_family_with_its_dropout_on(quick):

@@ -23,8 +23,13 @@ from pathlib import Path
 
 import torch
 import transformers
+from transformers import DataCollatorForLanguageModeling, PrinterCallback, Trainer, TrainingArguments
 
+from gradacc.audit import audit_trainer
 from gradacc.training import distributed
+from gradacc.training.audit import router
+from gradacc.training.compat import transformers as compat
+from gradacc.training.run.launch import free_port
 from gradacc.training.sources import builtin_data, models
 
 COEFFICIENT = 0.02
@@ -52,10 +57,6 @@ def _examples(tokenizer, count: int) -> list[dict]:
 
 def trainer_row(fixed: bool, average_tokens: bool = True) -> dict:
     """Two stock Trainer steps, the first audited, in this process (one rank of a launch, or alone)."""
-    from transformers import DataCollatorForLanguageModeling, PrinterCallback, Trainer, TrainingArguments
-
-    from gradacc.audit import audit_trainer
-
     m, k = SETTINGS["micro_batch_size"], SETTINGS["grad_accum_steps"]
     processes = distributed.world_size()
     tokenizer = models.tiny_gpt_tokenizer()
@@ -102,11 +103,6 @@ class _WindowClock(transformers.TrainerCallback):
 
 def window_gap() -> dict:
     """The gradient of the micro-batches' mean router loss against that of the window's tokens as one batch."""
-    from transformers import DataCollatorForLanguageModeling
-
-    from gradacc.training.audit import router
-    from gradacc.training.compat import transformers as compat
-
     m, k = SETTINGS["micro_batch_size"], SETTINGS["grad_accum_steps"]
     tokenizer = models.tiny_gpt_tokenizer()
     model = _model(tokenizer)
@@ -149,8 +145,6 @@ def moe_rows(quick: bool, threads: int) -> dict:
 
 
 def _launch(threads: int) -> list[dict]:
-    from gradacc.training.run.launch import free_port
-
     with tempfile.TemporaryDirectory(prefix="gradacc-bench-moe-") as folder:
         out = Path(folder) / "rows.json"
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "ACCELERATE_USE_CPU": "1",

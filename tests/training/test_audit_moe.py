@@ -184,7 +184,8 @@ def test_the_fix_it_names_divides_what_each_forward_adds_and_makes_the_step_exac
     verdict, truth = train(model, causal=True)
     assert truth["router_scale"] == pytest.approx(1, rel=1e-3) and truth["main_scale"] == pytest.approx(1, abs=1e-4)
     assert verdict.ok and verdict.gradient == V.EXACT, verdict.line
-    assert verdict.router.cause == V.EXACT and verdict.router.fit.scale == pytest.approx(truth["router_scale"], rel=1e-4)
+    assert verdict.router.cause == V.EXACT
+    assert verdict.router.fit.scale == pytest.approx(truth["router_scale"], rel=1e-4)
     assert verdict.check(CheckName.LOGGED_LOSS).ok
 
 

@@ -77,8 +77,8 @@ class Replayer:
         # With a compute_loss_func and label smoothing configured: per micro-batch, does its mean equal the smoothed
         # loss computed here? (Trainer calls compute_loss_func instead of its label smoother.)
         self.smoothing_kept: list[bool] = []
-        # An MoE model whose forward adds its router loss: its settings (compat.transformers.RouterSettings), and what the
-        # last replay gave of it: Σ over micro-batches of ∇(router loss), each micro-batch's expert_sums.
+        # An MoE model whose forward adds its router loss: its settings (compat.transformers.RouterSettings), and
+        # what the last replay gave of it: Σ over micro-batches of ∇(router loss), each micro-batch's expert_sums.
         self.router = compat_transformers.router_loss_settings(losses.base_model(module))
         self.router_gradient: dict = {}
         self.router_sums: list = []
@@ -138,9 +138,10 @@ class Replayer:
         aux = router.load_balancing(sums)
         own = getattr(output, "aux_loss", None)
         own = own.detach() if torch.is_tensor(own) else None
-        if own is not None and abs(float(own) - float(aux.detach())) > self.tolerance * max(1.0, abs(float(aux.detach()))):
+        value = float(aux.detach())
+        if own is not None and abs(float(own) - value) > self.tolerance * max(1.0, abs(value)):
             raise NotReplayable(f"the model's router loss (aux_loss {float(own):.6g}) is not the load-balancing loss "
-                                f"the audit computes from its router logits ({float(aux.detach()):.6g}), so the router term "
+                                f"the audit computes from its router logits ({value:.6g}), so the router term "
                                 "cannot be told apart from the main loss")
         self.router_sums.append(sums.detach())
         return aux
@@ -183,7 +184,8 @@ class Replayer:
 
     def _find_kind(self, micro_batch: MicroBatch, output) -> str:
         labels, shift = _labels(micro_batch)
-        router_part = self.router.forward_coefficient * float(self._aux) if self._aux is not None else 0.0  # in the model's .loss
+        # the router term the model's .loss holds beside the kind's loss
+        router_part = self.router.forward_coefficient * float(self._aux.detach()) if self._aux is not None else 0.0
         kind = losses.find_kind(self.module, output, labels, shift,
                                 micro_batch.trained.kwargs.get("num_items_in_batch"), self.tolerance, router_part)
         if kind is None:

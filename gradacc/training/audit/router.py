@@ -77,7 +77,8 @@ def without_router(applied: dict, router: dict, router_scale: float, unclip: flo
 
 def router_term_fit(applied: dict, main: dict, router: dict, names: set, main_scale: float, unclip: float,
                     precision: str, expected) -> tuple[Fit, float]:
-    """(the router term on the router weights, g·unclip − a·M against R; ‖g·unclip − (M + R)‖ ÷ ‖M + R‖ there)."""
+    """(the router term on the router weights, g·unclip − a·M against R; ‖g·unclip − (M + R)‖ ÷ ‖M + R‖
+    there)."""
     names = [n for n in names if n in applied and n in router]
     step = {n: applied[n].double() * unclip - main_scale * main[n].double() for n in names if n in main}
     reference = {n: router[n].double() for n in step}
@@ -96,8 +97,8 @@ def judge(fit: Fit, *, who: Integration, k: int, processes: int, coefficient: fl
     fix sets: the config keeps saying what the objective is."""
     scale = fit.scale
     gap = (f"The window's tokens as one batch have router loss {window_loss:.4g}, its micro-batches "
-           f"{micro_batch_mean:.4g} on average: the router loss is not linear in the batch, so no accumulation gives the big batch's; the "
-           "reference is the micro-batches' mean")
+           f"{micro_batch_mean:.4g} on average: the router loss is not linear in the batch, so no accumulation gives the "
+           "big batch's; the reference is the micro-batches' mean")
     where = f"on the router weights (the step is {off:.1%} off there; main loss {main_scale:.5g}×)"
     if fit.plain_scale and fit.near(1):
         cause, meaning, fix = EXACT, f"coef·(the micro-batches' mean router loss) {where}. {gap}", None
@@ -114,8 +115,8 @@ def judge(fit: Fit, *, who: Integration, k: int, processes: int, coefficient: fl
         meaning = (f"{scale:.4g}× coef·(the micro-batches' mean router loss)"
                    + (f" ({times}): {why}" if cause == Cause.ROUTER_K_TIMES else "") + f", {where}. {gap}")
         right = forward_coefficient / scale  # what each forward should add for a factor of 1
-        fix = (f"make each forward add the router loss at {right:.4g}, keeping the config's coefficient {coefficient:g} "
-               f"(the objective): model.router_aux_loss_coef = model.config.router_aux_loss_coef / "
+        fix = (f"make each forward add the router loss at {right:.4g}, keeping the config's coefficient "
+               f"{coefficient:g} (the objective): model.router_aux_loss_coef = model.config.router_aux_loss_coef / "
                f"{coefficient / right:.4g} after building the model")
     else:
         cause = Cause.ROUTER_OTHER
@@ -124,4 +125,5 @@ def judge(fit: Fit, *, who: Integration, k: int, processes: int, coefficient: fl
         fix = ("let the model add its router loss to each micro-batch's loss, at 1/k of the config's coefficient: "
                "model.router_aux_loss_coef = model.config.router_aux_loss_coef / k")
     return RouterFit(coefficient=coefficient, forward_coefficient=forward_coefficient, fit=fit, main_scale=main_scale,
-                     cause=cause, meaning=meaning, fix=fix, off_on_router_weights=off, micro_batch_mean=micro_batch_mean, window_loss=window_loss)
+                     cause=cause, meaning=meaning, fix=fix, off_on_router_weights=off,
+                     micro_batch_mean=micro_batch_mean, window_loss=window_loss)

@@ -62,7 +62,7 @@ class RouterFit:
     cause: Cause              # EXACT or one of ROUTER_CAUSES
     meaning: str
     fix: str | None
-    off_on_router_weights: float  # ‖g − reference‖ / ‖reference‖ on the router weights (main and router terms)
+    off_on_router_weights: float  # ‖g − reference‖ / ‖reference‖ on the router weights (both terms)
     micro_batch_mean: float   # the micro-batches' router losses, averaged (all processes)
     window_loss: float        # the router loss of the window's tokens taken as one batch (all processes)
 

@@ -97,8 +97,8 @@ def judge(fit: Fit, *, who: Integration, k: int, processes: int, coefficient: fl
     fix sets: the config keeps saying what the objective is."""
     scale = fit.scale
     gap = (f"The window's tokens as one batch have router loss {window_loss:.4g}, its micro-batches "
-           f"{micro_batch_mean:.4g} on average: the router loss is not linear in the batch, so no accumulation gives the "
-           "big batch's; the reference is the micro-batches' mean")
+           f"{micro_batch_mean:.4g} on average: the router loss is not linear in the batch, so no accumulation gives "
+           "the big batch's; the reference is the micro-batches' mean")
     where = f"on the router weights (the step is {off:.1%} off there; main loss {main_scale:.5g}×)"
     if fit.plain_scale and fit.near(1):
         cause, meaning, fix = EXACT, f"coef·(the micro-batches' mean router loss) {where}. {gap}", None

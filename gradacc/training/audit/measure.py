@@ -105,11 +105,13 @@ def measure(setup: Setup, micro_batches: list[MicroBatch], log: WindowLog, backw
             expected = [setup.k, setup.k * setup.num_processes, 1 / setup.k, j / setup.k] + (
                 [window_items / counted_items] if counted_items else [])
             shared = not copies
-            router_fit = None
+            router_fit = router_term = None
             if replayer.router_gradient:  # an MoE model's router loss: judged apart, and taken out of the main's
-                router_fit, applied = _router_term(setup, replayer, applied, params, unclip, precision, j, shared,
-                                                   device, over_ranks)
+                router_term, applied = _router_term(setup, replayer, applied, params, unclip, precision, j, shared,
+                                                    device, over_ranks)
             fit = _fit(applied, params, unclip, precision, expected, shared)
+            if router_term is not None:
+                router_fit = router.judge(**router_term, main_off=not fit.plain_scale)
             zero_grads = tuple(z for z in log.zero_grads if z < j)
             early_clip = any(c.after_micro_batch < j and c.factor < 1 for c in clips)
             if not fit.plain_scale and j > 1 and not zero_grads and not early_clip:
@@ -209,8 +211,8 @@ def copies_check(processes: int) -> Check:
 
 
 def _router_term(setup: Setup, replayer: Replayer, applied: dict, params: dict, unclip: float, precision: str,
-                 j: int, shared: bool, device, over_ranks) -> tuple[RouterFit, dict]:
-    """The router loss term judged (router.py), and the step's gradient less its fitted router term."""
+                 j: int, shared: bool, device, over_ranks) -> tuple[dict, dict]:
+    """What router.judge takes of the router loss term, and the step's gradient less its fitted router term."""
     coefficient = replayer.router.coefficient  # the config's: the objective (a forward may add another, the fix)
     processes = setup.num_processes if shared else 1
     main = {name: p.grad.detach().reshape(-1) for name, p in params.items() if p.grad is not None}
@@ -225,11 +227,10 @@ def _router_term(setup: Setup, replayer: Replayer, applied: dict, params: dict, 
     names = compat_transformers.router_parameter_names(setup.module) & set(reference) or set(reference)
     expected = [1.0, 0.0, setup.k, setup.k * processes]
     fit, off = router.router_term_fit(applied, main, reference, names, main_scale, unclip, precision, expected)
-    judged = router.judge(fit, who=setup.who, k=setup.k, processes=processes, coefficient=coefficient,
-                          forward_coefficient=replayer.router.forward_coefficient, main_scale=main_scale, off=off,
-                          micro_batch_mean=mean,
-                          window_loss=float(router.load_balancing(window)))
-    return judged, router.without_router(applied, reference, router_scale, unclip)
+    judging = dict(fit=fit, who=setup.who, k=setup.k, processes=processes, coefficient=coefficient,
+                   forward_coefficient=replayer.router.forward_coefficient, main_scale=main_scale, off=off,
+                   micro_batch_mean=mean, window_loss=float(router.load_balancing(window)))
+    return judging, router.without_router(applied, reference, router_scale, unclip)
 
 
 def _router_check(fit: RouterFit, leads: bool) -> Check:

@@ -91,19 +91,29 @@ def router_term_fit(applied: dict, main: dict, router: dict, names: set, main_sc
 
 
 def judge(fit: Fit, *, who: Integration, k: int, processes: int, coefficient: float, forward_coefficient: float,
-          main_scale: float, off: float, micro_batch_mean: float, window_loss: float) -> RouterFit:
+          main_scale: float, off: float, micro_batch_mean: float, window_loss: float, main_off: bool) -> RouterFit:
     """The router term's cause, what it means and its fix, from its fit on the router weights. ``coefficient``: the
     config's (the objective); ``forward_coefficient``: the one each forward adds (the model's attribute), which the
-    fix sets: the config keeps saying what the objective is."""
+    fix sets: the config keeps saying what the objective is. ``main_off``: the main loss is no scale of its
+    reference; its error spills onto the router weights, so the router term's scale is named within that residual."""
     scale = fit.scale
+    plain = fit.plain_scale or main_off
+
+    def near(value: float) -> bool:
+        spread = max(fit.tolerance, fit.residual) if main_off else fit.tolerance
+        return abs(scale - value) <= spread * max(1.0, value)
+
     gap = (f"The window's tokens as one batch have router loss {window_loss:.4g}, its micro-batches "
            f"{micro_batch_mean:.4g} on average: the router loss is not linear in the batch, so no accumulation gives "
            "the big batch's; the reference is the micro-batches' mean")
     where = f"on the router weights (the step is {off:.1%} off there; main loss {main_scale:.5g}×)"
-    if fit.plain_scale and fit.near(1):
+    if main_off:
+        where += (f", within {fit.residual:.2g}: the main loss is no scale of its own reference, and its error "
+                  "reaches the router weights")
+    if plain and near(1):
         cause, meaning, fix = EXACT, f"coef·(the micro-batches' mean router loss) {where}. {gap}", None
-    elif fit.plain_scale and not fit.near(0):
-        large = k * processes if processes > 1 and fit.near(k * processes) else k
+    elif plain and not near(0):
+        large = k * processes if processes > 1 and near(k * processes) else k
         times = f"k·P = {k}·{processes}" if large != k else f"k = {k}"
         why = "each micro-batch's router loss is added whole, k of them per step"
         if who == Integration.TRAINER:
@@ -111,7 +121,7 @@ def judge(fit: Fit, *, who: Integration, k: int, processes: int, coefficient: fl
                    "num_items_in_batch), k per step" + (", and multiplies the loss by the processes "
                                                          "(average_tokens_across_devices; transformers #48690)"
                                                          if large != k else ""))
-        cause = Cause.ROUTER_K_TIMES if k > 1 and fit.near(large) else Cause.ROUTER_SCALED
+        cause = Cause.ROUTER_K_TIMES if k > 1 and near(large) else Cause.ROUTER_SCALED
         meaning = (f"{scale:.4g}× coef·(the micro-batches' mean router loss)"
                    + (f" ({times}): {why}" if cause == Cause.ROUTER_K_TIMES else "") + f", {where}. {gap}")
         right = forward_coefficient / scale  # what each forward should add for a factor of 1

@@ -142,6 +142,7 @@ def run(quick: bool = False, threads: int = 1) -> dict:
     report.progress("moe: a tiny Mixtral's router loss, stock Trainer and the fix"
                     + ("" if quick else f", and on {families_moe.PROCESSES} processes (torchrun, gloo)"))
     result["moe"] = families_moe.moe_rows(quick, threads)
+    result["notes"] = moe_notes(result["moe"])
     checked = [r for r in rows if "exact" in r]
     worst = max((r["exact"] for r in checked), default=float("nan"))
     result["goals"] = {
@@ -180,7 +181,29 @@ def moe_row_right(row: dict, k: int) -> bool:
         return False
     expected = moe_expected_scale(row, k)
     verdict = "exact" if expected == 1 else "router_loss_k_times_too_large"
-    return row["router_verdict"] == verdict and abs(row["router_scale"] - expected) <= 1e-3 * expected
+    # where the main loss is off, its error reaches the router weights: the router term's scale is looser there
+    tolerance = 1e-3 if abs(row["main_scale"] - 1) <= 1e-3 else 1e-2
+    return row["router_verdict"] == verdict and abs(row["router_scale"] - expected) <= tolerance * expected
+
+
+def moe_notes(moe: dict) -> list[str]:
+    """The MoE rows as lines under the table (their columns are not the families')."""
+    notes = []
+    for r in moe["rows"]:
+        where = f"moe, {r['way']}, {r.get('processes', '-')} process(es)" + (
+            f", average_tokens_across_devices={r['average_tokens_across_devices']}" if r.get("processes", 1) > 1
+            else "")
+        if r.get("router_scale") is None:
+            notes.append(f"{where}: {r.get('failed', 'no router term judged')[-300:]}")
+            continue
+        notes.append(f"{where}: router term {r['router_scale']:.4g}× the micro-batches' mean, main "
+                     f"{r['main_scale']:.4g}×; verdict {r['verdict']} (router term: {r['router_verdict']}); audit {r['audit_s']:.2f} s, "
+                     f"window {r['window_s']:.2f} s")
+    gap = moe["window_gap"]
+    notes.append(f"moe, the window's router loss {gap['window_loss']:.4g} vs its micro-batches' mean "
+                 f"{gap['micro_batch_mean_loss']:.4g}; their gradients' cosine {gap['cosine_all_weights']:.3f} (router "
+                 f"weights {gap['cosine_router_weights']:.3f})")
+    return notes
 
 
 def audit_cell(row: dict) -> str:
@@ -229,13 +252,6 @@ def table(result: dict) -> tuple[list[str], list[list]]:
                          f"{r['library_default']:.2e}", verdict(r, k), audit_cell(r)])
         else:
             rows.append([r["family"], r["kind"], "-", "-", "-", verdict(r, k), "-"])
-    for r in result.get("moe", {}).get("rows", []):
-        where = f"mixtral-moe, {r.get('way')}, P={r.get('processes', '-')}" + (
-            ", average_tokens" if r.get("average_tokens_across_devices") and r.get("processes", 1) > 1 else "")
-        said = (f"router term {r['router_scale']:.4g}× the micro-batches' mean, main {r['main_scale']:.4g}×"
-                if r.get("router_scale") is not None else r.get("failed", "")[-200:])
-        rows.append([where, "MoE causal LM", "-", "-", "-", said,
-                     f"{r.get('verdict', '-')} (router term: {r.get('router_verdict', '-')})"])
     return headers, rows
 
 

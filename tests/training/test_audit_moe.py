@@ -7,11 +7,14 @@ predicted tokens), the router loss by hand from the router logits (a loop over e
 (share of top-k choices of e) · (mean probability of e)); the step's gradient is fitted on the two (g ≈ a·∇main +
 b·coef·∇(the micro-batches' mean router loss)) by least squares."""
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from audit_support import SMALL, K, cls_data, lm_collator, lm_data, padding_collator, trainer_args
+from gradacc.cli.audit import EXIT_OK, EXIT_WRONG, strict_status
 from gradacc.training.audit import verdict as V
 from gradacc.training.audit.vocabulary import Cause, CheckName, LossKind
 from gradacc.training.tolerances import NOISE
@@ -173,6 +176,7 @@ def test_a_stock_trainer_adds_the_router_loss_k_times_and_the_audit_says_so_on_t
     assert "by the router loss term's own cause" in verdict.check(CheckName.LOGGED_LOSS).detail
     if coefficient == 0.001:  # under the whole gradient's fp32 noise, yet a large share of the router weights'
         assert truth["whole_off"] < NOISE["fp32"] and truth["router_weights_off"] > 0.1
+    assert strict_status([json.loads(json.dumps(verdict.as_dict(), default=str))]) == EXIT_WRONG  # --strict fails it
 
 
 def test_the_fix_it_names_divides_what_each_forward_adds_and_makes_the_step_exact():
@@ -187,6 +191,7 @@ def test_the_fix_it_names_divides_what_each_forward_adds_and_makes_the_step_exac
     assert verdict.router.cause == V.EXACT
     assert verdict.router.fit.scale == pytest.approx(truth["router_scale"], rel=1e-4)
     assert verdict.check(CheckName.LOGGED_LOSS).ok
+    assert strict_status([verdict.as_dict()]) == EXIT_OK
 
 
 def test_mixtrals_classifier_adds_no_router_loss_and_is_judged_on_its_own_loss():

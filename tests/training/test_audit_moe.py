@@ -210,3 +210,27 @@ def test_mixtrals_classifier_adds_no_router_loss_and_is_judged_on_its_own_loss()
                            compute_loss_func=classifier_mean_loss)
     assert truth["main_scale"] == pytest.approx(1, abs=1e-4)
     assert verdict.ok and verdict.gradient == V.EXACT, verdict.line
+
+
+def test_a_compute_loss_func_drops_the_router_loss_unless_it_adds_it_and_the_audit_says_which():
+    """Trainer pops the labels for a compute_loss_func, so the model adds no router loss: the truth's router term is
+    0 and the audit says no router loss is trained; a function that adds coef / k × aux_loss trains it (truth 1×), and
+    the audit judges that term as the model's own."""
+    from transformers import MixtralForCausalLM
+
+    from gradacc.audit import causal_lm_mean_loss
+
+    def with_router_loss(outputs, labels, num_items_in_batch=None):
+        main = causal_lm_mean_loss(outputs, labels, num_items_in_batch=num_items_in_batch)
+        return main + 0.02 / K * outputs.aux_loss
+
+    for loss_func, router_scale in ((causal_lm_mean_loss, 0.0), (with_router_loss, 1.0)):
+        torch.manual_seed(0)
+        verdict, truth = train(MixtralForCausalLM(mixtral(0.02)), causal=True, compute_loss_func=loss_func)
+        assert truth["router_scale"] == pytest.approx(router_scale, abs=1e-3)
+        assert truth["main_scale"] == pytest.approx(1, abs=1e-4)
+        check = verdict.check(CheckName.ROUTER_LOSS)
+        if router_scale:  # the function's router term judged as the model's would be
+            assert verdict.ok and check.ok and verdict.router.fit.scale == pytest.approx(1, abs=1e-4), verdict.line
+        else:
+            assert not verdict.ok and check.ok is False and "outputs.aux_loss" in check.fix, verdict.line

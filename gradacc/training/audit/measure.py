@@ -145,6 +145,8 @@ def measure(setup: Setup, micro_batches: list[MicroBatch], log: WindowLog, backw
             meaning += (f", its router term coef·(the micro-batches' mean router loss) on the router weights (scale "
                         f"{router_fit.fit.scale:.5g})")
         base["checks"] += (_router_check(router_fit, leads),)
+    if replayer.router_dropped and all(replayer.router_dropped):
+        base["checks"] += (_router_dropped_check(replayer.router, setup.k),)
     if replayer.smoothing_kept:
         base["checks"] += (_smoothing_check(all(replayer.smoothing_kept), setup.rule, reference.kind),)
     return Verdict(gradient=gradient, kind=reference.kind, meaning=meaning, fix=fix, fit=fit, weighted_fit=weighted,
@@ -229,7 +231,8 @@ def _router_term(setup: Setup, replayer: Replayer, applied: dict, params: dict, 
     fit, off = router.router_term_fit(applied, main, reference, names, main_scale, unclip, precision, expected)
     judging = dict(fit=fit, who=setup.who, k=setup.k, processes=processes, coefficient=coefficient,
                    forward_coefficient=replayer.router.forward_coefficient, main_scale=main_scale, off=off,
-                   micro_batch_mean=mean, window_loss=float(router.load_balancing(window)))
+                   micro_batch_mean=mean, window_loss=float(router.load_balancing(window)),
+                   in_function=setup.custom_loss == "compute_loss_func")
     return judging, router.without_router(applied, reference, router_scale, unclip)
 
 
@@ -239,6 +242,14 @@ def _router_check(fit: RouterFit, leads: bool) -> Check:
         return Check(CheckName.ROUTER_LOSS, None, f"{said}: the gradient's cause above")
     ok = fit.cause == EXACT
     return Check(CheckName.ROUTER_LOSS, ok, f"{said} {words(fit.cause)}: {fit.meaning}", fit.fix)
+
+
+def _router_dropped_check(settings, k: int) -> Check:
+    share = f"model.config.router_aux_loss_coef / {k}" if k > 1 else "model.config.router_aux_loss_coef"
+    return Check(CheckName.ROUTER_LOSS, False,
+                 f"no router loss is trained: Trainer pops the labels for a compute_loss_func, so the model adds none "
+                 f"(router_aux_loss_coef={settings.coefficient:g} unused), and the function adds none either",
+                 f"add it in your compute_loss_func: return the main loss + {share} * outputs.aux_loss")
 
 
 def _window_items(items: list, device, over_ranks) -> float:

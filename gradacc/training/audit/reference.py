@@ -82,6 +82,7 @@ class Replayer:
         self.router = compat_transformers.router_loss_settings(losses.base_model(module))
         self.router_gradient: dict = {}
         self.router_sums: list = []
+        self.router_dropped: list[bool] = []  # per micro-batch: a compute_loss_func's loss holds no router term
         self._aux = None
 
     def count(self, micro_batches: list[MicroBatch]) -> list[int]:
@@ -128,11 +129,12 @@ class Replayer:
                 self.router_gradient[name] = self.router_gradient[name] + flat if name in self.router_gradient \
                     else flat
 
-    def _router_loss(self, micro_batch: MicroBatch, output, labels):
+    def _router_loss(self, micro_batch: MicroBatch, output, given_labels: bool = True):
         """The micro-batch's router loss, computed here, when the model's forward added one to its loss (it does
-        when given labels, with router logits on); None otherwise. It must equal the model's own ``aux_loss``."""
+        when given labels, with router logits on: not when Trainer popped them for a compute_loss_func); None
+        otherwise; ``given_labels`` False: a compute_loss_func adds it. It must equal the model's own ``aux_loss``."""
         logits = getattr(output, "router_logits", None)
-        if self.router is None or labels is None or not logits:
+        if self.router is None or not logits or given_labels and micro_batch.trained.kwargs.get("labels") is None:
             return None
         sums = router.expert_sums(logits, self.router.per_token, micro_batch.trained.kwargs.get("attention_mask"))
         aux = router.load_balancing(sums)
@@ -163,7 +165,7 @@ class Replayer:
             count = self._user_count(micro_batch)  # one tensor: the mean over the batch's rows
             return result * count, count
         output = self._forward(index, micro_batch)
-        self._aux = self._router_loss(micro_batch, output, labels)
+        self._aux = self._router_loss(micro_batch, output)
         if self.kind is None:
             self.kind = self._find_kind(micro_batch, output)
         if self.rule.compute_loss_func is not None:
@@ -174,6 +176,15 @@ class Replayer:
                     smoothed, _ = losses.summed(self.kind, output, labels, shift, self.rule.label_smoothing)
                 self.smoothing_kept.append(abs(float(mean) * count - float(smoothed))
                                            <= self.tolerance * max(1.0, abs(float(smoothed))))
+            if self.router is not None and getattr(output, "router_logits", None):
+                # Trainer popped the labels, so the model added no router loss: does the function add it?
+                with torch.no_grad():
+                    plain, _ = losses.summed(self.kind, output, labels, shift, self.rule.label_smoothing)
+                dropped = abs(float(mean) * count - float(plain)) <= self.tolerance * max(1.0, abs(float(plain)))
+                self.router_dropped.append(dropped)
+                if not dropped:  # it adds a router term: judged as the model's own, apart from the main loss
+                    self._aux = self._router_loss(micro_batch, output, given_labels=False)
+                    return losses.summed(self.kind, output, labels, shift, self.rule.label_smoothing)
             return mean * count, count
         return losses.summed(self.kind, output, labels, shift, self.rule.label_smoothing)
 

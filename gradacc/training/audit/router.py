@@ -91,7 +91,8 @@ def router_term_fit(applied: dict, main: dict, router: dict, names: set, main_sc
 
 
 def judge(fit: Fit, *, who: Integration, k: int, processes: int, coefficient: float, forward_coefficient: float,
-          main_scale: float, off: float, micro_batch_mean: float, window_loss: float, main_off: bool) -> RouterFit:
+          main_scale: float, off: float, micro_batch_mean: float, window_loss: float, main_off: bool,
+          in_function: bool = False) -> RouterFit:
     """The router term's cause, what it means and its fix, from its fit on the router weights. ``coefficient``: the
     config's (the objective); ``forward_coefficient``: the one each forward adds (the model's attribute), which the
     fix sets: the config keeps saying what the objective is. ``main_off``: the main loss is no scale of its
@@ -125,6 +126,15 @@ def judge(fit: Fit, *, who: Integration, k: int, processes: int, coefficient: fl
         meaning = (f"{scale:.4g}× coef·(the micro-batches' mean router loss)"
                    + (f" ({times}): {why}" if cause == Cause.ROUTER_K_TIMES else "") + f", {where}. {gap}")
         right = forward_coefficient / scale  # what each forward should add for a factor of 1
+        if in_function:
+            why = "your compute_loss_func adds each micro-batch's router loss at this scale, k per step"
+            meaning = (f"{scale:.4g}× coef·(the micro-batches' mean router loss)"
+                       + (f" ({times}): {why}" if cause == Cause.ROUTER_K_TIMES else "") + f", {where}. {gap}")
+            return RouterFit(coefficient=coefficient, forward_coefficient=forward_coefficient, fit=fit,
+                             main_scale=main_scale, cause=cause, meaning=meaning,
+                             fix=f"divide the router term your compute_loss_func adds by {scale:.4g}: "
+                                 f"model.config.router_aux_loss_coef / {k} * outputs.aux_loss",
+                             off_on_router_weights=off, micro_batch_mean=micro_batch_mean, window_loss=window_loss)
         fix = (f"make each forward add the router loss at {right:.4g}, keeping the config's coefficient "
                f"{coefficient:g} (the objective): model.router_aux_loss_coef = model.config.router_aux_loss_coef / "
                f"{coefficient / right:.4g} after building the model")

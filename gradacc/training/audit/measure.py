@@ -150,7 +150,8 @@ def measure(setup: Setup, micro_batches: list[MicroBatch], log: WindowLog, backw
     if replayer.smoothing_kept:
         base["checks"] += (_smoothing_check(all(replayer.smoothing_kept), setup.rule, reference.kind),)
     return Verdict(gradient=gradient, kind=reference.kind, meaning=meaning, fix=fix, fit=fit, weighted_fit=weighted,
-                   items=reference.items, micro_batch_losses=reference.losses, reference=replayed_loss(setup),
+                   items=reference.items, micro_batch_losses=reference.losses,
+                   reference="" if router_fit else replayed_loss(setup),  # a router term: the main loss by hand
                    window_items=window_items, counted_items=counted_items,
                    window_loss=window_loss / window_items if window_items else None,
                    replay=("each micro-batch replayed from its own random state; outputs bit-identical"

@@ -37,6 +37,7 @@ from gradacc import paths
 from gradacc.analysis import equivalence
 from gradacc.analysis.equivalence import EXACT_LIMIT, library_default_verdict
 from gradacc.bench import report
+from gradacc.bench import families_moe
 from gradacc.bench.families_audit import SavedFamily, audit_family
 from gradacc.config import RunConfig
 from gradacc.errors import GradaccError, one_line
@@ -138,6 +139,10 @@ def run(quick: bool = False, threads: int = 1) -> dict:
     finally:
         shutil.rmtree(home, ignore_errors=True)
     result["rows"] = rows
+    report.progress("moe: a tiny Mixtral's router loss, stock Trainer and the fix"
+                    + ("" if quick else f", and on {families_moe.PROCESSES} processes (torchrun, gloo)"))
+    result["moe"] = families_moe.moe_rows(quick, threads)
+    result["notes"] = moe_notes(result["moe"])
     checked = [r for r in rows if "exact" in r]
     worst = max((r["exact"] for r in checked), default=float("nan"))
     result["goals"] = {
@@ -150,11 +155,55 @@ def run(quick: bool = False, threads: int = 1) -> dict:
             sum(1 for r in checked for way in AUDIT_WAYS if r.get(way) != "exact"),
             "0 verdicts other than exact (Trainer with the fix, the Accelerate recipe)",
             all(r.get(way) == "exact" for r in checked for way in AUDIT_WAYS)),
+        "moe_router_term_named_and_its_fix_exact": report.goal(
+            sum(1 for r in result["moe"]["rows"] if not moe_row_right(r, SETTINGS["grad_accum_steps"])),
+            "0 MoE rows where the audit misses the router term's k (k·P) or the fix is not exact",
+            all(moe_row_right(r, SETTINGS["grad_accum_steps"]) for r in result["moe"]["rows"])),
     }
     return report.finish(result, started)
 
 
 AUDIT_WAYS = ("audit_trainer_fixed", "audit_accelerate_recipe")
+
+
+def moe_expected_scale(row: dict, k: int) -> float:
+    """The router term's scale a stock Trainer gives: k, and k·P with average_tokens_across_devices (#48690)."""
+    if row["way"] != "stock Trainer":
+        return 1.0
+    return k * (row["processes"] if row["average_tokens_across_devices"] else 1)
+
+
+def moe_row_right(row: dict, k: int) -> bool:
+    """The router term judged as the row's settings make it. Without average_tokens_across_devices on P processes
+    each process divides its main loss by its own tokens: the main loss's own verdict leads there, the router
+    term's is in its check."""
+    if row.get("router_scale") is None:
+        return False
+    expected = moe_expected_scale(row, k)
+    verdict = "exact" if expected == 1 else "router_loss_k_times_too_large"
+    # where the main loss is off, its error reaches the router weights: the router term's scale is looser there
+    tolerance = 1e-3 if abs(row["main_scale"] - 1) <= 1e-3 else 1e-2
+    return row["router_verdict"] == verdict and abs(row["router_scale"] - expected) <= tolerance * expected
+
+
+def moe_notes(moe: dict) -> list[str]:
+    """The MoE rows as lines under the table (their columns are not the families')."""
+    notes = []
+    for r in moe["rows"]:
+        where = f"moe, {r['way']}, {r.get('processes', '-')} process(es)" + (
+            f", average_tokens_across_devices={r['average_tokens_across_devices']}" if r.get("processes", 1) > 1
+            else "")
+        if r.get("router_scale") is None:
+            notes.append(f"{where}: {r.get('failed', 'no router term judged')[-300:]}")
+            continue
+        notes.append(f"{where}: router term {r['router_scale']:.4g}× the micro-batches' mean, main "
+                     f"{r['main_scale']:.4g}×; verdict {r['verdict']} (router term: {r['router_verdict']}); audit {r['audit_s']:.2f} s, "
+                     f"window {r['window_s']:.2f} s")
+    gap = moe["window_gap"]
+    notes.append(f"moe, the window's router loss {gap['window_loss']:.4g} vs its micro-batches' mean "
+                 f"{gap['micro_batch_mean_loss']:.4g}; their gradients' cosine {gap['cosine_all_weights']:.3f} (router "
+                 f"weights {gap['cosine_router_weights']:.3f})")
+    return notes
 
 
 def audit_cell(row: dict) -> str:

@@ -47,6 +47,19 @@ def test_no_false_verdicts_and_the_library_default_by_head(quick):
     assert headers[-2] == "Trainer's default" and len(table) == len(rows)
 
 
+def test_the_moe_rows_name_the_router_term_k_times_and_the_fix_exact(quick):
+    """One process (--quick): a stock Trainer's router term 4× the micro-batches' mean, the fix 1× (the audit's
+    verdicts; tests/training/test_audit_moe.py holds them against the truth)."""
+    k = quick["settings"]["grad_accum_steps"]
+    stock, fixed = quick["moe"]["rows"]
+    assert stock["verdict"] == "router_loss_k_times_too_large" and stock["router_scale"] == pytest.approx(k, rel=1e-3)
+    assert fixed["verdict"] == "exact" and fixed["router_scale"] == pytest.approx(1, rel=1e-3)
+    assert stock["main_scale"] == pytest.approx(1, abs=1e-4) and fixed["main_scale"] == pytest.approx(1, abs=1e-4)
+    gap = quick["moe"]["window_gap"]
+    assert -1 <= gap["cosine_all_weights"] < 1 - 1e-6  # the window's router loss is another objective
+    assert len(quick["notes"]) == len(quick["moe"]["rows"]) + 1  # printed under the table
+
+
 def test_the_audit_raises_no_false_alarm_on_any_family_with_its_dropout_on(quick):
     """gradacc.audit where accumulation is right (a Trainer with the fix, the Accelerate recipe), each family's
     dropout at 0.1: every verdict is exact, and the table's last column says so."""

@@ -55,6 +55,35 @@ def test_transformers_trainer_compute_loss_takes_num_items_in_batch_after_model_
     assert compat.num_items_in_batch((), {}) is None
 
 
+@pytest.mark.parametrize("family", ["Mixtral", "Qwen2Moe"])
+def test_transformers_moe_causal_lms_keep_their_router_loss_settings_on_the_instance(family):
+    import transformers
+
+    from gradacc.training.compat import transformers as compat
+
+    experts = {"Mixtral": "num_local_experts", "Qwen2Moe": "num_experts"}[family]
+    config = getattr(transformers, f"{family}Config")(
+        hidden_size=16, intermediate_size=32, moe_intermediate_size=16, shared_expert_intermediate_size=16,
+        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, vocab_size=32, num_experts_per_tok=2,
+        output_router_logits=True, router_aux_loss_coef=0.5, **{experts: 4})
+    torch.manual_seed(0)
+    model = getattr(transformers, f"{family}ForCausalLM")(config)
+    settings = compat.router_loss_settings(model)
+    contract("transformers", f"{family}ForCausalLM keeps router_aux_loss_coef, num_experts, num_experts_per_tok",
+             settings == (0.5, 0.5, 4, 2), str(settings))
+    names = compat.router_parameter_names(model)
+    contract("transformers", f"{family}'s _can_record_outputs['router_logits'] names its router class",
+             names == {f"model.layers.{i}.mlp.gate.weight" for i in range(2)}, str(names))
+    ids = torch.randint(0, 32, (2, 6))
+    out = model(input_ids=ids, labels=ids)
+    model.router_aux_loss_coef = 0.25  # the forward reads the instance's coefficient (the audit's fix sets it)
+    halved = model(input_ids=ids, labels=ids)
+    contract("transformers", f"{family}ForCausalLM adds router_aux_loss_coef (its own) × aux_loss to its loss",
+             torch.allclose(out.loss - halved.loss, 0.25 * out.aux_loss), f"{out.loss} {halved.loss} {out.aux_loss}")
+    classifier = getattr(transformers, f"{family}ForSequenceClassification")(config)
+    assert compat.router_loss_settings(classifier) is None  # its loss holds no router term
+
+
 def test_trl_trainers_keep_the_state_a_replay_changes_and_their_classes():
     import trl
 

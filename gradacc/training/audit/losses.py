@@ -64,13 +64,17 @@ def model_kind(model, labels) -> str | None:
 CANDIDATES = (CLASSIFICATION, REGRESSION, MULTI_LABEL, TOKEN, CAUSAL)
 
 
-def find_kind(model, output, labels, shift_labels, given_count, tolerance: float) -> str | None:
+def find_kind(model, output, labels, shift_labels, given_count, tolerance: float,
+              router_part: float = 0.0) -> str | None:
     """The kind whose hand-made loss is the model's own: the head's kind when transformers names it, else (a model
-    of the user's own) the first standard loss that agrees with its ``.loss``. None: none does."""
+    of the user's own) the first standard loss that agrees with its ``.loss`` (less ``router_part``: an MoE model's
+    router loss term, added to it). None: none does."""
     if hasattr(output, "log_probs") and hasattr(output, "label_mask"):
         return FUSED_CAUSAL
     named = model_kind(model, labels)
     own = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
+    if router_part and torch.is_tensor(own):
+        own = own.detach().double() - router_part
     for kind in ((named,) if named else CANDIDATES if own is not None else ()):
         try:
             total, count = summed(kind, output, labels, shift_labels)

@@ -21,11 +21,12 @@ import torch
 import torch.distributed as dist
 
 from gradacc.training import distributed
-from gradacc.training.audit import causes, losses
+from gradacc.training.audit import causes, losses, router
 from gradacc.training.audit.capture import MicroBatch, Recorder, WindowLog
 from gradacc.training.audit.reference import NotReplayable, Replayer, set_aside
-from gradacc.training.audit.verdict import NOT_JUDGED, Check, Fit, Verdict, clip_check
-from gradacc.training.audit.vocabulary import CheckName, Integration, kind_words
+from gradacc.training.audit.verdict import EXACT, NOT_JUDGED, Check, Fit, RouterFit, Verdict, clip_check
+from gradacc.training.audit.vocabulary import CheckName, Integration, kind_words, words
+from gradacc.training.compat import transformers as compat_transformers
 from gradacc.training.gradients import projection
 from gradacc.training.tolerances import OWN_LOSS
 
@@ -104,13 +105,20 @@ def measure(setup: Setup, micro_batches: list[MicroBatch], log: WindowLog, backw
             expected = [setup.k, setup.k * setup.num_processes, 1 / setup.k, j / setup.k] + (
                 [window_items / counted_items] if counted_items else [])
             shared = not copies
+            router_fit = router_term = None
+            if replayer.router_gradient:  # an MoE model's router loss: judged apart, and taken out of the main's
+                router_term, applied = _router_term(setup, replayer, applied, params, unclip, precision, j, shared,
+                                                    device, over_ranks)
             fit = _fit(applied, params, unclip, precision, expected, shared)
+            if router_term is not None:
+                router_fit = router.judge(**router_term, main_off=not fit.plain_scale)
             zero_grads = tuple(z for z in log.zero_grads if z < j)
             early_clip = any(c.after_micro_batch < j and c.factor < 1 for c in clips)
             if not fit.plain_scale and j > 1 and not zero_grads and not early_clip:
                 for p in params.values():
                     p.grad = None
-                replayer.replay(micro_batches, [max(n, 1) * j for n in items])  # each micro-batch's mean ÷ j
+                replayer.replay(micro_batches, [max(n, 1) * j for n in items],  # each micro-batch's mean ÷ j
+                                with_router=False)
                 weighted = _fit(applied, params, unclip * setup.num_processes, precision, expected, shared)
     except NotReplayable as reason:
         return Verdict(gradient=NOT_JUDGED, kind=replayer.kind, meaning=str(reason), **base)
@@ -129,15 +137,26 @@ def measure(setup: Setup, micro_batches: list[MicroBatch], log: WindowLog, backw
                                zero_grads=zero_grads, backwards=backwards, custom_loss=setup.custom_loss,
                                loss_ratio=loss_ratio, override=setup.override)
     gradient, meaning, fix = causes.name(evidence)
+    if router_fit is not None:
+        leads = gradient == EXACT and router_fit.cause != EXACT  # the main loss is right: the router term is the cause
+        if leads:
+            gradient, meaning, fix = router_fit.cause, router_fit.meaning, router_fit.fix
+        elif gradient == EXACT and router_fit.cause == EXACT:
+            meaning += (f", its router term coef·(the micro-batches' mean router loss) on the router weights (scale "
+                        f"{router_fit.fit.scale:.5g})")
+        base["checks"] += (_router_check(router_fit, leads),)
+    if replayer.router_dropped and all(replayer.router_dropped):
+        base["checks"] += (_router_dropped_check(replayer.router, setup.k),)
     if replayer.smoothing_kept:
         base["checks"] += (_smoothing_check(all(replayer.smoothing_kept), setup.rule, reference.kind),)
     return Verdict(gradient=gradient, kind=reference.kind, meaning=meaning, fix=fix, fit=fit, weighted_fit=weighted,
-                   items=reference.items, micro_batch_losses=reference.losses, reference=replayed_loss(setup),
+                   items=reference.items, micro_batch_losses=reference.losses,
+                   reference="" if router_fit else replayed_loss(setup),  # a router term: the main loss by hand
                    window_items=window_items, counted_items=counted_items,
                    window_loss=window_loss / window_items if window_items else None,
                    replay=("each micro-batch replayed from its own random state; outputs bit-identical"
                            + ("; replayed twice (equal weights fitted)" if weighted else "")),
-                   reference_seconds=seconds, audit_seconds=time.perf_counter() - started, **base)
+                   reference_seconds=seconds, audit_seconds=time.perf_counter() - started, router=router_fit, **base)
 
 
 def own_loss_ratio(micro_batches: list[MicroBatch], reference, counted: float | None, precision: str,
@@ -192,6 +211,46 @@ def copies_check(processes: int) -> Check:
                  f"{processes} processes launched, each training alone: no gradients are shared",
                  "on a CPU, launch your script as " + distributed.CPU_LAUNCH.format(processes=processes)
                  + " (accelerate launch --multi_gpu starts separate copies there)")
+
+
+def _router_term(setup: Setup, replayer: Replayer, applied: dict, params: dict, unclip: float, precision: str,
+                 j: int, shared: bool, device, over_ranks) -> tuple[dict, dict]:
+    """What router.judge takes of the router loss term, and the step's gradient less its fitted router term."""
+    coefficient = replayer.router.coefficient  # the config's: the objective (a forward may add another, the fix)
+    processes = setup.num_processes if shared else 1
+    main = {name: p.grad.detach().reshape(-1) for name, p in params.items() if p.grad is not None}
+    # coef × the gradient of the mean router loss over the window's micro-batches, on every process
+    reference = {name: g * (coefficient / (j * processes)) for name, g in replayer.router_gradient.items()}
+    if shared:
+        main, reference = _sum_over_ranks(main), _sum_over_ranks(reference)
+    window = torch.tensor(over_ranks(torch.stack(replayer.router_sums).sum(dim=0).tolist(), device),
+                          dtype=torch.float64)
+    mean = over_ranks([sum(float(router.load_balancing(s)) for s in replayer.router_sums)], device)[0] / (j * processes)
+    main_scale, router_scale = router.two_term_scales(applied, main, reference, unclip)
+    names = compat_transformers.router_parameter_names(setup.module) & set(reference) or set(reference)
+    expected = [1.0, 0.0, setup.k, setup.k * processes]
+    fit, off = router.router_term_fit(applied, main, reference, names, main_scale, unclip, precision, expected)
+    judging = dict(fit=fit, who=setup.who, k=setup.k, processes=processes, coefficient=coefficient,
+                   forward_coefficient=replayer.router.forward_coefficient, main_scale=main_scale, off=off,
+                   micro_batch_mean=mean, window_loss=float(router.load_balancing(window)),
+                   in_function=setup.custom_loss == "compute_loss_func")
+    return judging, router.without_router(applied, reference, router_scale, unclip)
+
+
+def _router_check(fit: RouterFit, leads: bool) -> Check:
+    said = f"router loss (router_aux_loss_coef={fit.coefficient:g})"
+    if leads:
+        return Check(CheckName.ROUTER_LOSS, None, f"{said}: the gradient's cause above")
+    ok = fit.cause == EXACT
+    return Check(CheckName.ROUTER_LOSS, ok, f"{said} {words(fit.cause)}: {fit.meaning}", fit.fix)
+
+
+def _router_dropped_check(settings, k: int) -> Check:
+    share = f"model.config.router_aux_loss_coef / {k}" if k > 1 else "model.config.router_aux_loss_coef"
+    return Check(CheckName.ROUTER_LOSS, False,
+                 f"no router loss is trained: Trainer pops the labels for a compute_loss_func, so the model adds none "
+                 f"(router_aux_loss_coef={settings.coefficient:g} unused), and the function adds none either",
+                 f"add it in your compute_loss_func: return the main loss + {share} * outputs.aux_loss")
 
 
 def _window_items(items: list, device, over_ranks) -> float:

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from gradacc.training.audit import losses
+from gradacc.training.audit import losses, router
 from gradacc.training.audit.capture import MicroBatch, RandomState, Recorder, detached
+from gradacc.training.compat import transformers as compat_transformers
 from gradacc.training.compat import trl
 from gradacc.training.tolerances import AGREE
 
@@ -76,6 +77,13 @@ class Replayer:
         # With a compute_loss_func and label smoothing configured: per micro-batch, does its mean equal the smoothed
         # loss computed here? (Trainer calls compute_loss_func instead of its label smoother.)
         self.smoothing_kept: list[bool] = []
+        # An MoE model whose forward adds its router loss: its settings (compat.transformers.RouterSettings), and
+        # what the last replay gave of it: Σ over micro-batches of ∇(router loss), each micro-batch's expert_sums.
+        self.router = compat_transformers.router_loss_settings(losses.base_model(module))
+        self.router_gradient: dict = {}
+        self.router_sums: list = []
+        self.router_dropped: list[bool] = []  # per micro-batch: a compute_loss_func's loss holds no router term
+        self._aux = None
 
     def count(self, micro_batches: list[MicroBatch]) -> list[int]:
         """Each micro-batch's items: as its loss counts them (the kind's rule), or its rows for a trainer's own loss;
@@ -96,16 +104,49 @@ class Replayer:
             counting = self._find_kind(micro_batches[0], output)
         return [losses.items(counting, *_labels(m)) for m in micro_batches]
 
-    def replay(self, micro_batches: list[MicroBatch], divisors: list[float]) -> Reference:
+    def replay(self, micro_batches: list[MicroBatch], divisors: list[float], with_router: bool = True) -> Reference:
         """Back-propagate each micro-batch's loss summed over its items ÷ its divisor (the window's items: the
-        reference; its items × the micro-batches: their means counted equally) into ``.grad``."""
+        reference; its items × the micro-batches: their means counted equally) into ``.grad``; an MoE model's router
+        loss, computed here, apart (``router_gradient``: its own backward through the same forward)."""
         items, summed_losses = [], []
+        self.router_gradient, self.router_sums = {}, []
         for index, (micro_batch, divisor) in enumerate(zip(micro_batches, divisors), start=1):
             summed, count = self._one(index, micro_batch)
-            (summed / divisor).backward()
+            aux, self._aux = self._aux, None
+            (summed / divisor).backward(retain_graph=aux is not None and with_router)
+            if aux is not None and with_router:
+                self._router_backward(aux)
             items.append(count)
             summed_losses.append(float(summed.detach()))
         return Reference(self.kind, tuple(items), sum(summed_losses), tuple(summed_losses))
+
+    def _router_backward(self, aux) -> None:
+        named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
+        grads = torch.autograd.grad(aux, [p for _, p in named], allow_unused=True)
+        for (name, _), grad in zip(named, grads):
+            if grad is not None:
+                flat = grad.detach().reshape(-1)
+                self.router_gradient[name] = self.router_gradient[name] + flat if name in self.router_gradient \
+                    else flat
+
+    def _router_loss(self, micro_batch: MicroBatch, output, given_labels: bool = True):
+        """The micro-batch's router loss, computed here, when the model's forward added one to its loss (it does
+        when given labels, with router logits on: not when Trainer popped them for a compute_loss_func); None
+        otherwise; ``given_labels`` False: a compute_loss_func adds it. It must equal the model's own ``aux_loss``."""
+        logits = getattr(output, "router_logits", None)
+        if self.router is None or not logits or given_labels and micro_batch.trained.kwargs.get("labels") is None:
+            return None
+        sums = router.expert_sums(logits, self.router.per_token, micro_batch.trained.kwargs.get("attention_mask"))
+        aux = router.load_balancing(sums)
+        own = getattr(output, "aux_loss", None)
+        own = own.detach() if torch.is_tensor(own) else None
+        value = float(aux.detach())
+        if own is not None and abs(float(own) - value) > self.tolerance * max(1.0, abs(value)):
+            raise NotReplayable(f"the model's router loss (aux_loss {float(own):.6g}) is not the load-balancing loss "
+                                f"the audit computes from its router logits ({value:.6g}), so the router term "
+                                "cannot be told apart from the main loss")
+        self.router_sums.append(sums.detach())
+        return aux
 
     def _one(self, index: int, micro_batch: MicroBatch) -> tuple[torch.Tensor, int]:
         if self.kind == losses.TRAINER_LOSS:
@@ -124,6 +165,7 @@ class Replayer:
             count = self._user_count(micro_batch)  # one tensor: the mean over the batch's rows
             return result * count, count
         output = self._forward(index, micro_batch)
+        self._aux = self._router_loss(micro_batch, output)
         if self.kind is None:
             self.kind = self._find_kind(micro_batch, output)
         if self.rule.compute_loss_func is not None:
@@ -134,6 +176,15 @@ class Replayer:
                     smoothed, _ = losses.summed(self.kind, output, labels, shift, self.rule.label_smoothing)
                 self.smoothing_kept.append(abs(float(mean) * count - float(smoothed))
                                            <= self.tolerance * max(1.0, abs(float(smoothed))))
+            if self.router is not None and getattr(output, "router_logits", None):
+                # Trainer popped the labels, so the model added no router loss: does the function add it?
+                with torch.no_grad():
+                    plain, _ = losses.summed(self.kind, output, labels, shift, self.rule.label_smoothing)
+                dropped = abs(float(mean) * count - float(plain)) <= self.tolerance * max(1.0, abs(float(plain)))
+                self.router_dropped.append(dropped)
+                if not dropped:  # it adds a router term: judged as the model's own, apart from the main loss
+                    self._aux = self._router_loss(micro_batch, output, given_labels=False)
+                    return losses.summed(self.kind, output, labels, shift, self.rule.label_smoothing)
             return mean * count, count
         return losses.summed(self.kind, output, labels, shift, self.rule.label_smoothing)
 
@@ -144,8 +195,10 @@ class Replayer:
 
     def _find_kind(self, micro_batch: MicroBatch, output) -> str:
         labels, shift = _labels(micro_batch)
+        # the router term the model's .loss holds beside the kind's loss
+        router_part = self.router.forward_coefficient * float(self._aux.detach()) if self._aux is not None else 0.0
         kind = losses.find_kind(self.module, output, labels, shift,
-                                micro_batch.trained.kwargs.get("num_items_in_batch"), self.tolerance)
+                                micro_batch.trained.kwargs.get("num_items_in_batch"), self.tolerance, router_part)
         if kind is None:
             raise NotReplayable(f"the loss of {type(losses.base_model(self.module)).__name__} is none the audit "
                                 "computes by hand: pass loss_fn=lambda model, batch: (its loss summed over the "

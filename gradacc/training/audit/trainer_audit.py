@@ -20,7 +20,7 @@ from gradacc.training import distributed
 from gradacc.training.audit import grpo_audit, losses
 from gradacc.training.audit.capture import MicroBatch, Patches, RandomState, Recorder, WindowLog, detached
 from gradacc.training.audit.measure import Setup, measure
-from gradacc.training.audit.verdict import NOT_JUDGED, Check, Verdict, publish, scheduler_check
+from gradacc.training.audit.verdict import EXACT, NOT_JUDGED, Check, Verdict, publish, scheduler_check
 from gradacc.training.audit.vocabulary import CheckName, Integration
 from gradacc.training.compat import transformers as compat_transformers
 from gradacc.training.compat import trl
@@ -184,11 +184,18 @@ def _precision(args) -> str:
 def _logged_loss_check(logged: float, verdict: Verdict, override: str | None) -> Check:
     """The loss Trainer logs for the window against the window's mean loss; when it is off by the gradient's own
     scale, one cause explains both."""
-    ratio = logged / verdict.window_loss
-    detail = f"the logged loss is {ratio:.4g}× the window's mean loss ({logged:.4g} vs {verdict.window_loss:.4g})"
+    router = verdict.router  # an MoE model logs its router loss term too: coef × each micro-batch's
+    expected = verdict.window_loss + (router.coefficient * router.micro_batch_mean if router else 0.0)
+    ratio = logged / expected
+    detail = (f"the logged loss is {ratio:.4g}× the window's mean loss{' with its router term' if router else ''} "
+              f"({logged:.4g} vs {expected:.4g})")
     tolerance = LOGGED[verdict.precision]
     if abs(ratio - 1) <= tolerance:
         return Check(CheckName.LOGGED_LOSS, True, detail)
+    if router is not None and router.cause != EXACT and abs(
+            logged - verdict.window_loss - router.fit.scale * router.coefficient * router.micro_batch_mean) \
+            <= tolerance * abs(logged):
+        return Check(CheckName.LOGGED_LOSS, False, detail + ", by the router loss term's own cause")
     if verdict.fit is not None and abs(ratio - verdict.fit.scale) <= tolerance * max(1.0, ratio):
         return Check(CheckName.LOGGED_LOSS, False, detail + ", by the gradient's own cause")
     return Check(CheckName.LOGGED_LOSS, False, detail, f"return from {override or 'training_step'} the loss on the "

@@ -26,6 +26,7 @@ SCALED, OTHER_LOSS, NOT_JUDGED = Cause.SCALED, Cause.OTHER_LOSS, Cause.NOT_JUDGE
 BY_DESIGN, GENERATION_COUNT = Cause.BY_DESIGN, Cause.GENERATION_COUNT
 # Causes that are no problem of the run: the gradient is what its documented objective gives.
 NOT_A_PROBLEM = (EXACT, NOT_JUDGED, BY_DESIGN)
+ROUTER_CAUSES = (Cause.ROUTER_K_TIMES, Cause.ROUTER_SCALED, Cause.ROUTER_OTHER)
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,24 @@ class Fit:
 
     def near(self, value: float) -> bool:
         return abs(self.scale - value) <= self.tolerance * max(1.0, value)
+
+
+@dataclass(frozen=True)
+class RouterFit:
+    """An MoE model's router (load-balancing) loss term in the step, judged apart from the main loss: on the router
+    weights, the step's gradient less the main loss's part (``main_scale`` × its reference) against ``coefficient`` ×
+    the gradient of the window's micro-batches' mean router loss."""
+
+    coefficient: float        # the config's router_aux_loss_coef: the objective's
+    forward_coefficient: float  # the model's own attribute: what each forward adds (the fix divides it)
+    fit: Fit                  # the router term's scale (1: the micro-batches' mean) and what no scale explains
+    main_scale: float         # the main loss's scale in the two-term fit over the whole gradient
+    cause: Cause              # EXACT or one of ROUTER_CAUSES
+    meaning: str
+    fix: str | None
+    off_on_router_weights: float  # ‖g − reference‖ / ‖reference‖ on the router weights (both terms)
+    micro_batch_mean: float   # the micro-batches' router losses, averaged (all processes)
+    window_loss: float        # the router loss of the window's tokens taken as one batch (all processes)
 
 
 @dataclass(frozen=True)
@@ -86,6 +105,7 @@ class Verdict:
     reference_seconds: float = 0.0
     audit_seconds: float = 0.0
     model: str = ""
+    router: RouterFit | None = None  # an MoE model's router loss term, when its forward adds one
 
     @property
     def judged(self) -> bool:

@@ -28,6 +28,11 @@ class Cause(StrEnum):
     # GRPO's dapo/cispo/vespo: divided by the generation batch's token count × k / steps_per_generation, the window's
     # token count only when steps_per_generation = k.
     GENERATION_COUNT = "normalised_by_generation_batch"
+    # An MoE model's router (load-balancing) loss, judged on the router weights apart from the main loss (which is
+    # exact when one of these is the verdict's cause).
+    ROUTER_K_TIMES = "router_loss_k_times_too_large"
+    ROUTER_SCALED = "router_loss_scaled"
+    ROUTER_OTHER = "router_loss_not_the_micro_batch_mean"
 
 
 class CheckName(StrEnum):
@@ -40,6 +45,7 @@ class CheckName(StrEnum):
     PROCESSES = "processes"
     OBJECTIVE = "objective"
     LAST_WINDOW = "last_window"  # Lightning: the epoch's short last window, when the first one was judged
+    ROUTER_LOSS = "router_loss"  # an MoE model's router (load-balancing) loss term
 
 
 class LossKind(StrEnum):
@@ -73,7 +79,9 @@ WORDS = {Cause.EXACT: "exact", Cause.K_TIMES: "k× too large", Cause.DIVIDED_TWI
          Cause.ZEROED: "zeroed inside the window", Cause.SCALED: "scaled",
          Cause.OTHER_LOSS: "not the window's mean loss", Cause.NOT_JUDGED: "not judged",
          Cause.BY_DESIGN: "varies with the micro-batch by design",
-         Cause.GENERATION_COUNT: "scaled by the generation batch's token count"}
+         Cause.GENERATION_COUNT: "scaled by the generation batch's token count",
+         Cause.ROUTER_K_TIMES: "router loss k× too large", Cause.ROUTER_SCALED: "router loss scaled",
+         Cause.ROUTER_OTHER: "router loss not the micro-batches' mean"}
 # Each cause as an English sentence about the gradient, before its details (the Audit page's headline, ending ":").
 SENTENCES = {Cause.EXACT: "The gradient is exact", Cause.K_TIMES: "The gradient is k× too large",
              Cause.DIVIDED_TWICE: "The gradient is k× too small",
@@ -86,7 +94,10 @@ SENTENCES = {Cause.EXACT: "The gradient is exact", Cause.K_TIMES: "The gradient 
              Cause.OTHER_LOSS: "The gradient is not that of the window's mean loss",
              Cause.NOT_JUDGED: "Not judged",
              Cause.BY_DESIGN: "The gradient varies with the micro-batch by design",
-             Cause.GENERATION_COUNT: "The gradient is scaled by how the generation batch's tokens fall"}
+             Cause.GENERATION_COUNT: "The gradient is scaled by how the generation batch's tokens fall",
+             Cause.ROUTER_K_TIMES: "The router loss's gradient is k× too large",
+             Cause.ROUTER_SCALED: "The router loss's gradient is scaled",
+             Cause.ROUTER_OTHER: "The router loss's gradient is not that of the micro-batches' mean router loss"}
 # Each kind of loss in words ("the model's own {…} loss").
 KIND_WORDS = {LossKind.CLASSIFICATION: "classifier", LossKind.MULTI_LABEL: "multi-label classifier",
               LossKind.REGRESSION: "regression head", LossKind.TOKEN: "token classifier",

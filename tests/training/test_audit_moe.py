@@ -1,0 +1,236 @@
+"""gradacc.audit on mixture-of-experts models: a tiny Mixtral causal LM (4 experts, top 2, output_router_logits=True)
+and Mixtral's sequence classifier, each trained by a stock Trainer with k = 4, as a user writes it.
+
+The truth is computed here, apart from gradacc and from transformers' loss code: at the optimizer step, a float64
+copy of the model replays each micro-batch; the main loss by hand from the logits (cross-entropy over the window's
+predicted tokens), the router loss by hand from the router logits (a loop over every layer's unpadded rows: E · Σ_e
+(share of top-k choices of e) · (mean probability of e)); the step's gradient is fitted on the two (g ≈ a·∇main +
+b·coef·∇(the micro-batches' mean router loss)) by least squares."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from audit_support import SMALL, K, cls_data, lm_collator, lm_data, padding_collator, trainer_args
+from gradacc.cli.audit import EXIT_OK, EXIT_WRONG, strict_status
+from gradacc.training.audit import verdict as V
+from gradacc.training.audit.vocabulary import Cause, CheckName, LossKind
+from gradacc.training.tolerances import NOISE
+
+
+def mixtral(coefficient):
+    from transformers import MixtralConfig
+
+    return MixtralConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=1, max_position_embeddings=128, num_local_experts=4,
+                         num_experts_per_tok=2, output_router_logits=True, router_aux_loss_coef=coefficient,
+                         num_labels=2, **SMALL)
+
+
+def router_loss_by_hand(router_logits, top_k, attention_mask):
+    """E · Σ_e (top-k choices of e ÷ rows) · (router probabilities of e summed ÷ rows), over every layer's rows
+    that are not padding, one row at a time."""
+    experts = router_logits[0].shape[-1]
+    keep = attention_mask.reshape(-1).tolist()
+    chosen, probability, rows = [0] * experts, 0, 0
+    for layer in router_logits:
+        for row, kept in zip(layer, keep):
+            if not kept:
+                continue
+            p = torch.softmax(row.double(), dim=-1)
+            for expert in sorted(range(experts), key=lambda e: -float(p[e].detach()))[:top_k]:
+                chosen[expert] += 1
+            probability, rows = probability + p, rows + 1
+    return experts * sum(chosen[e] / rows * probability[e] / rows for e in range(experts))
+
+
+class Truth:
+    """Records the window's training forwards; at the optimizer step (a callback added before the audit's), the
+    step's gradient and the truth's two references, from a float64 copy of the model."""
+
+    def __init__(self, trainer, causal: bool):
+        from transformers import TrainerCallback
+
+        self.trainer, self.causal, self.batches, self.open, self.result = trainer, causal, [], True, None
+        self.handle = trainer.model.register_forward_hook(self._record, with_kwargs=True)
+        self.clip = 1.0  # Trainer's clipping (max_grad_norm) runs before this step hook: its factor, undone
+        truth, clip_grad_norm = self, trainer.accelerator.clip_grad_norm_
+
+        def clip_recorded(parameters, max_norm, *args, **kwargs):
+            norm = clip_grad_norm(parameters, max_norm, *args, **kwargs)
+            truth.clip = min(1.0, max_norm / (float(norm) + 1e-6))  # torch's own clip coefficient
+            return norm
+
+        trainer.accelerator.clip_grad_norm_ = clip_recorded
+        compute_loss, self.labels = trainer.compute_loss, []
+
+        def labels_recorded(model, inputs, *args, **kwargs):  # before Trainer pops them for a compute_loss_func
+            if truth.open and model.training and torch.is_grad_enabled():
+                truth.labels.append(inputs["labels"].clone())
+            return compute_loss(model, inputs, *args, **kwargs)
+
+        trainer.compute_loss = labels_recorded
+
+        class Close(TrainerCallback):
+            def on_pre_optimizer_step(self, args, state, control, **kwargs):
+                if truth.open:
+                    truth.open = False
+                    truth.handle.remove()
+                    truth.result = truth.compute()
+
+        trainer.add_callback(Close())
+
+    def _record(self, module, args, kwargs, output):
+        if self.open and module.training and torch.is_grad_enabled():
+            self.batches.append({name: kwargs[name].detach().clone() for name in ("input_ids", "attention_mask")})
+
+    def compute(self) -> dict:
+        model = self.trainer.model
+        copy = type(model)(model.config).double()
+        copy.load_state_dict(model.state_dict())
+        copy.set_experts_implementation("eager")  # torch's grouped matmul takes no float64
+        copy.train()
+        names = [n for n, p in model.named_parameters() if p.requires_grad]
+        params = [dict(copy.named_parameters())[n] for n in names]
+        applied = torch.cat([dict(model.named_parameters())[n].grad.double().reshape(-1) for n in names]) / self.clip
+        main, router, items = 0, [], 0
+        for batch, labels in zip(self.batches, self.labels, strict=True):
+            out = copy(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_router_logits=True)
+            if self.causal:
+                target = labels[:, 1:]
+                main = main + F.cross_entropy(out.logits[:, :-1].flatten(0, 1), target.flatten(), ignore_index=-100,
+                                              reduction="sum")
+                items += int((target != -100).sum())
+                router.append(router_loss_by_hand(out.router_logits, model.config.num_experts_per_tok,
+                                                  batch["attention_mask"]))
+            else:
+                main, items = main + F.cross_entropy(out.logits, labels, reduction="sum"), items + labels.numel()
+
+        def flat(loss, keep=False):
+            grads = torch.autograd.grad(loss, params, allow_unused=True, retain_graph=keep)
+            return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(grads, params)])
+
+        m = flat(main / items, keep=bool(router))
+        if not router:
+            return {"main_scale": float(applied @ m / (m @ m))}
+        r = model.config.router_aux_loss_coef * flat(sum(router) / len(router))
+        a, b = torch.linalg.lstsq(torch.stack([m, r], dim=1), applied[:, None]).solution.flatten().tolist()
+        gate = torch.cat([torch.full((p.numel(),), n.endswith("mlp.gate.weight")) for n, p in zip(names, params)])
+        right = m + r
+        return {"main_scale": a, "router_scale": b,
+                "whole_off": float((applied - right).norm() / right.norm()),
+                "router_weights_off": float((applied - right)[gate].norm() / right[gate].norm())}
+
+
+def train(model, causal: bool, **extra):
+    from transformers import PrinterCallback, Trainer, TrainingArguments
+
+    from gradacc.audit import audit_trainer
+
+    trainer = Trainer(model=model, args=TrainingArguments(**trainer_args()), **extra,
+                      train_dataset=lm_data() if causal else cls_data(),
+                      data_collator=lm_collator() if causal else padding_collator())
+    trainer.remove_callback(PrinterCallback)
+    truth = Truth(trainer, causal)
+    audit = audit_trainer(trainer)
+    trainer.train()
+    return audit.verdict, truth.result
+
+
+def test_the_router_loss_gradacc_computes_is_the_load_balancing_loss_by_hand_and_transformers():
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+
+    from gradacc.training.audit import router
+
+    generator = torch.Generator().manual_seed(0)
+    logits = tuple(torch.randn(3 * 5, 4, generator=generator, dtype=torch.float64, requires_grad=True)
+                   for _ in range(2))
+    mask = torch.ones(3, 5, dtype=torch.long)
+    mask[0, 3:], mask[2, 1:] = 0, 0  # padding is no row of the loss
+    ours = router.load_balancing(router.expert_sums(logits, 2, mask))
+    by_hand = router_loss_by_hand(logits, 2, mask)
+    assert float(ours) == pytest.approx(float(by_hand), rel=1e-12)
+    assert float(ours) == pytest.approx(float(load_balancing_loss_func(logits, 4, 2, mask)), rel=1e-6)
+    for g, h in zip(torch.autograd.grad(ours, logits), torch.autograd.grad(by_hand, logits)):
+        torch.testing.assert_close(g, h, rtol=1e-10, atol=1e-14)
+
+
+@pytest.mark.parametrize("coefficient", [0.02, 0.001], ids=["coef 0.02", "Mixtral's default 0.001"])
+def test_a_stock_trainer_adds_the_router_loss_k_times_and_the_audit_says_so_on_the_router_weights(coefficient):
+    from transformers import MixtralForCausalLM
+
+    torch.manual_seed(0)
+    verdict, truth = train(MixtralForCausalLM(mixtral(coefficient)), causal=True)
+    # The truth: the main loss is exact (num_items_in_batch), the router term k× the micro-batches' mean.
+    assert truth["main_scale"] == pytest.approx(1, abs=1e-4)
+    assert truth["router_scale"] == pytest.approx(K, rel=1e-3)
+    assert verdict.gradient == Cause.ROUTER_K_TIMES and not verdict.ok, verdict.line
+    assert verdict.router.fit.scale == pytest.approx(truth["router_scale"], rel=1e-4)
+    assert verdict.router.main_scale == pytest.approx(truth["main_scale"], abs=1e-5)
+    assert verdict.fit.scale == pytest.approx(1, abs=1e-5) and verdict.fit.plain_scale  # no false main verdict
+    assert verdict.kind == LossKind.CAUSAL
+    assert verdict.router.off_on_router_weights == pytest.approx(truth["router_weights_off"], rel=1e-3)
+    assert "model.router_aux_loss_coef = model.config.router_aux_loss_coef / 4" in verdict.fix
+    assert "by the router loss term's own cause" in verdict.check(CheckName.LOGGED_LOSS).detail
+    if coefficient == 0.001:  # under the whole gradient's fp32 noise, yet a large share of the router weights'
+        assert truth["whole_off"] < NOISE["fp32"] and truth["router_weights_off"] > 0.1
+    assert strict_status([json.loads(json.dumps(verdict.as_dict(), default=str))]) == EXIT_WRONG  # --strict fails it
+
+
+def test_the_fix_it_names_divides_what_each_forward_adds_and_makes_the_step_exact():
+    from transformers import MixtralForCausalLM
+
+    torch.manual_seed(0)
+    model = MixtralForCausalLM(mixtral(0.02))
+    model.router_aux_loss_coef = model.config.router_aux_loss_coef / K
+    verdict, truth = train(model, causal=True)
+    assert truth["router_scale"] == pytest.approx(1, rel=1e-3) and truth["main_scale"] == pytest.approx(1, abs=1e-4)
+    assert verdict.ok and verdict.gradient == V.EXACT, verdict.line
+    assert verdict.router.cause == V.EXACT
+    assert verdict.router.fit.scale == pytest.approx(truth["router_scale"], rel=1e-4)
+    assert verdict.check(CheckName.LOGGED_LOSS).ok
+    assert strict_status([verdict.as_dict()]) == EXIT_OK
+
+
+def test_mixtrals_classifier_adds_no_router_loss_and_is_judged_on_its_own_loss():
+    from transformers import MixtralForSequenceClassification
+
+    from gradacc.audit import classifier_mean_loss
+
+    torch.manual_seed(0)
+    verdict, truth = train(MixtralForSequenceClassification(mixtral(0.02)), causal=False)
+    assert truth["main_scale"] == pytest.approx(K, rel=1e-4)  # its forward takes **kwargs: #47688
+    assert verdict.gradient == V.K_TIMES and verdict.router is None, verdict.line
+    assert verdict.fit.scale == pytest.approx(truth["main_scale"], rel=1e-4)
+    assert "classifier_mean_loss" in verdict.fix
+    torch.manual_seed(0)
+    verdict, truth = train(MixtralForSequenceClassification(mixtral(0.02)), causal=False,
+                           compute_loss_func=classifier_mean_loss)
+    assert truth["main_scale"] == pytest.approx(1, abs=1e-4)
+    assert verdict.ok and verdict.gradient == V.EXACT, verdict.line
+
+
+def test_a_compute_loss_func_drops_the_router_loss_unless_it_adds_it_and_the_audit_says_which():
+    """Trainer pops the labels for a compute_loss_func, so the model adds no router loss: the truth's router term is
+    0 and the audit says no router loss is trained; a function that adds coef / k × aux_loss trains it (truth 1×), and
+    the audit judges that term as the model's own."""
+    from transformers import MixtralForCausalLM
+
+    from gradacc.audit import causal_lm_mean_loss
+
+    def with_router_loss(outputs, labels, num_items_in_batch=None):
+        main = causal_lm_mean_loss(outputs, labels, num_items_in_batch=num_items_in_batch)
+        return main + 0.02 / K * outputs.aux_loss
+
+    for loss_func, router_scale in ((causal_lm_mean_loss, 0.0), (with_router_loss, 1.0)):
+        torch.manual_seed(0)
+        verdict, truth = train(MixtralForCausalLM(mixtral(0.02)), causal=True, compute_loss_func=loss_func)
+        assert truth["router_scale"] == pytest.approx(router_scale, abs=1e-3)
+        assert truth["main_scale"] == pytest.approx(1, abs=1e-4)
+        check = verdict.check(CheckName.ROUTER_LOSS)
+        if router_scale:  # the function's router term judged as the model's would be
+            assert verdict.ok and check.ok and verdict.router.fit.scale == pytest.approx(1, abs=1e-4), verdict.line
+        else:
+            assert not verdict.ok and check.ok is False and "outputs.aux_loss" in check.fix, verdict.line

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import tempfile
 from dataclasses import dataclass
+from typing import Callable
 
 
 @dataclass(frozen=True)
@@ -27,18 +28,15 @@ def key(case: GRPOCase) -> tuple:
     return (case.loss_type, case.steps_per_generation, case.ks)
 
 
-def check(case: GRPOCase) -> dict:
+def check(case: GRPOCase, one_run: Callable[..., list[dict]]) -> dict:
     """Per k, each optimizer step of one generation: its scale against the window's documented objective (scale,
-    residual, window and generation tokens), and the audit's verdict on the first step."""
-    from gradacc.bench import grpo as bench  # here: torch and TRL load with the check, not with the page
-    from gradacc.serving import warmup
-
-    warmup.wait_until_warm()
+    residual, window and generation tokens), and the audit's verdict on the first step. ``one_run``: ``gradacc bench
+    grpo``'s run of a real GRPOTrainer (given by the caller: the bench is a layer above this one)."""
     rows = []
     with tempfile.TemporaryDirectory(prefix="gradacc-grpo-scale-") as output_dir:
         for k in case.ks:
             steps = case.steps_per_generation // k
-            for row in bench.one_run(case.loss_type, k, case.steps_per_generation, steps, output_dir):
+            for row in one_run(case.loss_type, k, case.steps_per_generation, steps, output_dir):
                 rows.append({name: row.get(name) for name in ("k", "step", "scale", "residual", "window_tokens",
                                                               "generation_batch_tokens", "audit")})
     return {"loss_type": case.loss_type, "steps_per_generation": case.steps_per_generation, "ks": list(case.ks),

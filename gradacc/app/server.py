@@ -72,7 +72,13 @@ def grpo_runner():
     """The server's queue of GRPO scale checks (the Equivalence page's GRPO section), one worker thread."""
     from gradacc.analysis import grpo_scale  # torch-free at import: the check imports TRL when it runs
 
-    return CheckRunner(grpo_scale.check, grpo_scale.key, thread_name="gradacc-grpo-check")
+    def check(case):
+        from gradacc.bench import grpo  # here: torch and TRL load with the check, not with the page
+
+        warmup.wait_until_warm()
+        return grpo_scale.check(case, grpo.one_run)
+
+    return CheckRunner(check, grpo_scale.key, thread_name="gradacc-grpo-check")
 
 
 def limits() -> Limits:

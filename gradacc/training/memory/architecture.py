@@ -49,6 +49,7 @@ class Shape:
     lora_targets: tuple[tuple[int, int], ...]  # (in, out) of each linear layer LoRA wraps
     factored: int  # what Adafactor keeps per element: a row and a column per matrix, the whole of a vector
     largest_group: int  # parameters of the largest FSDP group: one layer, or what the layers leave to the root
+    first_reduced: int  # parameters of the group backward reduces first: the last layer
 
     def lora_parameters(self, rank: int) -> int:
         return sum(rank * (fan_in + fan_out) for fan_in, fan_out in self.lora_targets)
@@ -100,7 +101,7 @@ def empty_model(config: PretrainedConfig, dtype=torch.float32, attention: str | 
         return model_class(config).from_config(config, dtype=dtype, trust_remote_code=False, **extra)
 
 
-def _feed_forward(config: PretrainedConfig) -> int:
+def feed_forward_of(config: PretrainedConfig) -> int:
     for name in ("intermediate_size", "n_inner", "ffn_dim"):
         value = getattr(config, name, None)
         if value:
@@ -140,6 +141,7 @@ def shape_of(model: torch.nn.Module, config: PretrainedConfig) -> Shape:
     layer_lists = [module for module in model.modules() if isinstance(module, torch.nn.ModuleList) and len(module)]
     blocks = max(layer_lists, key=lambda blocks: sum(p.numel() for p in blocks.parameters()), default=None)
     layer = max((sum(p.numel() for p in block.parameters()) for block in blocks), default=0) if blocks else 0
+    last_layer = sum(p.numel() for p in blocks[-1].parameters()) if blocks else 0
     in_blocks = sum(p.numel() for p in blocks.parameters()) if blocks else 0
     linear, targets = 0, []
     for name, module in model.named_modules():
@@ -150,10 +152,10 @@ def shape_of(model: torch.nn.Module, config: PretrainedConfig) -> Shape:
                 targets.append(fan)
     return Shape(parameters=parameters, linear_parameters=linear, largest_parameter=largest,
                  layers=int(config.num_hidden_layers), width=int(config.hidden_size),
-                 feed_forward=_feed_forward(config), heads=int(config.num_attention_heads),
+                 feed_forward=feed_forward_of(config), heads=int(config.num_attention_heads),
                  key_value_heads=_key_value_heads(config), vocabulary=int(config.vocab_size),
                  max_positions=getattr(config, "max_position_embeddings", None), lora_targets=tuple(targets), factored=factored,
-                 largest_group=max(layer, parameters - in_blocks))
+                 largest_group=max(layer, parameters - in_blocks), first_reduced=last_layer)
 
 
 def scaled_config(config: PretrainedConfig, *, layers: int, width: int, feed_forward: int, vocabulary: int,

@@ -8,7 +8,7 @@ import shlex
 from pathlib import Path
 
 from gradacc.analysis import config_plan, learning_steps, planner, sharding
-from gradacc.choices import BUILTIN_MODELS, OPTIMIZERS
+from gradacc.choices import BUILTIN_MODELS, OPTIMIZERS, PER_MICRO_BATCH
 from gradacc.cli.options import EXIT_FAILED, EXIT_OK, value
 from gradacc.config import RunConfig
 from gradacc.errors import GradaccError
@@ -184,7 +184,8 @@ def run_from_config(args) -> int:
           f"loop: {weighing['loop']}; gradacc train: --loss-normalization {weighing['loss_normalization']}")
     view = result["accelerate"]
     full = next(row for row in result["rows"] if not row["lora_rank"] and row["precision"] == "fp32"
-                and row["optimizer"] == "adamw" and not row["gradient_checkpointing"])
+                and row["optimizer"] == "adamw" and not row["gradient_checkpointing"]
+                and row["sync"] in (None, PER_MICRO_BATCH))  # fully sharded: the least a rank holds
     print(f"accelerate estimate-memory (weights + gradients + Adam states, batch 1, no activations): "
           f"{format_bytes(view['adam_fp32_bytes'])} in fp32, {format_bytes(view['adam_bf16_bytes'])} in mixed bf16; "
           f"gradacc, full fp32 AdamW at m=1"

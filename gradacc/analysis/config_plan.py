@@ -4,10 +4,11 @@ The model is built on the meta device (no weights), so its parameters are counte
 in seconds. Activations come from the architecture itself: a scaled-down copy of the same config class (same layer
 types, attention implementation and dtype; 1 to 3 layers, width 64 to 128, a vocabulary of 256 to 1,024) is trained
 for one forward and backward at a dozen sizes on this machine's CPU, the peak bytes alive above its parameters and
-gradients measured (``gradacc.training.memory.peak``), and a linear model fitted on the terms that scale with the
-architecture (``architecture.FEATURES``: tokens × width, × layers, × feed-forward width, eager attention's
-batch × sequence² × heads, the logits' tokens × vocabulary, the weights autocast copies, the largest gradient made
-whole), with non-negative coefficients and relative errors. The fit is evaluated at the full config.
+gradients measured (``gradacc.training.memory.peak``) in each phase of the pass (``architecture.PHASES``), and a
+linear model per phase fitted on the terms that scale with the architecture (``architecture.FEATURES``: tokens ×
+width, × layers, × feed-forward width, eager attention's batch × sequence² × heads, the logits' tokens × vocabulary,
+the weights autocast copies, the largest gradient made whole), with non-negative coefficients and relative errors.
+The fits are evaluated at the full config; the largest phase is the peak.
 
 Per lever setting (full fine-tune or LoRA on the attention's projections; fp32, bf16 autocast with fp32 master
 weights, pure bf16; AdamW, SGD with momentum, Adafactor; gradient checkpointing off or on; FSDP over P ranks, its
@@ -64,7 +65,7 @@ _FITS: dict[str, dict] = {}  # one fit per (family, settings) in this process
 # Fits are also kept on disk (GRADACC_HOME/config-fits), keyed by the family's small config, the design, the settings
 # and the torch and transformers versions: the bytes measured depend on nothing else (not on the machine's load), and
 # measuring 12 settings × 17 copies is most of a plan's time. Bump FIT_FORMAT when the measurement or the fit changes.
-FIT_FORMAT = 1
+FIT_FORMAT = 2
 
 
 def load(source: str):
@@ -160,18 +161,18 @@ def fit_activations(config, *, precision: str, checkpointing: bool, lora_rank: i
     phases = np.array(phases, dtype=float)
     target = phases.max(axis=1)
     coefficients = []
-    # Each phase its own linear model: the head's (forward, logits and loss) and the layers' backward; the peak is
-    # the larger. Points whose peak is the end of backward's (the gradients) say nothing of either.
-    for phase in range(2):
+    # Each phase its own linear model (architecture.PHASES: the forward, the output head's backward, the layers'
+    # backward); the peak is the largest. A sum of terms cannot be a largest of moments, so a phase is cut where the
+    # moment holding its peak changes. Points whose peak is the end of backward's (the gradients) say nothing of any.
+    for phase in range(phases.shape[1]):
         values = phases[:, phase]
         keep = values > 1.02 * gradient * largest
         keep = keep if keep.sum() >= 4 else np.ones_like(keep)
         weights = 1.0 / values[keep]  # relative errors: the small copies differ in size by 10×
         solution, _ = nnls(matrix[keep] * weights[:, None], values[keep] * weights)
         coefficients.append(solution)
-    fitted = np.maximum(np.maximum(matrix @ coefficients[0], matrix @ coefficients[1]), gradient * largest)
-    fit = {"coefficients": dict(zip(architecture.FEATURES, coefficients[0].tolist())),
-           "body_coefficients": dict(zip(architecture.FEATURES, coefficients[1].tolist())),
+    fitted = np.maximum(np.max([matrix @ solution for solution in coefficients], axis=0), gradient * largest)
+    fit = {"phase_coefficients": [dict(zip(architecture.FEATURES, solution.tolist())) for solution in coefficients],
            "gradient_phase": gradient,
            "points": [{"design": design, "measured": float(value), "fitted": float(guess)}
                       for design, value, guess in zip(design, target, fitted)],
@@ -198,8 +199,8 @@ def activation_terms(fit: dict, shape, micro_batch_size: int, sequence_length: i
     if precision == "fp32":
         features["linear_parameters"] = 0
     phases = []
-    for name in ("coefficients", "body_coefficients"):
-        terms = {feature: fit[name][feature] * value for feature, value in features.items()}
+    for coefficients in fit["phase_coefficients"]:
+        terms = {feature: coefficients[feature] * value for feature, value in features.items()}
         phases.append((sum(terms.values()), terms["tokens_vocab"]))
     passes, logits = max(phases)  # the higher phase, and what its logits and loss hold
     # The end of backward (the largest gradients made whole) when it is higher than the passes: shown as activations.

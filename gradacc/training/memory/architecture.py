@@ -252,10 +252,16 @@ def activation_peak(model: torch.nn.Module, batch: dict, precision: str) -> int:
     return max(activation_phases(model, batch, precision))
 
 
-def activation_phases(model: torch.nn.Module, batch: dict, precision: str) -> tuple[int, int]:
-    """Peak bytes alive during one forward and backward above what was alive before it (the parameters and the
-    gradients, allocated before it: the window's second micro-batch, which adds to gradients already held), in two
-    phases: up to the output head's backward (logits and loss alive) and after it (the layers' backward)."""
+# The phases of one forward and backward whose peaks the config planner fits apart: the forward up to the loss, the
+# output head's backward (the logits' gradient beside the logits, the head's weight gradient made whole), the layers'
+# backward (with checkpointing, one layer recomputed beside the checkpoints).
+PHASES = ("forward", "head_backward", "layers_backward")
+
+
+def activation_phases(model: torch.nn.Module, batch: dict, precision: str) -> tuple[int, int, int]:
+    """Peak bytes alive in each of PHASES during one forward and backward, above what was alive before it (the
+    parameters and the gradients, allocated before it: the window's second micro-batch, which adds to gradients
+    already held)."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     for parameter in trainable:
         if parameter.grad is None:
@@ -263,19 +269,20 @@ def activation_phases(model: torch.nn.Module, batch: dict, precision: str) -> tu
     live = LiveBytes()
     # a full backward hook is set up by the module's forward: registered before it
     handle = model.get_output_embeddings().register_full_backward_hook(
-        lambda *_: live.mark() if not live.phase_peaks else None)
+        lambda *_: live.mark() if len(live.phase_peaks) == 1 else None)
     try:
         with live:
             live.hold([*model.parameters(), *(p.grad for p in trainable)])
             start = live.current
             with autocast_for(precision):
                 loss = model(**batch).loss
+            live.mark()
             loss.backward()
             del loss
     finally:
         handle.remove()
-    # (forward, the loss and the output head's backward; the rest of backward), each above the start
-    return live.phase_peaks[0] - start if live.phase_peaks else live.peak - start, live.peak - start
+    forward, head = live.phase_peaks[0], live.phase_peaks[1] if len(live.phase_peaks) > 1 else live.peak
+    return forward - start, head - start, live.peak - start
 
 
 def make_optimizer(model: torch.nn.Module, name: str) -> torch.optim.Optimizer:

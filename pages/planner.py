@@ -74,6 +74,9 @@ def plan_from_config() -> None:
                 + (f", m = {pick['micro_batch_size']}, k = {pick['grad_accum_steps']}" if pick["fits"] else
                    " (the smallest; it does not fit)") + ": its peak, term by term (GB)")
     st.bar_chart(pd.DataFrame([config_plan.stacked_terms(pick)], index=["peak"]), horizontal=True)
+    weighing = result["normalisation"]
+    st.markdown(f"**Accumulate by items** ({weighing['items']}), not by micro-batch: with Trainer, "
+                f"{weighing['trainer']}; in a plain loop, {weighing['loop']}.")
     view = result["accelerate"]
     st.caption(f"`accelerate estimate-memory` for the same model (weights + gradients + Adam states, batch 1, no "
                f"activations): {units.format_bytes(view['adam_fp32_bytes'])} in fp32, "

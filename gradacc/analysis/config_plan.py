@@ -4,13 +4,15 @@ The model is built on the meta device (no weights), so its parameters are counte
 in seconds. Activations come from the architecture itself: a scaled-down copy of the same config class (same layer
 types, attention implementation and dtype; 1 to 3 layers, width 64 to 128, a vocabulary of 256 to 1,024) is trained
 for one forward and backward at a dozen sizes on this machine's CPU, the peak bytes alive above its parameters and
-gradients measured (``gradacc.training.memory.peak``), and a linear model fitted on the terms that scale with the
-architecture (``architecture.FEATURES``: tokens × width, × layers, × feed-forward width, eager attention's
-batch × sequence² × heads, the logits' tokens × vocabulary, the weights autocast copies, the largest gradient made
-whole), with non-negative coefficients and relative errors. The fit is evaluated at the full config.
+gradients measured (``gradacc.training.memory.peak``) in each phase of the pass (``architecture.PHASES``), and a
+linear model per phase fitted on the terms that scale with the architecture (``architecture.FEATURES``: tokens ×
+width, × layers, × feed-forward width, eager attention's batch × sequence² × heads, the logits' tokens × vocabulary,
+the weights autocast copies, the largest gradient made whole), with non-negative coefficients and relative errors.
+The fits are evaluated at the full config; the largest phase is the peak.
 
 Per lever setting (full fine-tune or LoRA on the attention's projections; fp32, bf16 autocast with fp32 master
-weights, pure bf16; AdamW, SGD with momentum, Adafactor; gradient checkpointing off or on; FSDP over P ranks) the
+weights, pure bf16; AdamW, SGD with momentum, Adafactor; gradient checkpointing off or on; FSDP over P ranks, its
+gradients synced per window or per micro-batch) the
 peak of a micro-batch of m in a window of k ≥ 2 is
 
     weights + gradients + optimizer state + max(activations + logits and loss, the optimizer step's temporaries)
@@ -22,12 +24,14 @@ assumption, not a measurement (this machine has no GPU): FRAMEWORK_OVERHEAD_BYTE
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import tempfile
 from pathlib import Path
 
+from gradacc.choices import GRAD_SYNCS, PER_MICRO_BATCH, PER_WINDOW
 from gradacc.errors import GradaccError
 from gradacc.units import MB, format_bytes
 
@@ -58,6 +62,10 @@ DESIGN = ((1, 64, 1, 1, 256, 1), (2, 64, 1, 1, 256, 1), (3, 64, 1, 1, 256, 1), (
 # before they are added to the ones held (the embedding's, the output head's); the activations are gone by then.
 GRADIENT_DESIGN = ((1, 64, 1, 1, 8, 1), (2, 128, 1, 1, 8, 1))
 _FITS: dict[str, dict] = {}  # one fit per (family, settings) in this process
+# Fits are also kept on disk (GRADACC_HOME/config-fits), keyed by the family's small config, the design, the settings
+# and the torch and transformers versions: the bytes measured depend on nothing else (not on the machine's load), and
+# measuring 12 settings × 17 copies is most of a plan's time. Bump FIT_FORMAT when the measurement or the fit changes.
+FIT_FORMAT = 2
 
 
 def load(source: str):
@@ -83,12 +91,6 @@ def load(source: str):
     return config
 
 
-def empty_model_quietly(config, attention: str = "sdpa"):
-    from gradacc.training.memory import architecture  # here: it imports torch (see the module's note)
-
-    return architecture.empty_model(config, attention=attention)
-
-
 def build_empty(config, source: str):
     """The model on the meta device, or one line saying why transformers cannot build it."""
     from gradacc.training.memory import architecture  # here: it imports torch (see the module's note)
@@ -110,17 +112,25 @@ def fit_activations(config, *, precision: str, checkpointing: bool, lora_rank: i
     # here: torch and what imports it measure; the CLI and the page import this module before torch loads
     import numpy as np
     import torch
+    import transformers
     from scipy.optimize import nnls
     from gradacc.training.memory import architecture
 
-    full = architecture.shape_of(empty_model_quietly(config, attention), config)
-    design, gradient_design = ([(layers, width, max(16, round(full.feed_forward / full.width * width * ff / 16) * 16),
-                                 max(256, round(full.vocabulary / full.width * width * vocab / 64) * 64), sequence,
+    # the full model's ratios from its config: building it (on the meta device) takes seconds at 70B
+    full_feed_forward, full_width, full_vocabulary = (architecture.feed_forward_of(config), int(config.hidden_size),
+                                                      int(config.vocab_size))
+    design, gradient_design = ([(layers, width, max(16, round(full_feed_forward / full_width * width * ff / 16) * 16),
+                                 max(256, round(full_vocabulary / full_width * width * vocab / 64) * 64), sequence,
                                  batch) for layers, width, ff, vocab, sequence, batch in points]
                                for points in (DESIGN, GRADIENT_DESIGN))
     base = architecture.scaled_config(config, layers=1, width=64, feed_forward=128, vocabulary=256, positions=128)
-    key = json.dumps([base.to_json_string(), design, precision, checkpointing, lora_rank, attention])
+    key = json.dumps([FIT_FORMAT, torch.__version__, transformers.__version__, base.to_json_string(), design,
+                      precision, checkpointing, lora_rank, attention])
     if key in _FITS:
+        return _FITS[key]
+    stored = _fit_file(key)
+    if stored.is_file():
+        _FITS[key] = json.loads(stored.read_text(encoding="utf-8"))
         return _FITS[key]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -151,24 +161,35 @@ def fit_activations(config, *, precision: str, checkpointing: bool, lora_rank: i
     phases = np.array(phases, dtype=float)
     target = phases.max(axis=1)
     coefficients = []
-    # Each phase its own linear model: the head's (forward, logits and loss) and the layers' backward; the peak is
-    # the larger. Points whose peak is the end of backward's (the gradients) say nothing of either.
-    for phase in range(2):
+    # Each phase its own linear model (architecture.PHASES: the forward, the output head's backward, the layers'
+    # backward); the peak is the largest. A sum of terms cannot be a largest of moments, so a phase is cut where the
+    # moment holding its peak changes. Points whose peak is the end of backward's (the gradients) say nothing of any.
+    for phase in range(phases.shape[1]):
         values = phases[:, phase]
         keep = values > 1.02 * gradient * largest
         keep = keep if keep.sum() >= 4 else np.ones_like(keep)
         weights = 1.0 / values[keep]  # relative errors: the small copies differ in size by 10×
         solution, _ = nnls(matrix[keep] * weights[:, None], values[keep] * weights)
         coefficients.append(solution)
-    fitted = np.maximum(np.maximum(matrix @ coefficients[0], matrix @ coefficients[1]), gradient * largest)
-    fit = {"coefficients": dict(zip(architecture.FEATURES, coefficients[0].tolist())),
-           "body_coefficients": dict(zip(architecture.FEATURES, coefficients[1].tolist())),
+    fitted = np.maximum(np.max([matrix @ solution for solution in coefficients], axis=0), gradient * largest)
+    fit = {"phase_coefficients": [dict(zip(architecture.FEATURES, solution.tolist())) for solution in coefficients],
            "gradient_phase": gradient,
            "points": [{"design": design, "measured": float(value), "fitted": float(guess)}
                       for design, value, guess in zip(design, target, fitted)],
            "largest_fit_error": float(np.max(np.abs(fitted - target) / target))}
     _FITS[key] = fit
+    partial = stored.with_suffix(f".{os.getpid()}.part")  # whole or absent: another process may read it meanwhile
+    partial.write_text(json.dumps(fit), encoding="utf-8")
+    partial.replace(stored)
     return fit
+
+
+def _fit_file(key: str) -> Path:
+    from gradacc import paths
+
+    folder = paths.home() / "config-fits"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
 
 
 def activation_terms(fit: dict, shape, micro_batch_size: int, sequence_length: int, precision: str,
@@ -178,8 +199,8 @@ def activation_terms(fit: dict, shape, micro_batch_size: int, sequence_length: i
     if precision == "fp32":
         features["linear_parameters"] = 0
     phases = []
-    for name in ("coefficients", "body_coefficients"):
-        terms = {feature: fit[name][feature] * value for feature, value in features.items()}
+    for coefficients in fit["phase_coefficients"]:
+        terms = {feature: coefficients[feature] * value for feature, value in features.items()}
         phases.append((sum(terms.values()), terms["tokens_vocab"]))
     passes, logits = max(phases)  # the higher phase, and what its logits and loss hold
     # The end of backward (the largest gradients made whole) when it is higher than the passes: shown as activations.
@@ -207,18 +228,26 @@ def static_terms(shape, *, lora_rank: int | None, precision: str, optimizer: str
             "optimizer_state": state, "step_temporaries": step, "trainable_parameters": trainable}
 
 
-def fsdp_terms(static: dict, shape, processes: int, size: int, lora: bool = False) -> dict:
-    """Per rank on ``processes`` FSDP ranks (gradacc.analysis.sharding, per-micro-batch sync): weights, gradients
-    and optimizer state divided by P; the sharding buffers: the largest group's parameters gathered for its
-    forward and backward, and its unsharded gradients while the reduce-scatter runs (G·b·(1 + 1/P))."""
+def fsdp_terms(static: dict, shape, processes: int, size: int, lora: bool = False,
+               sync: str = PER_MICRO_BATCH) -> dict:
+    """Per rank on ``processes`` FSDP ranks: weights, optimizer state and the step divided by P; the gradients and
+    the sharding buffers as ``gradacc.analysis.sharding.per_rank`` has them for ``sync``. Per-micro-batch sync keeps
+    the gradients sharded (÷ P) and reduce-scatters every group every micro-batch (G·b·(1 + 1/P) while it runs);
+    per-window sync holds them whole for the window (N·b: they do not shrink with P) and reduce-scatters once, the
+    last layer first (F·b / P). Either way the largest group's weights are gathered for its forward and backward."""
     if processes == 1:
         return {**static, "sharding_buffers": 0}
-    group = shape.largest_group
-    return {**static, "weights": static["weights"] / processes, "gradients": static["gradients"] / processes,
+    from gradacc.analysis import sharding  # here: the page imports this module before its charts' libraries
+
+    trainable = static["trainable_parameters"]
+    # the groups' trainable parameters: every parameter in a full fine-tune; under LoRA only the adapters, a layer's
+    # share of them (the layers' weights are frozen: gathered, but no gradient to reduce-scatter)
+    group, first = (trainable / shape.layers,) * 2 if lora else (shape.largest_group, shape.first_reduced)
+    gradients = sharding.per_rank(sharding.Shape(trainable, group, first, 0), processes, 2, grad_bytes=size)[sync]
+    return {**static, "weights": static["weights"] / processes, "gradients": gradients["grad_bytes"],
             "optimizer_state": static["optimizer_state"] / processes,
             "step_temporaries": static["step_temporaries"] / processes,
-            # under LoRA the group's weights are frozen: gathered, but no gradient to reduce-scatter
-            "sharding_buffers": group * size + (0 if lora else group * size * (1 + 1 / processes))}
+            "sharding_buffers": shape.largest_group * size + gradients["grad_peak_bytes"] - gradients["grad_bytes"]}
 
 
 TERMS = ("weights", "gradients", "optimizer_state", "activations", "logits", "framework_overhead",
@@ -235,7 +264,8 @@ def peak_terms(fit: dict, shape, setting: dict, micro_batch_size: int, sequence_
     size = 2 if setting["precision"] == "bf16-pure" else 4
     static = static_terms(shape, lora_rank=setting["lora_rank"], precision=setting["precision"],
                           optimizer=setting["optimizer"])
-    terms = fsdp_terms(static, shape, processes, size, lora=bool(setting["lora_rank"]))
+    terms = fsdp_terms(static, shape, processes, size, lora=bool(setting["lora_rank"]),
+                       sync=setting.get("sync") or PER_MICRO_BATCH)
     terms |= activation_terms(fit, shape, micro_batch_size, sequence_length, setting["precision"],
                               setting["lora_rank"])
     terms["framework_overhead"] = FRAMEWORK_OVERHEAD_BYTES
@@ -245,16 +275,18 @@ def peak_terms(fit: dict, shape, setting: dict, micro_batch_size: int, sequence_
     return terms
 
 
-def settings(lora_rank: int = DEFAULT_LORA_RANK) -> list[dict]:
-    return [{"lora_rank": rank, "precision": precision, "optimizer": optimizer, "gradient_checkpointing": ck}
-            for rank in (None, lora_rank) for precision in PRECISIONS for optimizer in OPTIMIZERS
-            for ck in (False, True)]
+def settings(lora_rank: int = DEFAULT_LORA_RANK, processes: int = 1) -> list[dict]:
+    """Every lever setting; on P > 1 ranks each with FSDP's two ways to sync the gradients (``sync``)."""
+    return [{"lora_rank": rank, "precision": precision, "optimizer": optimizer, "gradient_checkpointing": ck,
+             "sync": sync} for rank in (None, lora_rank) for precision in PRECISIONS for optimizer in OPTIMIZERS
+            for ck in (False, True) for sync in (GRAD_SYNCS if processes > 1 else (None,))]
 
 
 def setting_label(setting: dict) -> str:
     tuning = f"LoRA r{setting['lora_rank']}" if setting["lora_rank"] else "full"
+    sync = f" · FSDP {setting['sync']} sync" if setting.get("sync") else ""
     return (f"{tuning} · {PRECISION_LABELS[setting['precision']]} · {setting['optimizer']} · "
-            f"checkpointing {'on' if setting['gradient_checkpointing'] else 'off'}")
+            f"checkpointing {'on' if setting['gradient_checkpointing'] else 'off'}{sync}")
 
 
 def accelerate_view(model) -> dict:
@@ -267,6 +299,28 @@ def accelerate_view(model) -> dict:
     return {"total_bytes": total,
             "adam_fp32_bytes": max(estimate_training_usage(total, "float32").values()),
             "adam_bf16_bytes": max(estimate_training_usage(total, "bfloat16").values())}
+
+
+def normalisation(model) -> dict:
+    """How the pick's accumulation weighs its micro-batches for this model's loss. A causal LM's and a masked LM's
+    losses are means over tokens: the window's gradient is that of its summed loss ÷ the window's tokens with a
+    label, not the mean of its micro-batches' means (micro-batches hold unequal tokens). Each way of training in the
+    words of the audit's catalogue (gradacc.training.audit.causes), so the plan and ``gradacc audit`` agree:
+    ``kind`` (a LossKind), ``items``, ``loss_normalization`` (gradacc train's), ``trainer``, ``loop``."""
+    from gradacc.training.audit import causes, losses  # here: they import torch (see the module's note)
+
+    # a masked LM's labels line up with its logits, -100 where nothing is predicted: a token classifier's loss
+    kind = losses.model_kind(model, None) or losses.TOKEN
+    if kind == losses.CAUSAL:
+        trainer = ('the model\'s own loss, which Trainer divides by the window\'s num_items_in_batch; set '
+                   'model.loss_type = "ForCausalLM" before building the Trainer, so it counts labels[..., 1:]')
+    else:
+        trainer = f"compute_loss_func=gradacc.audit.{causes.LOSS_FUNCS[kind]}"
+    return {"kind": str(kind), "items": f"tokens: {causes.ITEMS[kind]}", "loss_normalization": "exact",
+            "trainer": trainer,
+            "loop": ("before the window's first backward count window_items, the sum over its micro-batches of "
+                     f"{causes.ITEMS[kind]}; per micro-batch loss = {causes.SUMMED_LOSS[kind]} / window_items; "
+                     "loss.backward() (not the model's mean loss / k)")}
 
 
 def plan(source: str, *, budget_mb: float, sequence_length: int, target_effective_batch: int, processes: int = 1,
@@ -292,11 +346,13 @@ def plan(source: str, *, budget_mb: float, sequence_length: int, target_effectiv
                            f"{processes}.", "target_effective_batch")
     budget = budget_mb * MB
     rows = []
-    for setting in settings(lora_rank):
+    for setting in settings(lora_rank, processes):
         fit = fit_activations(config, precision=setting["precision"], checkpointing=setting["gradient_checkpointing"],
                               lora_rank=setting["lora_rank"], attention=attention)
         best, m = None, 1
-        while m <= per_rank_batch and per_rank_batch % m == 0:
+        # per-window sync needs a window (k ≥ 2): at k = 1 it is per-micro-batch sync
+        largest_m = per_rank_batch // 2 if setting["sync"] == PER_WINDOW else per_rank_batch
+        while m <= largest_m and per_rank_batch % m == 0:
             terms = peak_terms(fit, shape, setting, m, sequence_length, processes)
             if terms["peak"] <= budget:
                 best = (m, terms)
@@ -312,15 +368,16 @@ def plan(source: str, *, budget_mb: float, sequence_length: int, target_effectiv
               "sequence_length": sequence_length, "target_effective_batch": target_effective_batch,
               "processes": processes, "attention": attention, "rows": rows,
               "framework_overhead": {"bytes": FRAMEWORK_OVERHEAD_BYTES, "source": FRAMEWORK_OVERHEAD_SOURCE},
-              "accelerate": accelerate_view(model), "reason": None}
+              "accelerate": accelerate_view(model), "normalisation": normalisation(model), "reason": None}
     if not any(row["fits"] for row in rows):
         result["reason"] = _nothing_fits(rows, shape, config, budget, sequence_length, processes, attention)
     return result
 
 
 def _levers(row: dict) -> int:
+    """Levers pulled; per-micro-batch sync counts as one: it sends k times the gradients per window."""
     return (bool(row["lora_rank"]) + (row["precision"] != "fp32") + (row["optimizer"] != "adamw")
-            + bool(row["gradient_checkpointing"]))
+            + bool(row["gradient_checkpointing"]) + (row["sync"] == PER_MICRO_BATCH))
 
 
 def _nothing_fits(rows, shape, config, budget, sequence_length, processes, attention) -> str:
@@ -413,6 +470,7 @@ def shown_rows(result: dict) -> list[dict]:
         rows.append({"tuning": f"LoRA r{row['lora_rank']}" if row["lora_rank"] else "full",
                      "precision": PRECISION_LABELS[row["precision"]], "optimizer": row["optimizer"],
                      "checkpointing": "on" if row["gradient_checkpointing"] else "off",
+                     **({"FSDP sync": row["sync"]} if result["processes"] > 1 else {}),
                      "m": row["micro_batch_size"], "k": row["grad_accum_steps"],
                      "peak (GB)": round(terms["peak"] / 1e9, 2) if row["fits"] else None,
                      "m = 1 needs (GB)": round(row["least_bytes"] / 1e9, 2),

@@ -8,7 +8,7 @@ import shlex
 from pathlib import Path
 
 from gradacc.analysis import config_plan, learning_steps, planner, sharding
-from gradacc.choices import BUILTIN_MODELS, OPTIMIZERS
+from gradacc.choices import BUILTIN_MODELS, OPTIMIZERS, PER_MICRO_BATCH
 from gradacc.cli.options import EXIT_FAILED, EXIT_OK, value
 from gradacc.config import RunConfig
 from gradacc.errors import GradaccError
@@ -165,25 +165,31 @@ def run_from_config(args) -> int:
     names = ("weights", "gradients", "optimizer_state", "activations", "logits", "step_temporaries",
              "framework_overhead", "sharding_buffers")
     heads = ["weights", "grads", "optimizer", "activations", "logits+loss", "opt step", "overhead", "sharding"]
-    print(f"{'tuning':<9}{'precision':<15}{'optimizer':<11}{'ckpt':<6}{'m':>5}{'k':>5}{'peak':>11}"
-          + "".join(f"{head:>12}" for head in heads))
+    sharded = result["processes"] > 1
+    print(f"{'tuning':<9}{'precision':<15}{'optimizer':<11}{'ckpt':<6}" + (f"{'FSDP sync':<17}" if sharded else "")
+          + f"{'m':>5}{'k':>5}{'peak':>11}" + "".join(f"{head:>12}" for head in heads))
     for row in result["rows"]:
         tuning = f"LoRA r{row['lora_rank']}" if row["lora_rank"] else "full"
         terms = row["terms"]
         print(f"{tuning:<9}{config_plan.PRECISION_LABELS[row['precision']]:<15}{row['optimizer']:<11}"
-              f"{'on' if row['gradient_checkpointing'] else 'off':<6}{row['micro_batch_size'] or '—':>5}"
+              f"{'on' if row['gradient_checkpointing'] else 'off':<6}" + (f"{row['sync']:<17}" if sharded else "")
+              + f"{row['micro_batch_size'] or '—':>5}"
               f"{row['grad_accum_steps'] or '—':>5}{format_bytes(terms['peak']) if row['fits'] else 'no fit':>11}"
               + "".join(f"{format_bytes(terms[name]):>12}" for name in names))
     best = result["rows"][0]
     print(f"pick: {config_plan.setting_label(best)}, m={best['micro_batch_size']}, k={best['grad_accum_steps']} "
           "(fewest levers that fit, then the largest m)")
+    weighing = result["normalisation"]
+    print(f"accumulate by items ({weighing['kind']}: {weighing['items']}); Trainer: {weighing['trainer']}; a plain "
+          f"loop: {weighing['loop']}; gradacc train: --loss-normalization {weighing['loss_normalization']}")
     view = result["accelerate"]
     full = next(row for row in result["rows"] if not row["lora_rank"] and row["precision"] == "fp32"
-                and row["optimizer"] == "adamw" and not row["gradient_checkpointing"])
+                and row["optimizer"] == "adamw" and not row["gradient_checkpointing"]
+                and row["sync"] in (None, PER_MICRO_BATCH))  # fully sharded: the least a rank holds
     print(f"accelerate estimate-memory (weights + gradients + Adam states, batch 1, no activations): "
           f"{format_bytes(view['adam_fp32_bytes'])} in fp32, {format_bytes(view['adam_bf16_bytes'])} in mixed bf16; "
           f"gradacc, full fp32 AdamW at m=1"
-          + (f" per rank on {result['processes']} GPUs" if result["processes"] > 1 else "")
+          + (f" per rank on {result['processes']} GPUs, {full['sync']} sync" if result["processes"] > 1 else "")
           + f": {format_bytes(full['least_bytes'])} (with activations, logits, the optimizer step and the overhead)")
     print(f"framework overhead: {result['framework_overhead']['source']}")
     return EXIT_OK

@@ -110,3 +110,84 @@ def test_plan_from_a_config_refuses_bad_input_in_one_line(capsys, tmp_path, tiny
     assert_one_error_line(*cli(capsys, "plan", "--model", str(tiny_folder), "--memory-budget-mb", "100",
                                "--max-seq-length", "4096", "--target-effective-batch", "8"), 2,
                           "longer than the model's max_position_embeddings (256)")
+
+
+def test_per_window_sync_holds_the_whole_gradients_and_per_micro_batch_sync_a_shard_of_them():
+    """On P ranks each lever setting is planned with both of FSDP's ways to sync (gradacc.analysis.sharding's
+    per-rank terms): per-window's gradients do not shrink with P and it needs a window (k ≥ 2)."""
+    config = LlamaConfig(**TINY_LLAMA)
+    shape = architecture.shape_of(architecture.empty_model(config), config)
+    static = config_plan.static_terms(shape, lora_rank=None, precision="fp32", optimizer="adamw")
+    window = config_plan.fsdp_terms(static, shape, 4, 4, sync="per-window")
+    each = config_plan.fsdp_terms(static, shape, 4, 4, sync="per-micro-batch")
+    assert window["gradients"] == 4 * shape.parameters and each["gradients"] == 4 * shape.parameters / 4
+    assert window["weights"] == each["weights"] == 4 * shape.parameters / 4
+    # the largest group gathered (its weights), plus what its reduce-scatter holds: the last layer's ÷ P once per
+    # window, or the largest group's whole gradients and their shard every micro-batch
+    assert window["sharding_buffers"] == 4 * shape.largest_group + 4 * shape.first_reduced / 4
+    assert each["sharding_buffers"] == 4 * shape.largest_group + 4 * shape.largest_group * (1 + 1 / 4)
+    assert config_plan.setting_label({"lora_rank": None, "precision": "fp32", "optimizer": "adamw",
+                                      "gradient_checkpointing": False, "sync": "per-window"}).endswith(
+        "FSDP per-window sync")
+
+
+def budget_for(config, setting, micro_batch_size, sequence_length):
+    """A budget (MB) that ``setting`` fits at ``micro_batch_size`` and not at twice it."""
+    fit = config_plan.fit_activations(config, precision=setting["precision"],
+                                      checkpointing=setting["gradient_checkpointing"], lora_rank=None)
+    shape = architecture.shape_of(architecture.empty_model(config), config)
+    peaks = [config_plan.peak_terms(fit, shape, setting, m, sequence_length)["peak"]
+             for m in (micro_batch_size, 2 * micro_batch_size)]
+    return (peaks[0] + peaks[1]) / 2 / 1e6
+
+
+def follow(normalisation: dict, model):
+    """The plan's Trainer advice applied as written: its compute_loss_func, its loss_type."""
+    from gradacc import audit
+
+    if 'model.loss_type = "ForCausalLM"' in normalisation["trainer"]:
+        model.loss_type = "ForCausalLM"
+    named = normalisation["trainer"].partition("compute_loss_func=gradacc.audit.")[2]
+    return getattr(audit, named) if named else None
+
+
+def test_the_picks_accumulation_run_as_the_plan_says_is_exact_under_gradacc_audit():
+    """The config plan's pick (m, k and the items its loss is weighed by) run with Trainer as the plan says, on texts
+    of uneven lengths: gradacc's audit and the truth from the logits (audit_truth) both find the window's gradient
+    exact. On GPT-2 the advice matters: without the loss_type it sets, Trainer counts each text's first token too."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "training"))  # the audit's tiny data and its truth
+    from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+    from audit_support import lm_collator, lm_data, train, trainer_args
+    from gradacc.training.audit import verdict as V
+
+    config = LlamaConfig(**TINY_LLAMA)  # the CLI tests' model: its fits are measured once a session
+    plain = {"lora_rank": None, "precision": "fp32", "optimizer": "adamw", "gradient_checkpointing": False,
+             "sync": None}
+    result = config_plan.plan("llama", budget_mb=budget_for(config, plain, 4, 32), sequence_length=32,
+                              target_effective_batch=16, config=config)
+    pick = result["rows"][0]
+    assert {key: pick[key] for key in plain} == plain and (pick["micro_batch_size"], pick["grad_accum_steps"]) == (4, 4)
+    gpt2 = GPT2Config(**TINY_GPT2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+
+    def run(config, weighing, advice_followed=True):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config)
+        loss_func = follow(weighing, model) if advice_followed else None
+        args = {**trainer_args(k=pick["grad_accum_steps"]), "per_device_train_batch_size": pick["micro_batch_size"]}
+        trainer = Trainer(model=model, args=TrainingArguments(**args), train_dataset=lm_data(32),
+                          data_collator=lm_collator(), compute_loss_func=loss_func)
+        return train(trainer, "causal")
+
+    for config, weighing in ((config, result["normalisation"]),
+                             (gpt2, config_plan.normalisation(architecture.empty_model(gpt2)))):
+        assert weighing["kind"] == "causal_lm" and "num_items_in_batch" in weighing["trainer"]
+        assert weighing["loss_normalization"] == "exact" and "/ window_items" in weighing["loop"]
+        verdict, truth = run(config, weighing)
+        assert verdict.gradient == V.EXACT and verdict.ok, verdict.line
+        assert truth["accumulated_vs_truth"]["ratio"] == pytest.approx(1, abs=1e-5)
+        assert len(set(verdict.items)) > 1  # micro-batches of unequal tokens: a weighting by micro-batch would show
+    stock, stock_truth = run(gpt2, weighing, advice_followed=False)  # the loss_type the advice sets is what counts
+    assert stock.gradient == V.MISCOUNTED and stock_truth["accumulated_vs_truth"]["ratio"] < 0.99, stock.line

@@ -49,6 +49,7 @@ class Shape:
     lora_targets: tuple[tuple[int, int], ...]  # (in, out) of each linear layer LoRA wraps
     factored: int  # what Adafactor keeps per element: a row and a column per matrix, the whole of a vector
     largest_group: int  # parameters of the largest FSDP group: one layer, or what the layers leave to the root
+    first_reduced: int  # parameters of the group backward reduces first: the last layer
 
     def lora_parameters(self, rank: int) -> int:
         return sum(rank * (fan_in + fan_out) for fan_in, fan_out in self.lora_targets)
@@ -100,7 +101,7 @@ def empty_model(config: PretrainedConfig, dtype=torch.float32, attention: str | 
         return model_class(config).from_config(config, dtype=dtype, trust_remote_code=False, **extra)
 
 
-def _feed_forward(config: PretrainedConfig) -> int:
+def feed_forward_of(config: PretrainedConfig) -> int:
     for name in ("intermediate_size", "n_inner", "ffn_dim"):
         value = getattr(config, name, None)
         if value:
@@ -140,6 +141,7 @@ def shape_of(model: torch.nn.Module, config: PretrainedConfig) -> Shape:
     layer_lists = [module for module in model.modules() if isinstance(module, torch.nn.ModuleList) and len(module)]
     blocks = max(layer_lists, key=lambda blocks: sum(p.numel() for p in blocks.parameters()), default=None)
     layer = max((sum(p.numel() for p in block.parameters()) for block in blocks), default=0) if blocks else 0
+    last_layer = sum(p.numel() for p in blocks[-1].parameters()) if blocks else 0
     in_blocks = sum(p.numel() for p in blocks.parameters()) if blocks else 0
     linear, targets = 0, []
     for name, module in model.named_modules():
@@ -150,10 +152,10 @@ def shape_of(model: torch.nn.Module, config: PretrainedConfig) -> Shape:
                 targets.append(fan)
     return Shape(parameters=parameters, linear_parameters=linear, largest_parameter=largest,
                  layers=int(config.num_hidden_layers), width=int(config.hidden_size),
-                 feed_forward=_feed_forward(config), heads=int(config.num_attention_heads),
+                 feed_forward=feed_forward_of(config), heads=int(config.num_attention_heads),
                  key_value_heads=_key_value_heads(config), vocabulary=int(config.vocab_size),
                  max_positions=getattr(config, "max_position_embeddings", None), lora_targets=tuple(targets), factored=factored,
-                 largest_group=max(layer, parameters - in_blocks))
+                 largest_group=max(layer, parameters - in_blocks), first_reduced=last_layer)
 
 
 def scaled_config(config: PretrainedConfig, *, layers: int, width: int, feed_forward: int, vocabulary: int,
@@ -250,10 +252,16 @@ def activation_peak(model: torch.nn.Module, batch: dict, precision: str) -> int:
     return max(activation_phases(model, batch, precision))
 
 
-def activation_phases(model: torch.nn.Module, batch: dict, precision: str) -> tuple[int, int]:
-    """Peak bytes alive during one forward and backward above what was alive before it (the parameters and the
-    gradients, allocated before it: the window's second micro-batch, which adds to gradients already held), in two
-    phases: up to the output head's backward (logits and loss alive) and after it (the layers' backward)."""
+# The phases of one forward and backward whose peaks the config planner fits apart: the forward up to the loss, the
+# output head's backward (the logits' gradient beside the logits, the head's weight gradient made whole), the layers'
+# backward (with checkpointing, one layer recomputed beside the checkpoints).
+PHASES = ("forward", "head_backward", "layers_backward")
+
+
+def activation_phases(model: torch.nn.Module, batch: dict, precision: str) -> tuple[int, int, int]:
+    """Peak bytes alive in each of PHASES during one forward and backward, above what was alive before it (the
+    parameters and the gradients, allocated before it: the window's second micro-batch, which adds to gradients
+    already held)."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     for parameter in trainable:
         if parameter.grad is None:
@@ -261,19 +269,20 @@ def activation_phases(model: torch.nn.Module, batch: dict, precision: str) -> tu
     live = LiveBytes()
     # a full backward hook is set up by the module's forward: registered before it
     handle = model.get_output_embeddings().register_full_backward_hook(
-        lambda *_: live.mark() if not live.phase_peaks else None)
+        lambda *_: live.mark() if len(live.phase_peaks) == 1 else None)
     try:
         with live:
             live.hold([*model.parameters(), *(p.grad for p in trainable)])
             start = live.current
             with autocast_for(precision):
                 loss = model(**batch).loss
+            live.mark()
             loss.backward()
             del loss
     finally:
         handle.remove()
-    # (forward, the loss and the output head's backward; the rest of backward), each above the start
-    return live.phase_peaks[0] - start if live.phase_peaks else live.peak - start, live.peak - start
+    forward, head = live.phase_peaks[0], live.phase_peaks[1] if len(live.phase_peaks) > 1 else live.peak
+    return forward - start, head - start, live.peak - start
 
 
 def make_optimizer(model: torch.nn.Module, name: str) -> torch.optim.Optimizer:

@@ -93,6 +93,8 @@ def test_plan_from_a_config_folder_shows_every_term_and_accelerates_view(capsys,
                        "--max-seq-length", "128", "--target-effective-batch", "16", "--json")
     assert code == 0 and json.loads(out)["parameters"] == 2 * 512 * 64 + 2 * (
         64 * 64 * 2 + 2 * 64 * 32 + 3 * 64 * 176 + 2 * 64) + 64
+    # the pick's weighing, the one the audit test below runs as the plan says
+    assert json.loads(out)["normalisation"]["kind"] == "causal_lm"
 
 
 def test_plan_from_a_config_refuses_bad_input_in_one_line(capsys, tmp_path, tiny_folder, monkeypatch):
@@ -131,16 +133,6 @@ def test_per_window_sync_holds_the_whole_gradients_and_per_micro_batch_sync_a_sh
         "FSDP per-window sync")
 
 
-def budget_for(config, setting, micro_batch_size, sequence_length):
-    """A budget (MB) that ``setting`` fits at ``micro_batch_size`` and not at twice it."""
-    fit = config_plan.fit_activations(config, precision=setting["precision"],
-                                      checkpointing=setting["gradient_checkpointing"], lora_rank=None)
-    shape = architecture.shape_of(architecture.empty_model(config), config)
-    peaks = [config_plan.peak_terms(fit, shape, setting, m, sequence_length)["peak"]
-             for m in (micro_batch_size, 2 * micro_batch_size)]
-    return (peaks[0] + peaks[1]) / 2 / 1e6
-
-
 def follow(normalisation: dict, model):
     """The plan's Trainer advice applied as written: its compute_loss_func, its loss_type."""
     from gradacc import audit
@@ -152,7 +144,8 @@ def follow(normalisation: dict, model):
 
 
 def test_the_picks_accumulation_run_as_the_plan_says_is_exact_under_gradacc_audit():
-    """The config plan's pick (m, k and the items its loss is weighed by) run with Trainer as the plan says, on texts
+    """The items a config plan's pick weighs its micro-batches by (``plan()["normalisation"]``, from the model alone:
+    no fit is measured here, the pick's m and k are the CLI tests'), run with Trainer as the plan says, on texts
     of uneven lengths: gradacc's audit and the truth from the logits (audit_truth) both find the window's gradient
     exact. On GPT-2 the advice matters: without the loss_type it sets, Trainer counts each text's first token too."""
     import sys
@@ -163,13 +156,8 @@ def test_the_picks_accumulation_run_as_the_plan_says_is_exact_under_gradacc_audi
     from audit_support import lm_collator, lm_data, train, trainer_args
     from gradacc.training.audit import verdict as V
 
-    config = LlamaConfig(**TINY_LLAMA)  # the CLI tests' model: its fits are measured once a session
-    plain = {"lora_rank": None, "precision": "fp32", "optimizer": "adamw", "gradient_checkpointing": False,
-             "sync": None}
-    result = config_plan.plan("llama", budget_mb=budget_for(config, plain, 4, 32), sequence_length=32,
-                              target_effective_batch=16, config=config)
-    pick = result["rows"][0]
-    assert {key: pick[key] for key in plain} == plain and (pick["micro_batch_size"], pick["grad_accum_steps"]) == (4, 4)
+    config = LlamaConfig(**TINY_LLAMA)
+    pick = {"micro_batch_size": 4, "grad_accum_steps": 4}
     gpt2 = GPT2Config(**TINY_GPT2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
 
     def run(config, weighing, advice_followed=True):
@@ -181,7 +169,7 @@ def test_the_picks_accumulation_run_as_the_plan_says_is_exact_under_gradacc_audi
                           data_collator=lm_collator(), compute_loss_func=loss_func)
         return train(trainer, "causal")
 
-    for config, weighing in ((config, result["normalisation"]),
+    for config, weighing in ((config, config_plan.normalisation(architecture.empty_model(config))),
                              (gpt2, config_plan.normalisation(architecture.empty_model(gpt2)))):
         assert weighing["kind"] == "causal_lm" and "num_items_in_batch" in weighing["trainer"]
         assert weighing["loss_normalization"] == "exact" and "/ window_items" in weighing["loop"]

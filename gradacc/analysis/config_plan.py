@@ -31,6 +31,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from gradacc import paths
 from gradacc.choices import GRAD_SYNCS, PER_MICRO_BATCH, PER_WINDOW
 from gradacc.errors import GradaccError
 from gradacc.units import MB, format_bytes
@@ -185,8 +186,6 @@ def fit_activations(config, *, precision: str, checkpointing: bool, lora_rank: i
 
 
 def _fit_file(key: str) -> Path:
-    from gradacc import paths
-
     folder = paths.home() / "config-fits"
     folder.mkdir(parents=True, exist_ok=True)
     return folder / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"

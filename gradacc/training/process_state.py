@@ -23,7 +23,8 @@ another thread waiting the opposite way both would wait for ever: that is refuse
 GradCache (the contrastive task) copies the generator's state and sets it back in its backward pass: it holds the
 generator meanwhile (``contrastive.MeasuredGradCache``).
 
-Not guarded yet: concurrent runs with dropout interleave their masks, and a model built beside a training run can
+A run's DataLoaders draw from a generator of their own (``own_generator``). Not guarded yet: concurrent runs with
+dropout interleave their masks, and a model built beside a training run can
 still get another init (8
 of 20 tiny-bert builds beside a plain PyTorch run with dropout 0.1, measured on 7 December 2026): builds hold the
 generator, but a run's steps only share the training part, so that runs and builds do not wait for each other.
@@ -139,6 +140,15 @@ def generators_kept() -> Iterator[None]:
     finally:
         random.setstate(python)
         np.random.set_state(numpy)
+
+
+def own_generator(seed: int):
+    """A generator of a run's own for its DataLoaders: every ``iter(loader)`` draws a base seed, from the process's
+    generator unless the loader has one, and a run at dropout 0 drew nothing else. Drawn beside a gradient check's
+    seeded build, that seed gave the check's model another init (LayerNorm's gradient "85% off" in one CI run)."""
+    import torch  # here: the app imports this module before torch loads
+
+    return torch.Generator().manual_seed(seed)
 
 
 def waiting() -> list[str]:

@@ -39,6 +39,23 @@ def test_accelerate_prepared_scheduler_settings_and_its_state_singletons():
     compat.reset_accumulation_state()
 
 
+def test_accelerate_prepared_loader_draws_its_base_seed_from_the_generator_it_is_given():
+    from accelerate import Accelerator
+
+    from gradacc.training.compat import accelerate as compat
+
+    compat.reset_accumulation_state()
+    loader = Accelerator(cpu=True).prepare(torch.utils.data.DataLoader(list(range(8)), batch_size=4))
+    contract("accelerate", f"DataLoaderShard.{compat.WRAPPED_LOADER}",
+             isinstance(getattr(loader, compat.WRAPPED_LOADER, None), torch.utils.data.DataLoader))
+    compat.draw_base_seeds_from(loader, torch.Generator().manual_seed(0))
+    before = torch.get_rng_state()
+    assert [batch.tolist() for batch in loader] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    contract("accelerate", "DataLoaderShard iterates its base_dataloader", torch.equal(before, torch.get_rng_state()),
+             "a pass drew from torch's default generator")
+    compat.reset_accumulation_state()
+
+
 def test_transformers_trainer_compute_loss_takes_num_items_in_batch_after_model_and_inputs():
     from transformers import Trainer
 

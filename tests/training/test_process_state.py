@@ -194,3 +194,21 @@ def test_gradcache_setting_the_generators_state_back_waits_for_a_model_build_on_
     assert embedded == ["state"]
     loss.embed_minibatch({}, 0, 4, False, False)  # an embedding that leaves the generator alone takes no guard
     assert embedded == ["state", None]
+
+
+@pytest.mark.parametrize("backend", ["pytorch", "accelerate", "trainer"])
+def test_a_run_at_dropout_0_draws_nothing_from_the_process_generator_once_its_model_is_built(backend, one_torch_thread):
+    """A draw there lands between another thread's manual_seed and its model's init: a gradient check beside a
+    demo's runs got another LayerNorm init (its error 0.85 where 1e-7 is the truth). The DataLoaders drew a base
+    seed at every pass, epochs and evaluation included."""
+    from gradacc.config import RunConfig
+    from gradacc.events import Recorder
+    from gradacc.training.run.engine import train
+
+    states = []
+    config = RunConfig(model="bow-layernorm", backend=backend, dropout=0.0, micro_batch_size=4, grad_accum_steps=4,
+                       train_samples=64, eval_samples=16, epochs=2)
+    ended = train(config, Recorder(), before_optimizer_step=lambda model: states.append(torch.get_rng_state()))
+    assert ended["status"] == "completed", ended
+    assert len(states) == 8  # two epochs of 4 steps, each pass and evaluation drawing if it draws
+    assert all(torch.equal(states[0], state) for state in states + [torch.get_rng_state()])

@@ -64,7 +64,7 @@ def train(job) -> None:
     accelerator = new_accelerator(job)
     num_processes = accelerator.num_processes
     dataloader = DataLoader(job.train_examples, batch_size=config.micro_batch_size, shuffle=False,
-                            collate_fn=job.collate)
+                            collate_fn=job.collate, generator=process_state.own_generator(config.seed))
     optimizer = make_optimizer(job.model, config, job.device)
     # AcceleratedScheduler steps once per process per optimizer step: size it (warmup too) to match.
     lr_scheduler = make_scheduler(optimizer, config, job.total_steps, calls_per_step=num_processes)

@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from gradacc.choices import PER_MICRO_BATCH
-from gradacc.training import fsdp
+from gradacc.training import fsdp, process_state
 from gradacc.training.backends import pitfalls
 from gradacc.training.backends.device import to_device
 from gradacc.training.backends.evaluation import evaluate
@@ -38,7 +38,8 @@ def train(job) -> None:
     num_processes = config.num_processes
     model = job.model
     # This rank's own micro-batches (on one process: consecutive micro-batches of m, in the seeded order).
-    dataloader = DataLoader(job.train_examples, batch_sampler=job.micro_batches, collate_fn=job.collate)
+    dataloader = DataLoader(job.train_examples, batch_sampler=job.micro_batches, collate_fn=job.collate,
+                            generator=process_state.own_generator(config.seed))  # not the process's: other threads seed it
     precision = job.precision  # autocast for the forward pass; fp16 also scales the loss
     meter = activation_meter(job, model)
     report = StepReporter(job, num_processes)

@@ -32,6 +32,7 @@ from gradacc.errors import RunStopped
 from gradacc.events import BASELINE_METRICS
 from gradacc.training import fsdp, process_state
 from gradacc.training.backends.accelerate_fsdp import forget_fsdp_on_cpu, keep_fsdp_on_cpu, prepared_sharded
+from gradacc.training.compat import accelerate as accelerate_compat
 from gradacc.training.backends.evaluation import EVAL_BATCH_SIZE, evaluate, next_token_predictions
 from gradacc.training.backends.optimizer import make_optimizer, warmup_steps
 from gradacc.training.backends.reporting import StepReporter, WindowTally, activation_meter, check_finite
@@ -80,6 +81,13 @@ class GradaccTrainer(Trainer):
             keep_fsdp_on_cpu(FullyShardedDataParallelPlugin(**self.args.fsdp_plugin_args))
             self.is_fsdp_enabled = True
 
+    # Each loader draws a base seed per pass: from the run's own generator, not the process's (process_state).
+    def get_train_dataloader(self):
+        return _own_generator(super().get_train_dataloader(), self.args.seed)
+
+    def get_eval_dataloader(self, eval_dataset=None):
+        return _own_generator(super().get_eval_dataloader(eval_dataset), self.args.seed)
+
     def create_optimizer(self, model=None):
         # Trainer refuses an optimizer passed in with FSDP: it asks for one here, on the model it then shards.
         if self.optimizer is None:
@@ -112,6 +120,11 @@ class GradaccTrainer(Trainer):
         # The forward pass only: hooks left open across backward cost about twice as much (measured).
         with self.meter.measure() if self.window.measuring else contextlib.nullcontext():
             return super().compute_loss(model, inputs, *args, **kwargs)
+
+
+def _own_generator(loader, seed: int):
+    accelerate_compat.draw_base_seeds_from(loader, process_state.own_generator(seed))
+    return loader
 
 
 class EventCallback(TrainerCallback):

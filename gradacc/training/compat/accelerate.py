@@ -1,5 +1,5 @@
-"""Accelerate's internals gradacc relies on (accelerate 1.16): its process-wide state singletons, and what a prepared
-scheduler was prepared with."""
+"""Accelerate's internals gradacc relies on (accelerate 1.16): its process-wide state singletons, what a prepared
+scheduler was prepared with, and the torch DataLoader inside a prepared one."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from accelerate.state import AcceleratorState, GradientState, PartialState
 # The attributes of Accelerate's AcceleratedScheduler read here, and the Accelerator's list of them.
 PREPARED_SCHEDULERS = "_schedulers"
 SCHEDULER_SETTINGS = ("scheduler", "step_with_optimizer", "split_batches")
+# A prepared DataLoader (DataLoaderShard, an adapter) iterates the torch DataLoader it keeps here.
+WRAPPED_LOADER = "base_dataloader"
 
 
 def reset_accumulation_state() -> None:
@@ -31,3 +33,9 @@ def scheduler_steps_per_optimizer_step(accelerator, torch_schedulers: list) -> i
                 return accelerator.num_processes
             return 1
     return None
+
+
+def draw_base_seeds_from(loader, generator) -> None:
+    """Every pass over ``loader`` (a torch DataLoader, or one Accelerate prepared) draws its base seed from
+    ``generator`` instead of torch's default one."""
+    getattr(loader, WRAPPED_LOADER, loader).generator = generator

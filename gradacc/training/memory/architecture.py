@@ -24,6 +24,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, PretrainedConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
+from gradacc.training import process_state
 from gradacc.training.memory.peak import LiveBytes
 
 FEATURES = ("tokens_width", "tokens_layers_width", "tokens_ff", "tokens_layers_ff", "scores", "scores_layers",
@@ -222,10 +223,11 @@ def build_small(config: PretrainedConfig, *, precision: str, checkpointing: bool
                 attention: str, seed: int = 0) -> torch.nn.Module:
     """A real (small) model of ``config`` in training mode with the levers applied: pure bf16 weights for
     ``precision == "bf16-pure"``, gradient checkpointing (non-reentrant), LoRA of rank ``lora_rank``."""
-    torch.manual_seed(seed)
     dtype = torch.bfloat16 if precision == "bf16-pure" else torch.float32
-    model = model_class(config).from_config(config, dtype=dtype, attn_implementation=attention,
-                                            trust_remote_code=False)
+    with process_state.guard(generator=True):  # the planner page fits beside visitors' seeded builds
+        torch.manual_seed(seed)
+        model = model_class(config).from_config(config, dtype=dtype, attn_implementation=attention,
+                                                trust_remote_code=False)
     if lora_rank:
         add_lora(model, lora_rank)
     if checkpointing:

@@ -102,6 +102,12 @@ def test_plan_from_a_config_refuses_bad_input_in_one_line(capsys, tmp_path, tiny
     broken.write_text(json.dumps({"model_type": "no-such-model"}))
     assert_one_error_line(*cli(capsys, "plan", "--model", str(broken), "--memory-budget-mb", "100",
                                "--target-effective-batch", "8"), 2, "transformers cannot read this config")
+    unbuildable = tmp_path / "unbuildable.json"  # read as a BertConfig; BERT's attention refuses to be built from it
+    unbuildable.write_text(json.dumps({"model_type": "bert", "hidden_size": 30, "num_attention_heads": 4}))
+    assert_one_error_line(*cli(capsys, "plan", "--model", str(unbuildable), "--memory-budget-mb", "100",
+                               "--target-effective-batch", "8"), 2,
+                          "transformers cannot build a model from this config", "not a multiple of the number of "
+                          "attention heads")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert_one_error_line(*cli(capsys, "plan", "--model", "some-org/some-model", "--memory-budget-mb", "100",
                                "--target-effective-batch", "8"), 2,

@@ -6,7 +6,7 @@ import json
 import re
 
 from attack_support import assert_one_error_line, cli
-from support import plotted, recorded_run, write_events
+from support import recorded_run, write_events
 
 from gradacc.analysis import demos
 from gradacc.app import charts, web_page

@@ -8,9 +8,8 @@ import functools
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from audit_support import K, cls_data, llama, lm_collator, lm_data, padding_collator, qwen2, texts, tokenizer, \
+from audit_support import cls_data, llama, lm_collator, lm_data, padding_collator, qwen2, texts, tokenizer, \
     train, trainer_args
 from gradacc.training.audit import verdict as V
 from gradacc.training.audit.vocabulary import LossKind

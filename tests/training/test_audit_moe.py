@@ -234,3 +234,38 @@ def test_a_compute_loss_func_drops_the_router_loss_unless_it_adds_it_and_the_aud
             assert verdict.ok and check.ok and verdict.router.fit.scale == pytest.approx(1, abs=1e-4), verdict.line
         else:
             assert not verdict.ok and check.ok is False and "outputs.aux_loss" in check.fix, verdict.line
+
+
+def test_a_plain_loop_on_an_moe_model_is_judged_main_and_router_apart_and_its_fix_keeps_the_router_term():
+    """The seed's loop, ``model(**batch).loss / k``, on Mixtral: the main loss weighted by micro-batch (texts of
+    uneven lengths), the router term right (each forward's coef·aux ÷ k is the micro-batches' mean, by construction).
+    Not ÷ k: both k×, the main fit against equal weights 4× (the router term fitted beside that reference, not the
+    other, or it reads "no scale"). The fix as its line says (tokens summed ÷ the window's, + the router term ÷ k):
+    exact. The same loss with the router term left out: named, with the loop's own fix."""
+    from transformers import MixtralForCausalLM
+    from test_audit_loop import plain_loop, tokens_summed_over_the_window
+
+    def model():
+        return MixtralForCausalLM(mixtral(0.02))
+
+    divided, *_ = plain_loop(model, lm_data(32), lm_collator())
+    assert divided.gradient == V.WEIGHTED and divided.weighted_fit.scale == pytest.approx(1, abs=1e-5), divided.line
+    assert divided.router.cause == V.EXACT and divided.router.fit.scale == pytest.approx(1, abs=1e-5)
+    term = "+ model.config.router_aux_loss_coef * outputs.aux_loss / 4; loss.backward()"
+    assert term in divided.fix, divided.fix
+
+    undivided, *_ = plain_loop(model, lm_data(32), lm_collator(), body=lambda m, batch, window: m(**batch).loss)
+    assert undivided.gradient == V.WEIGHTED and undivided.weighted_fit.scale == pytest.approx(K, rel=1e-5)
+    assert undivided.router.cause == Cause.ROUTER_K_TIMES and undivided.router.fit.scale == pytest.approx(K, rel=1e-4)
+    assert term in undivided.fix and undivided.check(CheckName.ROUTER_LOSS).fix == "the gradient's fix above adds it at 1/k"
+
+    def fixed(m, batch, window):
+        return tokens_summed_over_the_window(m, batch, window) + m.config.router_aux_loss_coef * m(**batch).aux_loss / K
+
+    exact, *_ = plain_loop(model, lm_data(32), lm_collator(), body=fixed)
+    assert exact.ok and exact.gradient == V.EXACT and exact.router.cause == V.EXACT, exact.line
+
+    dropped, *_ = plain_loop(model, lm_data(32), lm_collator(), body=tokens_summed_over_the_window)
+    assert dropped.gradient == Cause.ROUTER_OTHER and dropped.router.fit.scale == pytest.approx(0, abs=1e-6)
+    assert dropped.fix == "add the router term to each micro-batch's loss: + " \
+                          "model.config.router_aux_loss_coef * outputs.aux_loss / 4", dropped.fix

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from gradacc.training.audit import losses
 from gradacc.training.audit.verdict import (CLIPPED, DIVIDED_TWICE, EXACT, K_TIMES, MISCOUNTED, OTHER_LOSS, SCALED,
                                             SHORT_WINDOW, WEIGHTED, ZEROED, Fit)
-from gradacc.training.audit.vocabulary import Integration, kind_words
+from gradacc.training.audit.vocabulary import ROUTER_TERM, Integration, kind_words
 
 # The compute_loss_func gradacc ships for each kind of head (gradacc.audit.<name>).
 LOSS_FUNCS = {losses.CLASSIFICATION: "classifier_mean_loss", losses.TOKEN: "token_mean_loss",
@@ -61,6 +61,7 @@ class Evidence:
     custom_loss: str | None = None
     loss_ratio: float | None = None   # an override's returned loss ÷ the model's mean loss (constant over the window)
     override: str | None = None       # the user's own Trainer method, "TheirTrainer.training_step" (or compute_loss)
+    router_term: bool = False         # an MoE model's router loss is in the step: a loss from the logits must add it
 
 
 def name(e: Evidence) -> tuple[str, str, str | None]:
@@ -188,9 +189,10 @@ def _loop_items_fix(e: Evidence) -> str:
     summed = SUMMED_LOSS.get(e.kind, "its loss with reduction='sum'")
     processes = ("; under DDP, all_reduce the count and multiply the loss by the world size (DDP averages the "
                  "ranks' gradients)" if e.num_processes > 1 else "")
+    router = f" + {ROUTER_TERM.format(k=e.k)}" if e.router_term else ""
     return ("sum each micro-batch's loss over its items and divide by the window's items: before the window's first "
             f"backward, count window_items, the sum over its micro-batches of {items}{processes}; then per "
-            f"micro-batch loss = {summed} / window_items; loss.backward()")
+            f"micro-batch loss = {summed} / window_items{router}; loss.backward()")
 
 
 def _fix_weighting(e: Evidence) -> str | None:

@@ -25,7 +25,7 @@ from gradacc.training.audit import causes, losses, router
 from gradacc.training.audit.capture import MicroBatch, Recorder, WindowLog
 from gradacc.training.audit.reference import NotReplayable, Replayer, set_aside
 from gradacc.training.audit.verdict import EXACT, NOT_JUDGED, Check, Fit, RouterFit, Verdict, clip_check
-from gradacc.training.audit.vocabulary import CheckName, Integration, kind_words, words
+from gradacc.training.audit.vocabulary import ROUTER_TERM, CheckName, Integration, kind_words, words
 from gradacc.training.compat import transformers as compat_transformers
 from gradacc.training.gradients import projection
 from gradacc.training.tolerances import OWN_LOSS
@@ -105,10 +105,11 @@ def measure(setup: Setup, micro_batches: list[MicroBatch], log: WindowLog, backw
             expected = [setup.k, setup.k * setup.num_processes, 1 / setup.k, j / setup.k] + (
                 [window_items / counted_items] if counted_items else [])
             shared = not copies
-            router_fit = router_term = None
+            router_fit = router_term = router_reference = None
+            whole = applied  # the step's gradient, router term included
             if replayer.router_gradient:  # an MoE model's router loss: judged apart, and taken out of the main's
-                router_term, applied = _router_term(setup, replayer, applied, params, unclip, precision, j, shared,
-                                                    device, over_ranks)
+                router_term, router_reference, applied = _router_term(setup, replayer, applied, params, unclip,
+                                                                      precision, j, shared, device, over_ranks)
             fit = _fit(applied, params, unclip, precision, expected, shared)
             if router_term is not None:
                 router_fit = router.judge(**router_term, main_off=not fit.plain_scale)
@@ -117,9 +118,19 @@ def measure(setup: Setup, micro_batches: list[MicroBatch], log: WindowLog, backw
             if not fit.plain_scale and j > 1 and not zero_grads and not early_clip:
                 for p in params.values():
                     p.grad = None
+                router_kept = replayer.router_gradient, replayer.router_sums
                 replayer.replay(micro_batches, [max(n, 1) * j for n in items],  # each micro-batch's mean ÷ j
                                 with_router=False)
+                if router_reference is not None:
+                    # The router term fitted again beside this main reference: beside the other, what that one
+                    # could not explain went into the router term's fit too (a loop not ÷ k read as "no scale").
+                    replayer.router_gradient, replayer.router_sums = router_kept
+                    again, _, applied = _router_term(setup, replayer, whole, params, unclip, precision, j, shared,
+                                                     device, over_ranks)
                 weighted = _fit(applied, params, unclip * setup.num_processes, precision, expected, shared)
+                if router_reference is not None and weighted.plain_scale:
+                    # "off" stays the step's distance from the right objective (the first reference's)
+                    router_fit = router.judge(**{**again, "off": router_term["off"]}, main_off=False)
     except NotReplayable as reason:
         return Verdict(gradient=NOT_JUDGED, kind=replayer.kind, meaning=str(reason), **base)
     loss_ratio = None
@@ -135,7 +146,7 @@ def measure(setup: Setup, micro_batches: list[MicroBatch], log: WindowLog, backw
                                num_processes=setup.num_processes, fit=fit, weighted_fit=weighted,
                                window_items=window_items, counted_items=counted_items, clips=clips,
                                zero_grads=zero_grads, backwards=backwards, custom_loss=setup.custom_loss,
-                               loss_ratio=loss_ratio, override=setup.override)
+                               loss_ratio=loss_ratio, override=setup.override, router_term=router_fit is not None)
     gradient, meaning, fix = causes.name(evidence)
     if router_fit is not None:
         leads = gradient == EXACT and router_fit.cause != EXACT  # the main loss is right: the router term is the cause
@@ -144,7 +155,8 @@ def measure(setup: Setup, micro_batches: list[MicroBatch], log: WindowLog, backw
         elif gradient == EXACT and router_fit.cause == EXACT:
             meaning += (f", its router term coef·(the micro-batches' mean router loss) on the router weights (scale "
                         f"{router_fit.fit.scale:.5g})")
-        base["checks"] += (_router_check(router_fit, leads),)
+        folded = not leads and ROUTER_TERM.format(k=setup.k) in (fix or "")  # the loop's loss, from the logits
+        base["checks"] += (_router_check(router_fit, leads, folded),)
     if replayer.router_dropped and all(replayer.router_dropped):
         base["checks"] += (_router_dropped_check(replayer.router, setup.k),)
     if replayer.smoothing_kept:
@@ -214,8 +226,9 @@ def copies_check(processes: int) -> Check:
 
 
 def _router_term(setup: Setup, replayer: Replayer, applied: dict, params: dict, unclip: float, precision: str,
-                 j: int, shared: bool, device, over_ranks) -> tuple[dict, dict]:
-    """What router.judge takes of the router loss term, and the step's gradient less its fitted router term."""
+                 j: int, shared: bool, device, over_ranks) -> tuple[dict, dict, dict]:
+    """What router.judge takes of the router loss term, its reference (coef × the gradient of the micro-batches'
+    mean router loss), and the step's gradient less its fitted router term."""
     coefficient = replayer.router.coefficient  # the config's: the objective (a forward may add another, the fix)
     processes = setup.num_processes if shared else 1
     main = {name: p.grad.detach().reshape(-1) for name, p in params.items() if p.grad is not None}
@@ -234,15 +247,17 @@ def _router_term(setup: Setup, replayer: Replayer, applied: dict, params: dict, 
                    forward_coefficient=replayer.router.forward_coefficient, main_scale=main_scale, off=off,
                    micro_batch_mean=mean, window_loss=float(router.load_balancing(window)),
                    in_function=setup.custom_loss == "compute_loss_func")
-    return judging, router.without_router(applied, reference, router_scale, unclip)
+    return judging, reference, router.without_router(applied, reference, router_scale, unclip)
 
 
-def _router_check(fit: RouterFit, leads: bool) -> Check:
+def _router_check(fit: RouterFit, leads: bool, folded: bool = False) -> Check:
+    """``folded``: the gradient's fix above adds the router term right, so this check names no fix of its own."""
     said = f"router loss (router_aux_loss_coef={fit.coefficient:g})"
     if leads:
         return Check(CheckName.ROUTER_LOSS, None, f"{said}: the gradient's cause above")
     ok = fit.cause == EXACT
-    return Check(CheckName.ROUTER_LOSS, ok, f"{said} {words(fit.cause)}: {fit.meaning}", fit.fix)
+    return Check(CheckName.ROUTER_LOSS, ok, f"{said} {words(fit.cause)}: {fit.meaning}",
+                 "the gradient's fix above adds it at 1/k" if folded and not ok else fit.fix)
 
 
 def _router_dropped_check(settings, k: int) -> Check:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from gradacc.training.audit.verdict import EXACT, Fit, RouterFit
-from gradacc.training.audit.vocabulary import Cause, Integration
+from gradacc.training.audit.vocabulary import ROUTER_TERM, Cause, Integration
 from gradacc.training.gradients import projection
 
 
@@ -144,6 +144,8 @@ def judge(fit: Fit, *, who: Integration, k: int, processes: int, coefficient: fl
                    f"scale {scale:.3g}). {gap}")
         fix = ("let the model add its router loss to each micro-batch's loss, at 1/k of the config's coefficient: "
                "model.router_aux_loss_coef = model.config.router_aux_loss_coef / k")
+        if who != Integration.TRAINER and plain and near(0):  # a loss of the user's own, from the logits alone
+            fix = f"add the router term to each micro-batch's loss: + {ROUTER_TERM.format(k=k)}"
     return RouterFit(coefficient=coefficient, forward_coefficient=forward_coefficient, fit=fit, main_scale=main_scale,
                      cause=cause, meaning=meaning, fix=fix, off_on_router_weights=off,
                      micro_batch_mean=micro_batch_mean, window_loss=window_loss)

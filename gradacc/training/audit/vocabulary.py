@@ -106,6 +106,11 @@ KIND_WORDS = {LossKind.CLASSIFICATION: "classifier", LossKind.MULTI_LABEL: "mult
               LossKind.DPO: "DPO's loss", LossKind.GRPO: "GRPO's objective"}
 
 
+# What a hand-written micro-batch loss adds for an MoE model's router term (``outputs = model(**batch)``): the
+# model's own loss holds it at the config's coefficient, a loss computed from the logits does not.
+ROUTER_TERM = "model.config.router_aux_loss_coef * outputs.aux_loss / {k}"
+
+
 def words(cause) -> str:
     """A cause's words; a name this version does not know (a newer verdict's JSON) as it is."""
     try:

@@ -99,8 +99,7 @@ def train(job) -> None:
                 window.add(loss.item() * weight, meter.bytes if measuring else None)
                 norm = None
                 if accelerator.sync_gradients:
-                    if job.before_optimizer_step:
-                        job.before_optimizer_step(model)
+                    report.before_optimizer_step(model)
                     norm = clip_gradients(model, config.max_grad_norm, accelerator)
                 lr = lr_scheduler.get_last_lr()[0]  # the rate this window's step uses (the scheduler steps below)
                 # Accumulation, 3 of 3: step and zero; the prepared optimizer and scheduler act once per window.

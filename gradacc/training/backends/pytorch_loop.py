@@ -88,8 +88,7 @@ def train(job) -> None:
 
             # Accumulation, 3 of 3: step and zero the gradients once per window of k micro-batches.
             if last_of_window:
-                if job.before_optimizer_step:
-                    job.before_optimizer_step(model)
+                report.before_optimizer_step(model)
                 precision.unscale(optimizer)  # fp16: clip the true gradients, not the scaled ones
                 norm = clip_gradients(model, config.max_grad_norm)
                 lr = lr_scheduler.get_last_lr()[0]

@@ -113,6 +113,12 @@ class StepReporter:
         if self.sharding_probe is not None:
             self.sharding_probe.after_backward()
 
+    def before_optimizer_step(self, model) -> None:
+        """The window's gradients are complete, unclipped: a gradient check reads them here
+        (``job.before_optimizer_step``, the equivalence checks' probe; nothing in a run of its own)."""
+        if self.job.before_optimizer_step:
+            self.job.before_optimizer_step(model)
+
     def step(self, window: WindowTally, *, step: int, epoch: int, grad_norm: float | None, lr: float) -> None:
         """The ``step`` event of the optimizer step that just ended ``window``; then ``window`` starts the next."""
         samples, tokens, loss_sum = distributed.sum_over_ranks([self.samples_seen, self.tokens_seen, window.loss],

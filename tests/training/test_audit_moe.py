@@ -269,3 +269,19 @@ def test_a_plain_loop_on_an_moe_model_is_judged_main_and_router_apart_and_its_fi
     assert dropped.gradient == Cause.ROUTER_OTHER and dropped.router.fit.scale == pytest.approx(0, abs=1e-6)
     assert dropped.fix == "add the router term to each micro-batch's loss: + " \
                           "model.config.router_aux_loss_coef * outputs.aux_loss / 4", dropped.fix
+
+
+@pytest.mark.parametrize("backward, main_scale, router_cause", [("accelerator", 1, Cause.EXACT),
+                                                                ("plain", K, Cause.ROUTER_K_TIMES)])
+def test_an_accelerate_loop_on_an_moe_model_judges_the_main_loss_and_the_router_term_apart(backward, main_scale,
+                                                                                           router_cause):
+    """accelerate's example loop on Mixtral: accelerator.backward(outputs.loss) divides the whole loss by k, the
+    router term included (right, by construction: coef·aux ÷ k per forward); loss.backward() leaves both k×."""
+    from transformers import MixtralForCausalLM
+    from audit_support import accelerate_loop
+
+    verdict, *_ = accelerate_loop(lambda: MixtralForCausalLM(mixtral(0.02)), lm_data(32), lm_collator(),
+                                  backward=backward)
+    assert verdict.gradient == V.WEIGHTED and verdict.weighted_fit.scale == pytest.approx(main_scale, rel=1e-5)
+    assert verdict.router.cause == router_cause
+    assert verdict.router.fit.scale == pytest.approx(main_scale, rel=1e-4), verdict.line

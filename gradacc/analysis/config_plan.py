@@ -66,7 +66,7 @@ _FITS: dict[str, dict] = {}  # one fit per (family, settings) in this process
 # Fits are also kept on disk (GRADACC_HOME/config-fits), keyed by the family's small config, the design, the settings
 # and the torch and transformers versions: the bytes measured depend on nothing else (not on the machine's load), and
 # measuring 12 settings × 17 copies is most of a plan's time. Bump FIT_FORMAT when the measurement or the fit changes.
-FIT_FORMAT = 2
+FIT_FORMAT = 3
 
 
 def load(source: str):
@@ -162,8 +162,8 @@ def fit_activations(config, *, precision: str, checkpointing: bool, lora_rank: i
     phases = np.array(phases, dtype=float)
     target = phases.max(axis=1)
     coefficients = []
-    # Each phase its own linear model (architecture.PHASES: the forward, the output head's backward, the layers'
-    # backward); the peak is the largest. A sum of terms cannot be a largest of moments, so a phase is cut where the
+    # Each phase its own linear model (architecture.PHASES: the forward, the loss's backward, the output head's, the
+    # layers'); the peak is the largest. A sum of terms cannot be a largest of moments, so a phase is cut where the
     # moment holding its peak changes. Points whose peak is the end of backward's (the gradients) say nothing of any.
     for phase in range(phases.shape[1]):
         values = phases[:, phase]

@@ -77,10 +77,11 @@ def test_the_landing_pages_range_of_demo_times_is_the_measured_one_in_docs():
 
     rows = [line.split("|")[1:-1] for line in (ROOT / "docs" / "demos.md").read_text(encoding="utf-8").splitlines()
             if line.startswith("| `/demos?demo=")]
-    headlines = {cells[0].strip().strip("`").split("=")[1]: float(cells[4].strip().removesuffix(" s"))
-                 for cells in rows}
+    # one time ("23.3 s") or the range of the passes measured ("21.2–22.9 s")
+    headlines = {cells[0].strip().strip("`").split("=")[1]: [float(t) for t in cells[4].strip().removesuffix(" s")
+                                                             .split("–")] for cells in rows}
     assert set(headlines) == set(demos.SCENARIOS)  # every demo measured
-    assert demos.MEASURED_RESULT_S == (min(headlines.values()), max(headlines.values()))
+    assert demos.MEASURED_RESULT_S == (min(min(t) for t in headlines.values()), max(max(t) for t in headlines.values()))
 
 
 def test_a_titles_parenthesis_says_something_its_title_does_not():

@@ -254,13 +254,16 @@ def activation_peak(model: torch.nn.Module, batch: dict, precision: str) -> int:
     return max(activation_phases(model, batch, precision))
 
 
-# The phases of one forward and backward whose peaks the config planner fits apart: the forward up to the loss, the
-# output head's backward (the logits' gradient beside the logits, the head's weight gradient made whole), the layers'
-# backward (with checkpointing, one layer recomputed beside the checkpoints).
-PHASES = ("forward", "head_backward", "layers_backward")
+# The phases of one forward and backward whose peaks the config planner fits apart: the forward up to the loss; the
+# loss's backward up to the logits' gradient (logits-sized tensors side by side); the output head's backward (its
+# weight gradient made whole, beside the logits' gradient); the layers' backward (with checkpointing, one layer
+# recomputed beside the checkpoints). The head's two moments are one sum of terms each, not one sum for both: which
+# holds the peak depends on tokens × vocabulary against width × vocabulary, and the small copies have more tokens
+# than width where the models they plan may not.
+PHASES = ("forward", "loss_backward", "head_backward", "layers_backward")
 
 
-def activation_phases(model: torch.nn.Module, batch: dict, precision: str) -> tuple[int, int, int]:
+def activation_phases(model: torch.nn.Module, batch: dict, precision: str) -> tuple[int, ...]:
     """Peak bytes alive in each of PHASES during one forward and backward, above what was alive before it (the
     parameters and the gradients, allocated before it: the window's second micro-batch, which adds to gradients
     already held)."""
@@ -269,9 +272,18 @@ def activation_phases(model: torch.nn.Module, batch: dict, precision: str) -> tu
         if parameter.grad is None:
             parameter.grad = torch.zeros_like(parameter)
     live = LiveBytes()
+    head = model.get_output_embeddings()
+
+    def mark_at(phases_done: int):
+        return lambda *_: live.mark() if len(live.phase_peaks) == phases_done else None
+
+    def on_logits(module, inputs, output) -> None:  # None: a forward hook's return value replaces the output
+        if output.requires_grad:  # the logits' gradient computed: the loss's backward ends, the head's begins
+            output.register_hook(mark_at(1))
+
+    logits_hook = head.register_forward_hook(on_logits)
     # a full backward hook is set up by the module's forward: registered before it
-    handle = model.get_output_embeddings().register_full_backward_hook(
-        lambda *_: live.mark() if len(live.phase_peaks) == 1 else None)
+    head_hook = head.register_full_backward_hook(mark_at(2))
     try:
         with live:
             live.hold([*model.parameters(), *(p.grad for p in trainable)])
@@ -282,9 +294,10 @@ def activation_phases(model: torch.nn.Module, batch: dict, precision: str) -> tu
             loss.backward()
             del loss
     finally:
-        handle.remove()
-    forward, head = live.phase_peaks[0], live.phase_peaks[1] if len(live.phase_peaks) > 1 else live.peak
-    return forward - start, head - start, live.peak - start
+        logits_hook.remove()
+        head_hook.remove()
+    peaks = live.phase_peaks + [live.peak] * (len(PHASES) - len(live.phase_peaks))
+    return tuple(peak - start for peak in peaks[:len(PHASES)])
 
 
 def make_optimizer(model: torch.nn.Module, name: str) -> torch.optim.Optimizer:

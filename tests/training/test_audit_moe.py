@@ -285,3 +285,47 @@ def test_an_accelerate_loop_on_an_moe_model_judges_the_main_loss_and_the_router_
     assert verdict.gradient == V.WEIGHTED and verdict.weighted_fit.scale == pytest.approx(main_scale, rel=1e-5)
     assert verdict.router.cause == router_cause
     assert verdict.router.fit.scale == pytest.approx(main_scale, rel=1e-4), verdict.line
+
+
+def test_the_accelerate_items_fix_on_an_moe_model_counts_first_and_keeps_the_router_term_out_of_the_rescale():
+    """The verdict's fix for Accelerate on Mixtral, as its line says, in accelerate's own way of counting a window's
+    tokens first (examples/by_feature/gradient_accumulation_for_autoregressive_models.py): exact. Rescaling the
+    gradients at the step (the fix without a router term) would have rescaled the router term too."""
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+    from transformers import MixtralForCausalLM
+
+    from audit_support import accelerate_loop, reset_accelerate
+    from gradacc.audit import audit_accelerate
+
+    verdict, *_ = accelerate_loop(lambda: MixtralForCausalLM(mixtral(0.02)), lm_data(32), lm_collator())
+    line = ("then per micro-batch accelerator.backward(F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, "
+            "1:].flatten(), ignore_index=-100, reduction='sum') / window_items * k * processes + "
+            "model.config.router_aux_loss_coef * outputs.aux_loss)")
+    assert verdict.gradient == V.WEIGHTED and line in verdict.fix, verdict.fix
+
+    reset_accelerate()
+    torch.manual_seed(0)
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=K)
+    model = MixtralForCausalLM(mixtral(0.02))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3)
+    loader = DataLoader(lm_data(32), batch_size=4, shuffle=True, collate_fn=lm_collator())
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    audit = audit_accelerate(accelerator, model, optimizer)
+    batches = iter(loader)
+    for _ in range(len(loader) // K):
+        window = [next(batches) for _ in range(K)]
+        window_items = accelerator.reduce(sum((b["labels"][:, 1:] != -100).sum() for b in window), "sum")
+        for batch in window:
+            with accelerator.accumulate(model):
+                outputs = model(**batch)
+                logits, labels = outputs.logits, batch["labels"]
+                summed = F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100,
+                                         reduction="sum")
+                accelerator.backward(summed / window_items * K * accelerator.num_processes
+                                     + model.config.router_aux_loss_coef * outputs.aux_loss)
+                optimizer.step()
+                optimizer.zero_grad()
+    reset_accelerate()
+    assert audit.verdict.ok and audit.verdict.gradient == V.EXACT and audit.verdict.router.cause == V.EXACT, \
+        audit.verdict.line

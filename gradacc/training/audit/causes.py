@@ -203,6 +203,13 @@ def _fix_weighting(e: Evidence) -> str | None:
     if e.who == Integration.TRAINER:
         return _loss_func_fix(e)
     items = ITEMS.get(e.kind, "its items")
+    if e.router_term and e.kind in SUMMED_LOSS:
+        # Rescaling the gradients at the step would rescale the router term too: the items are counted first, as
+        # accelerate's examples/by_feature/gradient_accumulation_for_autoregressive_models.py counts them.
+        return ("weight by items, this MoE model's router term apart: before the window's first backward, count "
+                f"window_items, the sum over its micro-batches of {items} (accelerator.reduce it over processes); "
+                f"then per micro-batch accelerator.backward({SUMMED_LOSS[e.kind]} / window_items * k * processes + "
+                "model.config.router_aux_loss_coef * outputs.aux_loss)")
     return ("weight by items: back-propagate each micro-batch's loss summed over its items (reduction='sum'), count "
             f"the window's items ({items} per micro-batch; accelerator.reduce the count over processes), and when "
             "accelerator.sync_gradients multiply the gradients by k × processes ÷ the window's items before "

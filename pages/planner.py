@@ -50,7 +50,7 @@ def plan_from_config() -> None:
         "GB", min_value=1.0, value=24.0, key=K + "config_gb")
     length = length_column.number_input("Sequence length", min_value=16, value=2048, step=256, key=K + "config_length")
     target = target_column.number_input("Effective batch to reach", min_value=1, value=256, key=K + "config_target")
-    ranks = ranks_column.selectbox("GPUs (FSDP)", PLANNED_PROCESSES, key=K + "config_processes")
+    ranks = ranks_column.selectbox("GPUs (DDP or FSDP)", PLANNED_PROCESSES, key=K + "config_processes")
     if st.button("Plan from the config", key="plan_config", disabled=not (source.strip() or upload)):
         warmup.wait_until_warm()  # it imports torch: never beside the warm-up's import (gradacc.serving.warmup)
         try:

@@ -11,12 +11,12 @@ the weights autocast copies, the largest gradient made whole), with non-negative
 The fits are evaluated at the full config; the largest phase is the peak.
 
 Per lever setting (full fine-tune or LoRA on the attention's projections; fp32, bf16 autocast with fp32 master
-weights, pure bf16; AdamW, SGD with momentum, Adafactor; gradient checkpointing off or on; FSDP over P ranks, its
-gradients synced per window or per micro-batch) the
+weights, pure bf16; AdamW, SGD with momentum, Adafactor; gradient checkpointing off or on; on P ranks, replicated
+with DDP or sharded with FSDP, its gradients synced per window or per micro-batch) the
 peak of a micro-batch of m in a window of k ≥ 2 is
 
     weights + gradients + optimizer state + max(activations + logits and loss, the optimizer step's temporaries)
-    + framework overhead (+ sharding buffers on P > 1)
+    + framework overhead (+ DDP's buckets or FSDP's sharding buffers on P > 1)
 
 and m is the largest power of two dividing the per-rank batch that fits the budget. Framework overhead is an
 assumption, not a measurement (this machine has no GPU): FRAMEWORK_OVERHEAD_BYTES.
@@ -44,6 +44,7 @@ PRECISIONS = ("fp32", "bf16", "bf16-pure")
 PRECISION_LABELS = {"fp32": "fp32", "bf16": "bf16 autocast", "bf16-pure": "pure bf16"}
 OPTIMIZERS = ("adamw", "sgd", "adafactor")
 DEFAULT_LORA_RANK = 16
+DDP = "ddp"  # on P ranks, the setting replicated (a row's ``sync``); FSDP's are GRAD_SYNCS
 ATTENTIONS = ("sdpa", "eager")
 # Framework overhead: the CUDA context (the driver's and the kernels' images) and the caching allocator's slack.
 # ASSUMPTION, not measured here: ~500 MB is what a CUDA context takes with torch 2.x's lazy module loading on a
@@ -236,6 +237,11 @@ def fsdp_terms(static: dict, shape, processes: int, size: int, lora: bool = Fals
     last layer first (F·b / P). Either way the largest group's weights are gathered for its forward and backward."""
     if processes == 1:
         return {**static, "sharding_buffers": 0}
+    if sync == DDP:
+        # Every rank holds it all, and DDP's all-reduce buckets besides: a flat copy of the gradients (torch's
+        # DistributedDataParallel docs, gradient_as_bucket_view: "the saved memory size will be equal to the total
+        # gradients size" when set; its default, False, and Accelerate's and Trainer's, keep the copy).
+        return {**static, "sharding_buffers": static["gradients"]}
     from gradacc.analysis import sharding  # here: the page imports this module before its charts' libraries
 
     trainable = static["trainable_parameters"]
@@ -275,15 +281,22 @@ def peak_terms(fit: dict, shape, setting: dict, micro_batch_size: int, sequence_
 
 
 def settings(lora_rank: int = DEFAULT_LORA_RANK, processes: int = 1) -> list[dict]:
-    """Every lever setting; on P > 1 ranks each with FSDP's two ways to sync the gradients (``sync``)."""
+    """Every lever setting; on P > 1 ranks each replicated (``sync`` DDP) and sharded with FSDP's two ways to sync
+    the gradients (``sync`` per-window, per-micro-batch)."""
     return [{"lora_rank": rank, "precision": precision, "optimizer": optimizer, "gradient_checkpointing": ck,
              "sync": sync} for rank in (None, lora_rank) for precision in PRECISIONS for optimizer in OPTIMIZERS
-            for ck in (False, True) for sync in (GRAD_SYNCS if processes > 1 else (None,))]
+            for ck in (False, True) for sync in ((DDP, *GRAD_SYNCS) if processes > 1 else (None,))]
+
+
+def ways_label(sync: str | None) -> str:
+    """How the ranks hold the model, in a row's words: "DDP", "FSDP per-window", "FSDP per-micro-batch"."""
+    return "" if sync is None else "DDP" if sync == DDP else f"FSDP {sync}"
 
 
 def setting_label(setting: dict) -> str:
     tuning = f"LoRA r{setting['lora_rank']}" if setting["lora_rank"] else "full"
-    sync = f" · FSDP {setting['sync']} sync" if setting.get("sync") else ""
+    sync = ("" if not setting.get("sync") else " · DDP (replicated)" if setting["sync"] == DDP
+            else f" · FSDP {setting['sync']} sync")
     return (f"{tuning} · {PRECISION_LABELS[setting['precision']]} · {setting['optimizer']} · "
             f"checkpointing {'on' if setting['gradient_checkpointing'] else 'off'}{sync}")
 
@@ -374,9 +387,10 @@ def plan(source: str, *, budget_mb: float, sequence_length: int, target_effectiv
 
 
 def _levers(row: dict) -> int:
-    """Levers pulled; per-micro-batch sync counts as one: it sends k times the gradients per window."""
+    """Levers pulled. Sharding (FSDP) counts as one (DDP, where it fits, gathers nothing), and per-micro-batch sync
+    as one more: it sends k times the gradients per window."""
     return (bool(row["lora_rank"]) + (row["precision"] != "fp32") + (row["optimizer"] != "adamw")
-            + bool(row["gradient_checkpointing"]) + (row["sync"] == PER_MICRO_BATCH))
+            + bool(row["gradient_checkpointing"]) + (row["sync"] in GRAD_SYNCS) + (row["sync"] == PER_MICRO_BATCH))
 
 
 def _nothing_fits(rows, shape, config, budget, sequence_length, processes, attention) -> str:
@@ -469,7 +483,7 @@ def shown_rows(result: dict) -> list[dict]:
         rows.append({"tuning": f"LoRA r{row['lora_rank']}" if row["lora_rank"] else "full",
                      "precision": PRECISION_LABELS[row["precision"]], "optimizer": row["optimizer"],
                      "checkpointing": "on" if row["gradient_checkpointing"] else "off",
-                     **({"FSDP sync": row["sync"]} if result["processes"] > 1 else {}),
+                     **({"ranks": ways_label(row["sync"])} if result["processes"] > 1 else {}),
                      "m": row["micro_batch_size"], "k": row["grad_accum_steps"],
                      "peak (GB)": round(terms["peak"] / 1e9, 2) if row["fits"] else None,
                      "m = 1 needs (GB)": round(row["least_bytes"] / 1e9, 2),

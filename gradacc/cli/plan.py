@@ -155,7 +155,8 @@ def run_from_config(args) -> int:
     if args.json:
         print(json.dumps(result, default=str))
         return EXIT_OK
-    ranks = f" on {result['processes']} GPUs sharded (FSDP), per rank" if result["processes"] > 1 else " on 1 GPU"
+    ranks = (f" on {result['processes']} GPUs, replicated (DDP) or sharded (FSDP), per rank" if result["processes"] > 1
+             else " on 1 GPU")
     print(f"{args.model}: {result['config_class']}, {result['parameters']:,} parameters (built on the meta device, no "
           f"weights) at {result['sequence_length']} tokens, budget {result['budget_mb']:,.0f} MB{ranks}, effective "
           f"batch {result['target_effective_batch']}")
@@ -166,13 +167,14 @@ def run_from_config(args) -> int:
              "framework_overhead", "sharding_buffers")
     heads = ["weights", "grads", "optimizer", "activations", "logits+loss", "opt step", "overhead", "sharding"]
     sharded = result["processes"] > 1
-    print(f"{'tuning':<9}{'precision':<15}{'optimizer':<11}{'ckpt':<6}" + (f"{'FSDP sync':<17}" if sharded else "")
+    print(f"{'tuning':<9}{'precision':<15}{'optimizer':<11}{'ckpt':<6}" + (f"{'ranks':<22}" if sharded else "")
           + f"{'m':>5}{'k':>5}{'peak':>11}" + "".join(f"{head:>12}" for head in heads))
     for row in result["rows"]:
         tuning = f"LoRA r{row['lora_rank']}" if row["lora_rank"] else "full"
         terms = row["terms"]
         print(f"{tuning:<9}{config_plan.PRECISION_LABELS[row['precision']]:<15}{row['optimizer']:<11}"
-              f"{'on' if row['gradient_checkpointing'] else 'off':<6}" + (f"{row['sync']:<17}" if sharded else "")
+              f"{'on' if row['gradient_checkpointing'] else 'off':<6}"
+              + (f"{config_plan.ways_label(row['sync']):<22}" if sharded else "")
               + f"{row['micro_batch_size'] or '—':>5}"
               f"{row['grad_accum_steps'] or '—':>5}{format_bytes(terms['peak']) if row['fits'] else 'no fit':>11}"
               + "".join(f"{format_bytes(terms[name]):>12}" for name in names))
@@ -189,7 +191,7 @@ def run_from_config(args) -> int:
     print(f"accelerate estimate-memory (weights + gradients + Adam states, batch 1, no activations): "
           f"{format_bytes(view['adam_fp32_bytes'])} in fp32, {format_bytes(view['adam_bf16_bytes'])} in mixed bf16; "
           f"gradacc, full fp32 AdamW at m=1"
-          + (f" per rank on {result['processes']} GPUs, {full['sync']} sync" if result["processes"] > 1 else "")
+          + (f" per rank on {result['processes']} GPUs, FSDP {full['sync']} sync" if result["processes"] > 1 else "")
           + f": {format_bytes(full['least_bytes'])} (with activations, logits, the optimizer step and the overhead)")
     print(f"framework overhead: {result['framework_overhead']['source']}")
     return EXIT_OK

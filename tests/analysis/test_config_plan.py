@@ -139,6 +139,41 @@ def test_per_window_sync_holds_the_whole_gradients_and_per_micro_batch_sync_a_sh
         "FSDP per-window sync")
 
 
+def test_on_several_ranks_ddp_is_planned_too_and_picked_where_it_fits(capsys, tiny_folder):
+    """Each setting replicated as well as sharded: a DDP rank holds the whole model, its gradients and optimizer
+    state, and the all-reduce buckets (a flat copy of the gradients, torch's default). Where DDP fits it is the pick
+    (sharding is a lever); where only a shard fits, FSDP is."""
+    config = LlamaConfig(**TINY_LLAMA)
+    roomy = config_plan.plan("tiny", budget_mb=2000, sequence_length=128, target_effective_batch=16, processes=4,
+                             config=config)
+    by_way = {}
+    for row in roomy["rows"]:
+        by_way.setdefault((row["lora_rank"], row["precision"], row["optimizer"], row["gradient_checkpointing"]),
+                          {})[row["sync"]] = row
+    assert all(set(ways) == {"ddp", "per-window", "per-micro-batch"} for ways in by_way.values())
+    shape = architecture.shape_of(architecture.empty_model(config), config)
+    static = config_plan.static_terms(shape, lora_rank=None, precision="fp32", optimizer="adamw")
+    ddp = by_way[(None, "fp32", "adamw", False)]["ddp"]["terms"]
+    assert (ddp["weights"], ddp["gradients"], ddp["optimizer_state"]) == (
+        static["weights"], static["gradients"], static["optimizer_state"])
+    assert ddp["sharding_buffers"] == static["gradients"]
+    assert roomy["rows"][0]["sync"] == "ddp" and config_plan.setting_label(roomy["rows"][0]).endswith("DDP (replicated)")
+    # a budget between a shard's least peak and a replica's: that setting fits sharded only
+    shard = by_way[(None, "fp32", "adamw", False)]["per-window"]["least_bytes"]
+    budget_mb = (shard + ddp["weights"] / 2) / 1e6
+    assert shard + ddp["weights"] / 2 < by_way[(None, "fp32", "adamw", False)]["ddp"]["least_bytes"]
+    tight = config_plan.plan("tiny", budget_mb=budget_mb, sequence_length=128, target_effective_batch=16,
+                             processes=4, config=config)
+    full = {row["sync"]: row["fits"] for row in tight["rows"] if row["lora_rank"] is None and row["precision"] == "fp32"
+            and row["optimizer"] == "adamw" and not row["gradient_checkpointing"]}
+    assert full == {"ddp": False, "per-window": True, "per-micro-batch": True}
+    code, out, err = cli(capsys, "plan", "--model", str(tiny_folder), "--memory-budget-mb", "2000",
+                         "--max-seq-length", "128", "--target-effective-batch", "16", "--processes", "4")
+    assert code == 0, err
+    assert "replicated (DDP) or sharded (FSDP), per rank" in out.splitlines()[0]
+    assert {"DDP", "FSDP per-window", "FSDP per-micro-batch"} <= {line[41:63].strip() for line in out.splitlines()[3:]}
+
+
 def follow(normalisation: dict, model):
     """The plan's Trainer advice applied as written: its compute_loss_func, its loss_type."""
     from gradacc import audit

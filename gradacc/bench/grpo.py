@@ -41,12 +41,12 @@ import torch
 import transformers
 import trl
 from datasets import Dataset
-from tokenizers import Tokenizer, models as token_models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast, PrinterCallback, Qwen2Config, Qwen2ForCausalLM, TrainerCallback
+from transformers import PrinterCallback, Qwen2Config, Qwen2ForCausalLM, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from gradacc.audit import audit_trainer
 from gradacc.bench import report
+from gradacc.bench.words import VOCAB, WORDS, tokenizer
 from gradacc.training.audit import grpo, grpo_audit
 from gradacc.training.compat import trl as compat_trl
 from gradacc.training.run.engine import quiet_libraries
@@ -60,8 +60,6 @@ FULL = dict(ks=(1, 2, 4), loss_types=None, steps=2,
                       ("dapo", 2, {"beta": BETA})))
 QUICK = dict(ks=(1,), loss_types=("grpo", "dr_grpo", "dapo"), steps=2, variants=())
 EXACT = 1e-4
-VOCAB = 64
-WORDS = [f"w{i}" for i in range(VOCAB - 4)]
 
 # Which upstream thread each loss type's rows speak to (https://github.com/huggingface/trl/...).
 ISSUES = {
@@ -76,14 +74,6 @@ def accepted_loss_types() -> list[str]:
     help_text = GRPOConfig.__dataclass_fields__["loss_type"].metadata["help"]
     supported = help_text.split("Supported values are", 1)[1].split(".", 1)[0]
     return re.findall(r"'([a-z_]+)'", supported)
-
-
-def tokenizer():
-    vocab = {"[PAD]": 0, "[UNK]": 1, "[BOS]": 2, "[EOS]": 3, **{w: i + 4 for i, w in enumerate(WORDS)}}
-    tok = Tokenizer(token_models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", bos_token="[BOS]",
-                                   eos_token="[EOS]")
 
 
 def prompts(count: int) -> list[str]:

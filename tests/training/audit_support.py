@@ -9,20 +9,9 @@ import tempfile
 
 import torch
 
-VOCAB = 64
-WORDS = [f"w{i}" for i in range(VOCAB - 4)]
+from gradacc.bench.words import VOCAB, WORDS, tokenizer
+
 K = 4
-
-
-def tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"[PAD]": 0, "[UNK]": 1, "[BOS]": 2, "[EOS]": 3, **{w: i + 4 for i, w in enumerate(WORDS)}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", bos_token="[BOS]",
-                                   eos_token="[EOS]")
 
 
 def texts(count=48, seed=0, low=3, high=14):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from gradacc.training.audit import losses
 from gradacc.training.audit.verdict import (CLIPPED, DIVIDED_TWICE, EXACT, K_TIMES, MISCOUNTED, OTHER_LOSS, SCALED,
                                             SHORT_WINDOW, WEIGHTED, ZEROED, Fit)
-from gradacc.training.audit.vocabulary import ROUTER_TERM, Integration, kind_words
+from gradacc.training.audit.vocabulary import ROUTER_LOSS_TERM, ROUTER_TERM, Integration, kind_words
 
 # The compute_loss_func gradacc ships for each kind of head (gradacc.audit.<name>).
 LOSS_FUNCS = {losses.CLASSIFICATION: "classifier_mean_loss", losses.TOKEN: "token_mean_loss",
@@ -209,7 +209,7 @@ def _fix_weighting(e: Evidence) -> str | None:
         return ("weight by items, this MoE model's router term apart: before the window's first backward, count "
                 f"window_items, the sum over its micro-batches of {items} (accelerator.reduce it over processes); "
                 f"then per micro-batch accelerator.backward({SUMMED_LOSS[e.kind]} / window_items * k * processes + "
-                "model.config.router_aux_loss_coef * outputs.aux_loss)")
+                f"{ROUTER_LOSS_TERM})")
     return ("weight by items: back-propagate each micro-batch's loss summed over its items (reduction='sum'), count "
             f"the window's items ({items} per micro-batch; accelerator.reduce the count over processes), and when "
             "accelerator.sync_gradients multiply the gradients by k × processes ÷ the window's items before "

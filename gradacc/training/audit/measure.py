@@ -25,7 +25,7 @@ from gradacc.training.audit import causes, losses, router
 from gradacc.training.audit.capture import MicroBatch, Recorder, WindowLog
 from gradacc.training.audit.reference import NotReplayable, Replayer, set_aside
 from gradacc.training.audit.verdict import EXACT, NOT_JUDGED, Check, Fit, RouterFit, Verdict, clip_check
-from gradacc.training.audit.vocabulary import CheckName, Integration, kind_words, words
+from gradacc.training.audit.vocabulary import ROUTER_LOSS_TERM, CheckName, Integration, kind_words, words
 from gradacc.training.compat import transformers as compat_transformers
 from gradacc.training.gradients import projection
 from gradacc.training.tolerances import OWN_LOSS
@@ -105,11 +105,11 @@ def measure(setup: Setup, micro_batches: list[MicroBatch], log: WindowLog, backw
             expected = [setup.k, setup.k * setup.num_processes, 1 / setup.k, j / setup.k] + (
                 [window_items / counted_items] if counted_items else [])
             shared = not copies
-            router_fit = router_term = router_reference = None
+            router_fit = router_term = None
             whole = applied  # the step's gradient, router term included
             if replayer.router_gradient:  # an MoE model's router loss: judged apart, and taken out of the main's
-                router_term, router_reference, applied = _router_term(setup, replayer, applied, params, unclip,
-                                                                      precision, j, shared, device, over_ranks)
+                router_term, applied = _router_term(setup, replayer, applied, params, unclip, precision, j, shared,
+                                                    device, over_ranks)
             fit = _fit(applied, params, unclip, precision, expected, shared)
             if router_term is not None:
                 router_fit = router.judge(**router_term, main_off=not fit.plain_scale)
@@ -121,14 +121,14 @@ def measure(setup: Setup, micro_batches: list[MicroBatch], log: WindowLog, backw
                 router_kept = replayer.router_gradient, replayer.router_sums
                 replayer.replay(micro_batches, [max(n, 1) * j for n in items],  # each micro-batch's mean ÷ j
                                 with_router=False)
-                if router_reference is not None:
+                if router_term is not None:
                     # The router term fitted again beside this main reference: beside the other, what that one
                     # could not explain went into the router term's fit too (a loop not ÷ k read as "no scale").
                     replayer.router_gradient, replayer.router_sums = router_kept
-                    again, _, applied = _router_term(setup, replayer, whole, params, unclip, precision, j, shared,
-                                                     device, over_ranks)
+                    again, applied = _router_term(setup, replayer, whole, params, unclip, precision, j, shared,
+                                                  device, over_ranks)
                 weighted = _fit(applied, params, unclip * setup.num_processes, precision, expected, shared)
-                if router_reference is not None and weighted.plain_scale:
+                if router_term is not None and weighted.plain_scale:
                     # "off" stays the step's distance from the right objective (the first reference's)
                     router_fit = router.judge(**{**again, "off": router_term["off"]}, main_off=False)
     except NotReplayable as reason:
@@ -155,7 +155,7 @@ def measure(setup: Setup, micro_batches: list[MicroBatch], log: WindowLog, backw
         elif gradient == EXACT and router_fit.cause == EXACT:
             meaning += (f", its router term coef·(the micro-batches' mean router loss) on the router weights (scale "
                         f"{router_fit.fit.scale:.5g})")
-        folded = not leads and "outputs.aux_loss" in (fix or "")  # the gradient's fix writes the router term in
+        folded = not leads and ROUTER_LOSS_TERM in (fix or "")  # the gradient's fix writes the router term in
         base["checks"] += (_router_check(router_fit, leads, folded),)
     if replayer.router_dropped and all(replayer.router_dropped):
         base["checks"] += (_router_dropped_check(replayer.router, setup.k),)
@@ -226,9 +226,8 @@ def copies_check(processes: int) -> Check:
 
 
 def _router_term(setup: Setup, replayer: Replayer, applied: dict, params: dict, unclip: float, precision: str,
-                 j: int, shared: bool, device, over_ranks) -> tuple[dict, dict, dict]:
-    """What router.judge takes of the router loss term, its reference (coef × the gradient of the micro-batches'
-    mean router loss), and the step's gradient less its fitted router term."""
+                 j: int, shared: bool, device, over_ranks) -> tuple[dict, dict]:
+    """What router.judge takes of the router loss term, and the step's gradient less its fitted router term."""
     coefficient = replayer.router.coefficient  # the config's: the objective (a forward may add another, the fix)
     processes = setup.num_processes if shared else 1
     main = {name: p.grad.detach().reshape(-1) for name, p in params.items() if p.grad is not None}
@@ -247,7 +246,7 @@ def _router_term(setup: Setup, replayer: Replayer, applied: dict, params: dict, 
                    forward_coefficient=replayer.router.forward_coefficient, main_scale=main_scale, off=off,
                    micro_batch_mean=mean, window_loss=float(router.load_balancing(window)),
                    in_function=setup.custom_loss == "compute_loss_func")
-    return judging, reference, router.without_router(applied, reference, router_scale, unclip)
+    return judging, router.without_router(applied, reference, router_scale, unclip)
 
 
 def _router_check(fit: RouterFit, leads: bool, folded: bool = False) -> Check:

@@ -108,7 +108,8 @@ KIND_WORDS = {LossKind.CLASSIFICATION: "classifier", LossKind.MULTI_LABEL: "mult
 
 # What a hand-written micro-batch loss adds for an MoE model's router term (``outputs = model(**batch)``): the
 # model's own loss holds it at the config's coefficient, a loss computed from the logits does not.
-ROUTER_TERM = "model.config.router_aux_loss_coef * outputs.aux_loss / {k}"
+ROUTER_LOSS_TERM = "model.config.router_aux_loss_coef * outputs.aux_loss"
+ROUTER_TERM = ROUTER_LOSS_TERM + " / {k}"  # a loop's: nothing divides it by k for you (Accelerate's backward does)
 
 
 def words(cause) -> str:

@@ -37,9 +37,10 @@ def train(job) -> None:
     grad_accum_steps = config.grad_accum_steps
     num_processes = config.num_processes
     model = job.model
-    # This rank's own micro-batches (on one process: consecutive micro-batches of m, in the seeded order).
+    # This rank's own micro-batches (on one process: consecutive micro-batches of m, in the seeded order). Its own
+    # generator too: not the process's, which other threads seed for their models.
     dataloader = DataLoader(job.train_examples, batch_sampler=job.micro_batches, collate_fn=job.collate,
-                            generator=process_state.own_generator(config.seed))  # not the process's: other threads seed it
+                            generator=process_state.own_generator(config.seed))
     precision = job.precision  # autocast for the forward pass; fp16 also scales the loss
     meter = activation_meter(job, model)
     report = StepReporter(job, num_processes)

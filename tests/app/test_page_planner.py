@@ -246,6 +246,12 @@ def test_a_model_that_cannot_run_here_is_planned_from_its_config_on_a_gpu_preset
     assert len(table) == 36 and table["m"].iloc[0] == 16 and table["k"].iloc[0] == 1
     assert {"weights (GB)", "activations (GB)", "logits + loss (GB)", "framework overhead (GB)"} <= set(table.columns)
     assert any("accelerate estimate-memory" in caption.value for caption in at.caption)
+    # on several GPUs every setting three ways: replicated, and sharded with each sync; the replica first where it fits
+    at.selectbox(key="form.planner.config_processes").set_value(4).run()
+    at.button(key="plan_config").click().run()
+    table = at.dataframe[0].value
+    assert len(table) == 108 and set(table["ranks"]) == {"DDP", "FSDP per-window", "FSDP per-micro-batch"}
+    assert table["ranks"].iloc[0] == "DDP"
     at.text_input(key="form.planner.config_source").set_value("no/such/folder/x").run()
     at.button(key="plan_config").click().run()
     assert "no such file or folder" in at.error[0].value

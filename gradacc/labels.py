@@ -49,6 +49,10 @@ FIELD_LABELS = {
     # Inputs of the Memory planner page, not of a run.
     "budget_mb": "Memory budget (MB)",
     "target_effective_batch": "Target effective batch",
+    # Of `gradacc plan --model CONFIG` (the planner page's "from its config" mode): a model this machine cannot run.
+    "processes": "GPUs (DDP or FSDP)",
+    "lora_rank": "LoRA rank",
+    "attention": "Attention",
     # Of `gradacc check` alone: the examples in the checked window.
     "samples": "Examples in the window",
 }
@@ -91,6 +95,9 @@ CLI_FLAGS = {
     # Inputs of `gradacc plan` (the Memory planner page's), not of a run.
     "budget_mb": "--memory-budget-mb",
     "target_effective_batch": "--target-effective-batch",
+    "processes": "--processes",
+    "lora_rank": "--lora-rank",
+    "attention": "--attention",
     "samples": "--samples",
 }
 

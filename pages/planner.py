@@ -41,16 +41,20 @@ def plan_from_config() -> None:
                "of the same family on this machine and scaled to the config. Framework overhead: "
                f"{config_plan.FRAMEWORK_OVERHEAD_SOURCE}.")
     source_column, upload_column = st.columns(2)
-    source = source_column.text_input("Hub id, or a folder with a config.json", key=K + "config_source")
+    source = source_column.text_input(f"{field_label('model')}: a hub id, or a folder with a config.json",
+                                      key=K + "config_source")
     upload = upload_column.file_uploader("…or upload a config.json", type=["json"], key=K + "config_upload")
     gpu_column, length_column, target_column, ranks_column = st.columns(4)
     presets = [f"{size} GB" for size in config_plan.GPU_PRESETS_GB] + ["another size"]
     gpu = gpu_column.selectbox("GPU memory", presets, index=presets.index("24 GB"), key=K + "config_gpu")
     gigabytes = float(gpu.split()[0]) if gpu != "another size" else gpu_column.number_input(
         "GB", min_value=1.0, value=24.0, key=K + "config_gb")
-    length = length_column.number_input("Sequence length", min_value=16, value=2048, step=256, key=K + "config_length")
-    target = target_column.number_input("Effective batch to reach", min_value=1, value=256, key=K + "config_target")
-    ranks = ranks_column.selectbox("GPUs (DDP or FSDP)", PLANNED_PROCESSES, key=K + "config_processes")
+    # the labels the plan's messages name (gradacc.labels)
+    length = length_column.number_input(field_label("max_seq_length"), min_value=16, value=2048, step=256,
+                                        key=K + "config_length")
+    target = target_column.number_input(field_label("target_effective_batch"), min_value=1, value=256,
+                                        key=K + "config_target")
+    ranks = ranks_column.selectbox(field_label("processes"), PLANNED_PROCESSES, key=K + "config_processes")
     if st.button("Plan from the config", key="plan_config", disabled=not (source.strip() or upload)):
         warmup.wait_until_warm()  # it imports torch: never beside the warm-up's import (gradacc.serving.warmup)
         try:

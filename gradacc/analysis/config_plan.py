@@ -34,6 +34,7 @@ from pathlib import Path
 from gradacc import paths
 from gradacc.choices import GRAD_SYNCS, PER_MICRO_BATCH, PER_WINDOW
 from gradacc.errors import GradaccError
+from gradacc.labels import field_label
 from gradacc.units import MB, format_bytes
 
 # torch, transformers and gradacc.training.memory.architecture (which imports both) are imported inside the
@@ -70,26 +71,31 @@ _FITS: dict[str, dict] = {}  # one fit per (family, settings) in this process
 FIT_FORMAT = 3
 
 
-def load(source: str):
-    """The config of ``source`` (a config.json, a folder holding one, or a hub id), or one line saying why not."""
+def load(source: str, confinement: paths.Confinement | None = None):
+    """The config of ``source`` (a config.json, a folder holding one, or a hub id), or one line saying why not. A
+    local path must lie inside ``confinement``'s model folders (default: the app's visitors')."""
     # here: transformers imports torch; the CLI and the page import this module before torch loads
     from gradacc.training.memory import architecture
     from gradacc.training.sources.hub import hub_reachable
 
+    model = field_label("model")
     path = Path(source).expanduser()
     if not path.exists():
         looks_like_path = source.endswith(".json") or source.startswith((".", "/", "~")) or source.count("/") > 1
         if looks_like_path:
-            raise GradaccError(f"--model {source}: no such file or folder.", "model")
+            raise GradaccError(f"{model} {source!r}: no such file or folder.", "model")
         if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes") or not hub_reachable():
-            raise GradaccError(f"cannot reach the hub for {source}: give a folder or a config.json.", "model")
-    if path.is_dir() and not (path / "config.json").is_file():
-        raise GradaccError(f"--model {source}: the folder has no config.json.", "model")
+            raise GradaccError(f"{model} {source!r}: the hub cannot be reached; give a folder or a config.json.",
+                               "model")
+    else:
+        path = paths.visitors_unless(confinement).model_path(path)
+        if path.is_dir() and not (path / "config.json").is_file():
+            raise GradaccError(f"{model} {source!r}: the folder has no config.json.", "model")
     try:
-        config = architecture.load_config(str(path / "config.json") if path.is_dir() else source)
+        config = architecture.load_config(str(path / "config.json") if path.is_dir() else str(path))
     except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError) as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise GradaccError(f"--model {source}: transformers cannot read this config ({first[:200]}).", "model")
+        raise GradaccError(f"{model} {source!r}: transformers cannot read this config ({first[:200]}).", "model")
     return config
 
 
@@ -101,7 +107,7 @@ def build_empty(config, source: str):
         return architecture.empty_model(config)
     except Exception as error:  # transformers raises many kinds for a config it cannot build; all are bad input
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise GradaccError(f"--model {source}: transformers cannot build a model from this config "
+        raise GradaccError(f"{field_label('model')} {source!r}: transformers cannot build a model from this config "
                            f"({type(error).__name__}: {first[:200]}).", "model")
 
 
@@ -336,7 +342,8 @@ def normalisation(model) -> dict:
 
 
 def plan(source: str, *, budget_mb: float, sequence_length: int, target_effective_batch: int, processes: int = 1,
-         lora_rank: int = DEFAULT_LORA_RANK, attention: str = "sdpa", config=None) -> dict:
+         lora_rank: int = DEFAULT_LORA_RANK, attention: str = "sdpa", config=None,
+         confinement: paths.Confinement | None = None) -> dict:
     """Every setting of ``settings()`` for the model ``source`` names: m, k and the peak term by term; the rows that
     fit first (fewest levers, then the largest m), the accelerate view beside it; ``reason``: one line when none
     fits (the smallest footprint and what would fit it)."""
@@ -346,16 +353,16 @@ def plan(source: str, *, budget_mb: float, sequence_length: int, target_effectiv
 
     quiet_libraries()
     _check(budget_mb, sequence_length, target_effective_batch, processes, lora_rank, attention)
-    config = load(source) if config is None else config
+    config = load(source, confinement) if config is None else config
     model = build_empty(config, source)
     shape = architecture.shape_of(model, config)
     if shape.max_positions and sequence_length > shape.max_positions:
-        raise GradaccError(f"--max-seq-length {sequence_length} is longer than the model's max_position_embeddings "
-                           f"({shape.max_positions}).", "max_seq_length")
+        raise GradaccError(f"{field_label('max_seq_length')} {sequence_length} is longer than the model's "
+                           f"max_position_embeddings ({shape.max_positions}).", "max_seq_length")
     per_rank_batch, left = divmod(target_effective_batch, processes)
     if left or not per_rank_batch:
-        raise GradaccError(f"--target-effective-batch {target_effective_batch} must be a multiple of --processes "
-                           f"{processes}.", "target_effective_batch")
+        raise GradaccError(f"{field_label('target_effective_batch')} {target_effective_batch} must be a multiple of "
+                           f"the number of GPUs ({processes}).", "target_effective_batch")
     budget = budget_mb * MB
     rows = []
     for setting in settings(lora_rank, processes):
@@ -402,7 +409,7 @@ def _nothing_fits(rows, shape, config, budget, sequence_length, processes, atten
         ways.append("LoRA")
     for more in (2 ** n for n in range(1, 11)):
         if more > processes and peak_terms(fit, shape, smallest, 1, sequence_length, more)["peak"] <= budget:
-            ways.append(f"{more} GPUs sharded (FSDP, --processes {more})")
+            ways.append(f"{more} GPUs sharded (FSDP)")
             break
     shorter = sequence_length // 2
     while shorter >= 16:
@@ -421,14 +428,16 @@ def _shape_dict(shape) -> dict:
 
 
 def _check(budget_mb, sequence_length, target_effective_batch, processes, lora_rank, attention) -> None:
-    for name, number in (("--max-seq-length", sequence_length), ("--target-effective-batch", target_effective_batch),
-                         ("--processes", processes), ("--lora-rank", lora_rank)):
+    for name, number in (("max_seq_length", sequence_length), ("target_effective_batch", target_effective_batch),
+                         ("processes", processes), ("lora_rank", lora_rank)):
         if isinstance(number, bool) or not isinstance(number, int) or number < 1:
-            raise GradaccError(f"{name} must be a whole number of at least 1; got {number!r}.")
+            raise GradaccError(f"{field_label(name)} must be a whole number of at least 1; got {number!r}.", name)
     if isinstance(budget_mb, (str, bool)) or not budget_mb or budget_mb <= 0 or math.isnan(budget_mb):
-        raise GradaccError(f"--memory-budget-mb must be a number more than 0; got {budget_mb!r}.", "budget_mb")
+        raise GradaccError(f"{field_label('budget_mb')} must be a number more than 0; got {budget_mb!r}.",
+                           "budget_mb")
     if attention not in ATTENTIONS:
-        raise GradaccError(f"--attention must be one of {', '.join(ATTENTIONS)}; got {attention!r}.")
+        raise GradaccError(f"{field_label('attention')} must be one of {', '.join(ATTENTIONS)}; got {attention!r}.",
+                           "attention")
 
 
 # ---- the check: predicted against measured, on models this machine trains ------------------------------------

@@ -7,6 +7,7 @@ import shlex
 
 from pathlib import Path
 
+from gradacc import paths
 from gradacc.analysis import config_plan, learning_steps, planner, sharding
 from gradacc.choices import BUILTIN_MODELS, OPTIMIZERS, PER_MICRO_BATCH
 from gradacc.cli.options import EXIT_FAILED, EXIT_OK, value
@@ -149,7 +150,8 @@ def run_from_config(args) -> int:
         raise GradaccError(f"--memory-budget-mb must be a number; got {args.memory_budget_mb!r}.")
     result = config_plan.plan(str(args.model), budget_mb=float(args.memory_budget_mb),
                               sequence_length=args.max_seq_length, target_effective_batch=args.target_effective_batch,
-                              processes=args.processes, lora_rank=args.lora_rank, attention=args.attention)
+                              processes=args.processes, lora_rank=args.lora_rank, attention=args.attention,
+                              confinement=paths.TRUST_USER)  # the command line reads any config its user can
     if result["reason"]:
         raise GradaccError(result["reason"], "budget_mb")
     if args.json:

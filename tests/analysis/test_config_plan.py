@@ -111,13 +111,13 @@ def test_plan_from_a_config_refuses_bad_input_in_one_line(capsys, tmp_path, tiny
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert_one_error_line(*cli(capsys, "plan", "--model", "some-org/some-model", "--memory-budget-mb", "100",
                                "--target-effective-batch", "8"), 2,
-                          "cannot reach the hub for some-org/some-model: give a folder or a config.json")
+                          "--model 'some-org/some-model': the hub cannot be reached; give a folder or a config.json")
     assert_one_error_line(*cli(capsys, "plan", "--model", str(tiny_folder), "--memory-budget-mb", "1",
                                "--max-seq-length", "128", "--target-effective-batch", "8"), 2,
                           "no setting fits 1 MB: the smallest footprint is", "a larger budget is the only way")
     assert_one_error_line(*cli(capsys, "plan", "--model", str(tiny_folder), "--memory-budget-mb", "100",
                                "--max-seq-length", "4096", "--target-effective-batch", "8"), 2,
-                          "longer than the model's max_position_embeddings (256)")
+                          "--max-seq-length 4096 is longer than the model's max_position_embeddings (256)")
 
 
 def test_per_window_sync_holds_the_whole_gradients_and_per_micro_batch_sync_a_shard_of_them():

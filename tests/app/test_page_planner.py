@@ -230,8 +230,10 @@ def test_the_pick_counts_the_train_forms_data_and_keeps_its_epochs_where_they_gi
     assert metric(at, "Epochs") == "40"
 
 
-def test_a_model_that_cannot_run_here_is_planned_from_its_config_on_a_gpu_preset(app_home, tmp_path):
+def test_a_model_that_cannot_run_here_is_planned_from_its_config_on_a_gpu_preset(app_home, tmp_path, monkeypatch):
     from transformers import LlamaConfig
+
+    monkeypatch.setenv("GRADACC_MODEL_DIRS", str(tmp_path))  # the deployment's model folders: a visitor's paths stay in
 
     LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=176, num_attention_heads=4,
                 num_key_value_heads=2, vocab_size=512, max_position_embeddings=256).save_pretrained(tmp_path / "tiny")
@@ -254,4 +256,16 @@ def test_a_model_that_cannot_run_here_is_planned_from_its_config_on_a_gpu_preset
     assert table["ranks"].iloc[0] == "DDP"
     at.text_input(key="form.planner.config_source").set_value("no/such/folder/x").run()
     at.button(key="plan_config").click().run()
-    assert "no such file or folder" in at.error[0].value
+    assert at.error[0].value == "Model 'no/such/folder/x': no such file or folder."
+    # bad input in the page's words (the field's label), not the command line's flags
+    at.text_input(key="form.planner.config_source").set_value(str(tmp_path / "tiny"))
+    at.number_input(key="form.planner.config_length").set_value(4096).run()
+    at.button(key="plan_config").click().run()
+    length = at.number_input(key="form.planner.config_length").label
+    assert at.error[0].value == f"{length} 4096 is longer than the model's max_position_embeddings (256)."
+    # a visitor reads no config outside the deployment's model folders
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=512).save_pretrained(outside)
+    at.text_input(key="form.planner.config_source").set_value(str(outside)).run()
+    at.button(key="plan_config").click().run()
+    assert "is outside the allowed folders" in at.error[0].value and "--" not in at.error[0].value

@@ -177,6 +177,8 @@ def test_a_stock_trainer_adds_the_router_loss_k_times_and_the_audit_says_so_on_t
     if coefficient == 0.001:  # under the whole gradient's fp32 noise, yet a large share of the router weights'
         assert truth["whole_off"] < NOISE["fp32"] and truth["router_weights_off"] > 0.1
     assert strict_status([json.loads(json.dumps(verdict.as_dict(), default=str))]) == EXIT_WRONG  # --strict fails it
+    # one replay found the step is not the right objective's gradient; a second, without the router loss, told why
+    assert verdict.replay.endswith("replayed again without the router loss, to tell its term apart"), verdict.replay
 
 
 def test_the_fix_it_names_divides_what_each_forward_adds_and_makes_the_step_exact():
@@ -192,6 +194,25 @@ def test_the_fix_it_names_divides_what_each_forward_adds_and_makes_the_step_exac
     assert verdict.router.fit.scale == pytest.approx(truth["router_scale"], rel=1e-4)
     assert verdict.check(CheckName.LOGGED_LOSS).ok
     assert strict_status([verdict.as_dict()]) == EXIT_OK
+    # a right step costs one replay: both terms back-propagated together, and found to be the step's gradient
+    assert verdict.replay == "each micro-batch replayed from its own random state; outputs bit-identical"
+
+
+@pytest.mark.parametrize("factor", [1.1, 2.0])
+def test_a_router_term_a_little_off_at_a_small_coefficient_is_still_caught(factor):
+    """The right step is recognised in one replay of both terms together, on the router weights: a router term 1.1×
+    (coef 0.001) or 2× (coef 0.0001) is not taken for it, and the second replay names its scale as the truth has it."""
+    from transformers import MixtralForCausalLM
+
+    coefficient = 0.001 if factor < 2 else 0.0001
+    torch.manual_seed(0)
+    model = MixtralForCausalLM(mixtral(coefficient))
+    model.router_aux_loss_coef = coefficient / K * factor
+    verdict, truth = train(model, causal=True)
+    assert truth["router_scale"] == pytest.approx(factor, rel=1e-3) and truth["whole_off"] < NOISE["fp32"]
+    assert verdict.gradient == Cause.ROUTER_SCALED and not verdict.ok, verdict.line
+    assert verdict.router.fit.scale == pytest.approx(truth["router_scale"], rel=1e-3)
+    assert verdict.fit.plain_scale and verdict.fit.near(1)  # the main loss: right
 
 
 def test_mixtrals_classifier_adds_no_router_loss_and_is_judged_on_its_own_loss():

@@ -98,23 +98,41 @@ def measure(setup: Setup, micro_batches: list[MicroBatch], log: WindowLog, backw
             else:
                 window_items = _window_items(items, device, over_ranks)
                 # ÷ the window's items, as a right run divides: a right run's gradient comes back bit for bit in bf16.
-                reference = replayer.replay(micro_batches, [window_items] * j)
+                # An MoE model's router term goes into the same backward, at its right weight: told apart (a second
+                # replay) only when the step is not that objective's gradient.
+                reference = replayer.replay(micro_batches, [window_items] * j,
+                                            router_weight=_router_weight(setup, replayer, j, shared=not copies))
             seconds = time.perf_counter() - started  # the replay: one forward+backward of the window
             window_loss = over_ranks([reference.summed_loss], device)[0]
             # The scales a cause would give, measured in the projection's one pass: k (k·P), 1/k, j/k, N/N′.
             expected = [setup.k, setup.k * setup.num_processes, 1 / setup.k, j / setup.k] + (
                 [window_items / counted_items] if counted_items else [])
             shared = not copies
-            router_fit = router_term = None
+            router_fit = router_term = fit = None
+            told_apart = False  # the router term replayed apart (a second replay)
             whole = applied  # the step's gradient, router term included
+            zero_grads = tuple(z for z in log.zero_grads if z < j)
+            early_clip = any(c.after_micro_batch < j and c.factor < 1 for c in clips)
+            if replayer.router_sums and not replayer.router_gradient:  # both terms in .grad: is the step their sum?
+                fit = _fit(applied, params, unclip, precision, expected, shared)
+                router_term = _router_together(setup, replayer, applied, params, unclip, precision, j, shared,
+                                               device, over_ranks, fit.scale)
+                if not (router_term and fit.plain_scale and fit.near(1) and router_term["fit"].plain_scale
+                        and router_term["fit"].near(1)):
+                    # To say what is off: the main loss replayed alone; the router term is the rest.
+                    both = {name: p.grad.detach().reshape(-1).clone() for name, p in params.items()
+                            if p.grad is not None}
+                    for p in params.values():
+                        p.grad = None
+                    replayer.replay(micro_batches, [window_items] * j, with_router=False)
+                    replayer.router_apart(both, _router_weight(setup, replayer, j, shared))
+                    router_term, fit, told_apart = None, None, True
             if replayer.router_gradient:  # an MoE model's router loss: judged apart, and taken out of the main's
                 router_term, applied = _router_term(setup, replayer, applied, params, unclip, precision, j, shared,
                                                     device, over_ranks)
-            fit = _fit(applied, params, unclip, precision, expected, shared)
+            fit = fit or _fit(applied, params, unclip, precision, expected, shared)
             if router_term is not None:
                 router_fit = router.judge(**router_term, main_off=not fit.plain_scale)
-            zero_grads = tuple(z for z in log.zero_grads if z < j)
-            early_clip = any(c.after_micro_batch < j and c.factor < 1 for c in clips)
             if not fit.plain_scale and j > 1 and not zero_grads and not early_clip:
                 for p in params.values():
                     p.grad = None
@@ -167,6 +185,7 @@ def measure(setup: Setup, micro_batches: list[MicroBatch], log: WindowLog, backw
                    window_items=window_items, counted_items=counted_items,
                    window_loss=window_loss / window_items if window_items else None,
                    replay=("each micro-batch replayed from its own random state; outputs bit-identical"
+                           + ("; replayed again without the router loss, to tell its term apart" if told_apart else "")
                            + ("; replayed twice (equal weights fitted)" if weighted else "")),
                    reference_seconds=seconds, audit_seconds=time.perf_counter() - started, router=router_fit, **base)
 
@@ -235,18 +254,55 @@ def _router_term(setup: Setup, replayer: Replayer, applied: dict, params: dict, 
     reference = {name: g * (coefficient / (j * processes)) for name, g in replayer.router_gradient.items()}
     if shared:
         main, reference = _sum_over_ranks(main), _sum_over_ranks(reference)
-    window = torch.tensor(over_ranks(torch.stack(replayer.router_sums).sum(dim=0).tolist(), device),
-                          dtype=torch.float64)
-    mean = over_ranks([sum(float(router.load_balancing(s)) for s in replayer.router_sums)], device)[0] / (j * processes)
+    mean, window_loss = _router_losses(replayer, j, processes, device, over_ranks)
     main_scale, router_scale = router.two_term_scales(applied, main, reference, unclip)
     names = compat_transformers.router_parameter_names(setup.module) & set(reference) or set(reference)
     expected = [1.0, 0.0, setup.k, setup.k * processes]
     fit, off = router.router_term_fit(applied, main, reference, names, main_scale, unclip, precision, expected)
     judging = dict(fit=fit, who=setup.who, k=setup.k, processes=processes, coefficient=coefficient,
                    forward_coefficient=replayer.router.forward_coefficient, main_scale=main_scale, off=off,
-                   micro_batch_mean=mean, window_loss=float(router.load_balancing(window)),
+                   micro_batch_mean=mean, window_loss=window_loss,
                    in_function=setup.custom_loss == "compute_loss_func")
     return judging, router.without_router(applied, reference, router_scale, unclip)
+
+
+def _router_weight(setup: Setup, replayer: Replayer, j: int, shared: bool) -> float | None:
+    """The router loss's weight in the right objective (coef ÷ the micro-batches on every process); None for a model
+    without one, or when the router weights cannot be told apart from the rest (their term then always fitted
+    apart)."""
+    if replayer.router is None or not compat_transformers.router_parameter_names(setup.module):
+        return None
+    return replayer.router.coefficient / (j * (setup.num_processes if shared else 1))
+
+
+def _router_losses(replayer: Replayer, j: int, processes: int, device, over_ranks) -> tuple[float, float]:
+    """(the micro-batches' mean router loss, the router loss of the window's tokens as one batch), on every
+    process."""
+    window = torch.tensor(over_ranks(torch.stack(replayer.router_sums).sum(dim=0).tolist(), device),
+                          dtype=torch.float64)
+    mean = over_ranks([sum(float(router.load_balancing(s)) for s in replayer.router_sums)], device)[0] / (j * processes)
+    return mean, float(router.load_balancing(window))
+
+
+def _router_together(setup: Setup, replayer: Replayer, applied: dict, params: dict, unclip: float, precision: str,
+                     j: int, shared: bool, device, over_ranks, main_scale: float) -> dict | None:
+    """What router.judge takes when the reference in ``.grad`` holds both terms: the step against their sum on the
+    router weights, where the router term is a large share (None: no router weight has a gradient)."""
+    processes = setup.num_processes if shared else 1
+    names = compat_transformers.router_parameter_names(setup.module)
+    both = {name: p.grad.detach().reshape(-1) for name, p in params.items() if p.grad is not None and name in names}
+    if shared:
+        both = _sum_over_ranks(both)
+    step = {name: applied[name] for name in both if name in applied}
+    if not step:
+        return None
+    numbers = projection(step, both, gradient_scale=unclip, expected=[setup.k, setup.k * processes])
+    fit = Fit(numbers["scale"], numbers["residual"], numbers["se"], numbers["rel_error"], precision)
+    mean, window_loss = _router_losses(replayer, j, processes, device, over_ranks)
+    return dict(fit=fit, who=setup.who, k=setup.k, processes=processes, coefficient=replayer.router.coefficient,
+                forward_coefficient=replayer.router.forward_coefficient, main_scale=main_scale,
+                off=numbers["rel_error"], micro_batch_mean=mean, window_loss=window_loss,
+                in_function=setup.custom_loss == "compute_loss_func")
 
 
 def _router_check(fit: RouterFit, leads: bool, folded: bool = False) -> Check:

@@ -104,21 +104,36 @@ class Replayer:
             counting = self._find_kind(micro_batches[0], output)
         return [losses.items(counting, *_labels(m)) for m in micro_batches]
 
-    def replay(self, micro_batches: list[MicroBatch], divisors: list[float], with_router: bool = True) -> Reference:
+    def replay(self, micro_batches: list[MicroBatch], divisors: list[float], with_router: bool = True,
+               router_weight: float | None = None) -> Reference:
         """Back-propagate each micro-batch's loss summed over its items ÷ its divisor (the window's items: the
-        reference; its items × the micro-batches: their means counted equally) into ``.grad``; an MoE model's router
-        loss, computed here, apart (``router_gradient``: its own backward through the same forward)."""
+        reference; its items × the micro-batches: their means counted equally) into ``.grad``. An MoE model's router
+        loss, computed here: with ``router_weight``, added to it at that weight, one backward for both (the right
+        objective's gradient); otherwise apart (``router_gradient``: its own backward through the same forward), or
+        not at all (``with_router`` False). ``router_sums`` keeps each micro-batch's expert sums either way."""
         items, summed_losses = [], []
         self.router_gradient, self.router_sums = {}, []
         for index, (micro_batch, divisor) in enumerate(zip(micro_batches, divisors), start=1):
             summed, count = self._one(index, micro_batch)
             aux, self._aux = self._aux, None
-            (summed / divisor).backward(retain_graph=aux is not None and with_router)
-            if aux is not None and with_router:
+            loss = summed / divisor
+            if aux is not None and router_weight is not None:
+                loss = loss + router_weight * aux
+            apart = aux is not None and with_router and router_weight is None
+            loss.backward(retain_graph=apart)
+            if apart:
                 self._router_backward(aux)
             items.append(count)
             summed_losses.append(float(summed.detach()))
         return Reference(self.kind, tuple(items), sum(summed_losses), tuple(summed_losses))
+
+    def router_apart(self, both: dict, weight: float) -> None:
+        """``router_gradient`` (Σ over micro-batches of ∇ router loss) from ``both``, the gradient of a replay at
+        ``router_weight``, less the main loss's now in ``.grad`` (a replay without it): a forward and one backward
+        instead of a forward and two."""
+        main = {name: p.grad.detach().reshape(-1) for name, p in self.module.named_parameters() if p.grad is not None}
+        self.router_gradient = {name: (g - main[name]) / weight if name in main else g / weight
+                                for name, g in both.items()}
 
     def _router_backward(self, aux) -> None:
         named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]

@@ -60,7 +60,9 @@ class RouterFit:
 
     coefficient: float        # the config's router_aux_loss_coef: the objective's
     forward_coefficient: float  # the model's own attribute: what each forward adds (the fix divides it)
-    fit: Fit                  # the router term's scale (1: the micro-batches' mean) and what no scale explains
+    # The router term's scale (1: the micro-batches' mean) and what no scale explains; for a right step, found in one
+    # replay of both terms together, the step against their sum on the router weights (1: both right).
+    fit: Fit
     main_scale: float         # the main loss's scale in the two-term fit over the whole gradient
     cause: Cause              # EXACT or one of ROUTER_CAUSES
     meaning: str

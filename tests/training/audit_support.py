@@ -86,7 +86,7 @@ def trainer_args(k=K, steps=1, **extra) -> dict:
                 save_strategy="no", disable_tqdm=True, **extra)
 
 
-def train(trainer, kind: str | None, ref_model=None, beta=0.1, label_smoothing=0.0):
+def train(trainer, kind: str | None, ref_model=None, beta=0.1, label_smoothing=0.0, router=None):
     """``trainer.train()`` with the truth (when ``kind`` is given) and gradacc's audit; (verdict, truth result)."""
     from transformers import PrinterCallback
 
@@ -96,7 +96,8 @@ def train(trainer, kind: str | None, ref_model=None, beta=0.1, label_smoothing=0
     trainer.remove_callback(PrinterCallback)
     truth = None
     if kind:
-        truth = Truth(trainer.model, kind, ref_model=ref_model, beta=beta, label_smoothing=label_smoothing)
+        truth = Truth(trainer.model, kind, ref_model=ref_model, beta=beta, label_smoothing=label_smoothing,
+                      router=router)
         truth.close_on(trainer)  # before the audit's callback: the window ends before the audit replays it
     audit = audit_trainer(trainer)
     try:

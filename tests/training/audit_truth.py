@@ -137,8 +137,11 @@ class Truth:
     """See the module. ``kind``: classification | regression | token | causal | dpo | targets (nanoGPT's
     ``model(x, y)``: the targets are the forward's second positional argument, -1 ignored)."""
 
-    def __init__(self, model, kind, ref_model=None, beta=0.1, label_smoothing=0.0):
+    def __init__(self, model, kind, ref_model=None, beta=0.1, label_smoothing=0.0, router=None):
         self.model, self.kind, self.beta, self.ref_model = model, kind, beta, ref_model
+        # DPO on an MoE model: (coef, router_loss(router_logits, attention_mask)); coef × the micro-batches' mean
+        # router loss is added to the objective (TRL's DPOTrainer adds coef · aux_loss to each micro-batch's loss).
+        self.router = router
         self.label_smoothing = label_smoothing
         self.records, self.ref_records = [], []
         self.open = True
@@ -253,8 +256,11 @@ class Truth:
         accumulated = applied
         if self._preclip is not None and self._clip_forwards == len(self.grad_records()):
             accumulated = self._preclip
+        alone = info.pop("dpo_alone", None)
         self.result = {**info, "applied_vs_truth": compare(applied, truth),
                        "accumulated_vs_truth": compare(accumulated, truth)}
+        if alone is not None:
+            self.result["applied_vs_dpo_alone"] = compare(applied, alone)
         self.close()
 
     def _replay(self, module, record, strip=(), grad=True):
@@ -312,7 +318,15 @@ class Truth:
             (chosen, rejected), (ref_chosen, ref_rejected) = logps.chunk(2), ref.chunk(2)
             loss = -F.logsigmoid(self.beta * ((chosen - ref_chosen) - (rejected - ref_rejected))).sum()
             (loss / pairs).backward()
-        return {"micro_batches": len(records), "window_items": pairs, "replay_bitwise": checks}
+        info = {"micro_batches": len(records), "window_items": pairs, "replay_bitwise": checks}
+        if self.router is not None:  # DPO's part alone kept, then the router term added
+            coefficient, router_loss = self.router
+            info["dpo_alone"] = self._grads()
+            for record in records:
+                out = self._replay(self.model, record, strip=LOSS_KWARGS)
+                aux = router_loss(out.router_logits, record["kwargs"].get("attention_mask"))
+                (coefficient * aux / len(records)).backward()
+        return info
 
 
 def summed_loss_items(kind, labels) -> int:

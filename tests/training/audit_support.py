@@ -108,6 +108,30 @@ def train(trainer, kind: str | None, ref_model=None, beta=0.1, label_smoothing=0
     return audit.verdict, truth.result if truth else None
 
 
+def pairs(count=16):
+    """``count`` tiny preference pairs of uneven lengths (prompt, chosen, rejected)."""
+    from datasets import Dataset
+
+    return Dataset.from_dict({"prompt": texts(count, seed=3, low=2, high=6),
+                              "chosen": texts(count, seed=4, low=2, high=7),
+                              "rejected": texts(count, seed=5, low=2, high=8)})
+
+
+def dpo_trainer(model, folder, data=None, trainer_class=None, **config):
+    """A DPOTrainer (k = 2, 2 pairs a micro-batch, fp32, no checkpointing) on ``data`` (default: 16 pairs), its
+    policy ``model`` saved in ``folder`` first and loaded from there: DPOTrainer loads its reference model from the
+    policy's name."""
+    from trl import DPOConfig, DPOTrainer
+
+    args = DPOConfig(**{**trainer_args(k=2), "per_device_train_batch_size": 2, **config}, bf16=False,
+                     gradient_checkpointing=False, max_length=32)
+    if not (folder / "config.json").exists():
+        model.save_pretrained(folder)
+    return (trainer_class or DPOTrainer)(model=type(model).from_pretrained(folder), args=args,
+                                         train_dataset=pairs() if data is None else data,
+                                         processing_class=tokenizer())
+
+
 def reset_accelerate():
     from accelerate.state import AcceleratorState, GradientState
 

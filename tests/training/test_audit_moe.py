@@ -357,24 +357,16 @@ def test_dpo_on_an_moe_model_is_judged_with_trls_router_term_and_is_exact(tmp_pa
     MoE model); the audit replays its compute_loss, router term included. The truth: DPO's loss by hand from the
     replayed log-probs and the reference model's, plus coef × the micro-batches' mean router loss by hand; the step
     is that, and not DPO's part alone."""
-    from datasets import Dataset
     from transformers import MixtralForCausalLM
-    from trl import DPOConfig, DPOTrainer
 
-    from audit_support import texts, tokenizer, train as train_with_truth
+    from audit_support import dpo_trainer, train as train_with_truth
     from gradacc.training.compat import trl
 
     torch.manual_seed(0)
-    pairs = Dataset.from_dict({"prompt": texts(16, seed=3, low=2, high=6), "chosen": texts(16, seed=4, low=2, high=7),
-                               "rejected": texts(16, seed=5, low=2, high=8)})
-    args = DPOConfig(**{**trainer_args(k=2), "per_device_train_batch_size": 2}, bf16=False,
-                     gradient_checkpointing=False, max_length=32)
-    MixtralForCausalLM(mixtral(0.02)).save_pretrained(tmp_path / "policy")
-    trainer = DPOTrainer(model=MixtralForCausalLM.from_pretrained(tmp_path / "policy"), args=args, train_dataset=pairs,
-                         processing_class=tokenizer())
+    trainer = dpo_trainer(MixtralForCausalLM(mixtral(0.02)), tmp_path / "policy")
     assert trl.adds_router_loss(trainer) and trainer.router_aux_loss_coef == 0.02
     top_k = trainer.model.config.num_experts_per_tok
-    verdict, truth = train_with_truth(trainer, "dpo", ref_model=trainer.ref_model, beta=args.beta,
+    verdict, truth = train_with_truth(trainer, "dpo", ref_model=trainer.ref_model, beta=trainer.args.beta,
                                       router=(0.02, lambda logits, mask: router_loss_by_hand(logits, top_k, mask)))
     assert all(truth["replay_bitwise"]), truth["replay_bitwise"]
     measured = truth["accumulated_vs_truth"]

@@ -9,8 +9,8 @@ import functools
 import pytest
 import torch
 
-from audit_support import cls_data, llama, lm_collator, lm_data, padding_collator, qwen2, texts, tokenizer, \
-    train, trainer_args
+from audit_support import cls_data, dpo_trainer, llama, lm_collator, lm_data, pairs, padding_collator, qwen2, texts, \
+    tokenizer, train, trainer_args
 from gradacc.training.audit import verdict as V
 from gradacc.training.audit.vocabulary import LossKind
 from test_audit import agrees_with_truth, classifier, run_trainer
@@ -63,26 +63,12 @@ def test_a_compute_loss_that_is_not_the_models_loss_is_not_judged_as_if_it_were(
                                       "loss") and "loss_fn=" in verdict.meaning
 
 
-def pairs(count):
-    from datasets import Dataset
-
-    return Dataset.from_dict({"prompt": texts(count, seed=3, low=2, high=6),
-                              "chosen": texts(count, seed=4, low=2, high=7),
-                              "rejected": texts(count, seed=5, low=2, high=8)})
-
-
 def dpo(tmp_path, data, trainer_class=None, **config):
     from transformers import Qwen2ForCausalLM
-    from trl import DPOConfig, DPOTrainer
 
     torch.manual_seed(0)
-    args = DPOConfig(**{**trainer_args(k=2), "per_device_train_batch_size": 2, **config}, bf16=False,
-                     gradient_checkpointing=False, max_length=32)
-    if not (tmp_path / "policy").exists():
-        Qwen2ForCausalLM(qwen2(0.1)).save_pretrained(tmp_path / "policy")
-    trainer = (trainer_class or DPOTrainer)(model=Qwen2ForCausalLM.from_pretrained(tmp_path / "policy"), args=args,
-                                            train_dataset=data, processing_class=tokenizer())
-    return train(trainer, "dpo", ref_model=trainer.ref_model, beta=args.beta)
+    trainer = dpo_trainer(Qwen2ForCausalLM(qwen2(0.1)), tmp_path / "policy", data, trainer_class, **config)
+    return train(trainer, "dpo", ref_model=trainer.ref_model, beta=trainer.args.beta)
 
 
 def test_a_factor_inside_a_dpo_trainers_compute_loss_is_seen_against_dpos_loss_computed_by_the_audit(tmp_path):

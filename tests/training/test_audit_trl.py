@@ -6,7 +6,7 @@ log-probs from the recorded no-grad forwards, replayed the same way)."""
 import pytest
 import torch
 
-from audit_support import gpt2, qwen2, texts, tokenizer, train, trainer_args
+from audit_support import dpo_trainer, gpt2, qwen2, texts, tokenizer, train, trainer_args
 from gradacc.training.audit import verdict as V
 from gradacc.training.audit.vocabulary import LossKind
 
@@ -65,19 +65,11 @@ def test_dpo_trainer_on_a_tiny_pair_set_is_exact(tmp_path):
     """DPO's loss is its trainer's own (no labels in the batch): the audit replays its compute_loss, the policy's
     forward and the reference's, from the micro-batch's random state; each pair counts once. The model is a saved
     folder, as DPOTrainer loads its reference model from the policy's name."""
-    from datasets import Dataset
     from transformers import Qwen2ForCausalLM
-    from trl import DPOConfig, DPOTrainer
 
     torch.manual_seed(0)
-    pairs = Dataset.from_dict({"prompt": texts(16, seed=3, low=2, high=6), "chosen": texts(16, seed=4, low=2, high=7),
-                               "rejected": texts(16, seed=5, low=2, high=8)})
-    args = DPOConfig(**{**trainer_args(k=2), "per_device_train_batch_size": 2}, bf16=False,
-                     gradient_checkpointing=False, max_length=32)
-    Qwen2ForCausalLM(qwen2(0.1)).save_pretrained(tmp_path / "policy")
-    trainer = DPOTrainer(model=Qwen2ForCausalLM.from_pretrained(tmp_path / "policy"), args=args, train_dataset=pairs,
-                         processing_class=tokenizer())
-    verdict, truth = train(trainer, "dpo", ref_model=trainer.ref_model, beta=args.beta)
+    trainer = dpo_trainer(Qwen2ForCausalLM(qwen2(0.1)), tmp_path / "policy")
+    verdict, truth = train(trainer, "dpo", ref_model=trainer.ref_model, beta=trainer.args.beta)
     agrees_with_truth(verdict, truth)
     assert verdict.ok and verdict.gradient == V.EXACT, verdict.line
     assert verdict.kind == LossKind.DPO and verdict.micro_batches == 2 and verdict.items == (2, 2)  # pairs

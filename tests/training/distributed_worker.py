@@ -94,6 +94,33 @@ def audited_trainer(fixed: bool) -> dict:
     return audit.verdict.as_dict()
 
 
+def ddp_bucket_bytes() -> dict:
+    """Bytes alive after a first backward (LiveBytes: every storage counted once), beyond the parameters: without
+    DDP, under DDP's default buckets, and with gradient_as_bucket_view=True; and what the planner says DDP adds."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    from gradacc.analysis import config_plan
+    from gradacc.training.memory.peak import LiveBytes
+
+    seen = {}
+    for way in ("alone", "ddp", "bucket_view"):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)])
+        with LiveBytes() as live:
+            live.hold(list(model.parameters()))
+            start = live.current
+            wrapped = model if way == "alone" else DistributedDataParallel(
+                model, gradient_as_bucket_view=way == "bucket_view")
+            wrapped(torch.randn(8, 64)).square().mean().backward()
+            seen[way] = live.current - start
+    gradients = sum(p.numel() * p.element_size() for p in model.parameters())
+    static = {"gradients": gradients}
+    seen["gradients"] = gradients
+    seen["planned"] = config_plan.fsdp_terms(static, None, 2, 4, sync=config_plan.DDP)["sharding_buffers"]
+    return seen
+
+
 def main_audit(*args: str) -> dict:
     """``python -m gradacc audit`` under this launch: every rank audits, rank 0 prints the report."""
     out = io.StringIO()
@@ -115,6 +142,7 @@ def work() -> dict:
     seen["audits"] = {"accumulate": audited_accelerate_loop(False), "sync_each_batch": audited_accelerate_loop(True),
                       "trainer_default": audited_trainer(False), "trainer_fixed": audited_trainer(True)}
     seen["cli_audit"] = main_audit("--model", "tiny-bert", "-m", "4", "-k", "2", "--max-seq-length", "32", "--json")
+    seen["ddp_bucket_bytes"] = ddp_bucket_bytes()
     seen["cli_check"] = main_check("--backend", "pytorch", "-m", "4", "-k", "2", "--max-seq-length", "32", "--json")
     return seen
 

@@ -388,3 +388,14 @@ def test_a_rank_leaves_its_process_group_before_the_interpreter_exits(monkeypatc
     distributed.leave_process_group()
     assert not dist.is_initialized()
     distributed.leave_process_group()  # twice (main ran twice in one process): nothing left to leave
+
+
+def test_ddp_holds_a_copy_of_the_gradients_in_its_buckets_as_the_planner_counts_it(ranks):
+    """The planner's DDP rows add a flat copy of the gradients (DDP's all-reduce buckets, torch's default): measured
+    on each rank after a first backward, as LiveBytes counts storages, DDP holds exactly the gradients' bytes more than
+    the model alone, and nothing more with gradient_as_bucket_view=True (the gradients are views into the buckets)."""
+    for rank in (0, 1):
+        seen = ranks[rank]["ddp_bucket_bytes"]
+        assert seen["alone"] == seen["gradients"] > 0  # the gradients, and nothing else, alive after backward
+        assert seen["ddp"] - seen["alone"] == seen["gradients"] == seen["planned"]
+        assert seen["bucket_view"] == seen["alone"]

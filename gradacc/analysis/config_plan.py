@@ -68,7 +68,7 @@ _FITS: dict[str, dict] = {}  # one fit per (family, settings) in this process
 # Fits are also kept on disk (GRADACC_HOME/config-fits), keyed by the family's small config, the design, the settings
 # and the torch and transformers versions: the bytes measured depend on nothing else (not on the machine's load), and
 # measuring 12 settings × 17 copies is most of a plan's time. Bump FIT_FORMAT when the measurement or the fit changes.
-FIT_FORMAT = 3
+FIT_FORMAT = 4  # 4: the forward fitted as two phases, the layers' and the head's with the loss
 
 
 def load(source: str, confinement: paths.Confinement | None = None):
@@ -157,8 +157,11 @@ def fit_activations(config, *, precision: str, checkpointing: bool, lora_rank: i
                 gradient_ratios.append(max(measured) / shape.largest_trainable(lora_rank))
                 continue
             features = shape.features(batch, sequence, lora_rank)
-            if precision == "fp32":
-                features["linear_parameters"] = 0  # no autocast copies to fit
+            if precision != "bf16":
+                # no autocast copies to fit: autocast runs under bf16 only (pure bf16's weights are bf16 already).
+                # Left in, the fit would take the weights as a stand-in for what they correlate with in the small
+                # copies (pure bf16, checkpointed GPT-2's layers' forward: 0.6 byte a weight) and scale it up
+                features["linear_parameters"] = 0
             rows.append([features[name] for name in architecture.FEATURES])
             phases.append(measured)
             largest.append(shape.largest_trainable(lora_rank))
@@ -169,9 +172,10 @@ def fit_activations(config, *, precision: str, checkpointing: bool, lora_rank: i
     phases = np.array(phases, dtype=float)
     target = phases.max(axis=1)
     coefficients = []
-    # Each phase its own linear model (architecture.PHASES: the forward, the loss's backward, the output head's, the
-    # layers'); the peak is the largest. A sum of terms cannot be a largest of moments, so a phase is cut where the
-    # moment holding its peak changes. Points whose peak is the end of backward's (the gradients) say nothing of any.
+    # Each phase its own linear model (architecture.PHASES: the layers' forward, the head's forward and the loss, the
+    # loss's backward, the output head's, the layers'); the peak is the largest. A sum of terms cannot be a largest
+    # of moments, so a phase is cut where the moment holding its peak changes. Points whose peak is the end of
+    # backward's (the gradients) say nothing of any.
     for phase in range(phases.shape[1]):
         values = phases[:, phase]
         keep = values > 1.02 * gradient * largest
@@ -202,8 +206,8 @@ def activation_terms(fit: dict, shape, micro_batch_size: int, sequence_length: i
                      lora_rank: int | None = None) -> dict:
     """{"activations", "logits"}: the fit evaluated at the full model (logits and loss are tokens × vocabulary)."""
     features = shape.features(micro_batch_size, sequence_length, lora_rank)
-    if precision == "fp32":
-        features["linear_parameters"] = 0
+    if precision != "bf16":
+        features["linear_parameters"] = 0  # autocast's copies: bf16 autocast only (fit_activations)
     phases = []
     for coefficients in fit["phase_coefficients"]:
         terms = {feature: coefficients[feature] * value for feature, value in features.items()}
@@ -246,7 +250,8 @@ def fsdp_terms(static: dict, shape, processes: int, size: int, lora: bool = Fals
     if sync == DDP:
         # Every rank holds it all, and DDP's all-reduce buckets besides: a flat copy of the gradients (torch's
         # DistributedDataParallel docs, gradient_as_bucket_view: "the saved memory size will be equal to the total
-        # gradients size" when set; its default, False, and Accelerate's and Trainer's, keep the copy).
+        # gradients size" when set; its default, False, and Accelerate's and Trainer's, keep the copy; measured on 2
+        # CPU ranks: tests/training/test_distributed.py).
         return {**static, "sharding_buffers": static["gradients"]}
     from gradacc.analysis import sharding  # here: the page imports this module before its charts' libraries
 

@@ -64,6 +64,26 @@ def test_the_predicted_peak_is_within_ten_percent_of_the_measured_one(config, ch
         assert abs(checked["activation_error"]) <= 0.10, checked
 
 
+def test_pure_bf16_checkpointed_gpt2_fits_the_layers_and_the_heads_forward_apart():
+    """On the CPU, GPT-2's attention (dropout on: sdpa's math path) holds the checkpointed forward's peak at long
+    sequences, the logits and the loss at short ones. Fitted as one phase, the fit stood in for the logits with the
+    largest parameter (the tied embedding) and over-predicted a short sequence's activations by a third; each moment
+    its own phase (architecture.PHASES), neither forward phase has a term in the weights (pure bf16: no autocast
+    copies, no temporary the size of a weight)."""
+    config = GPT2Config(**SMALL_GPT2)
+    setting = {"lora_rank": None, "precision": "bf16-pure", "optimizer": "adamw", "gradient_checkpointing": True}
+    for micro_batch_size, sequence_length in ((1, 64), (2, 128)):
+        checked = config_plan.check_prediction(config, setting, micro_batch_size, sequence_length)
+        assert abs(checked["error"]) <= 0.10, checked
+        assert abs(checked["activation_error"]) <= 0.10, checked
+    fit = config_plan.fit_activations(config, precision="bf16-pure", checkpointing=True, lora_rank=None)
+    assert len(fit["phase_coefficients"]) == len(architecture.PHASES)
+    for phase in ("layers_forward", "head_forward"):
+        coefficients = fit["phase_coefficients"][architecture.PHASES.index(phase)]
+        assert coefficients["largest_parameter"] < 0.5 and coefficients["linear_parameters"] == 0, (phase,
+                                                                                                   coefficients)
+
+
 def test_lora_trains_only_the_adapters_and_plans_their_state_alone():
     config = LlamaConfig(**TINY_LLAMA)
     shape = architecture.shape_of(architecture.empty_model(config), config)

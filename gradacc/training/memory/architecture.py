@@ -254,13 +254,17 @@ def activation_peak(model: torch.nn.Module, batch: dict, precision: str) -> int:
     return max(activation_phases(model, batch, precision))
 
 
-# The phases of one forward and backward whose peaks the config planner fits apart: the forward up to the loss; the
-# loss's backward up to the logits' gradient (logits-sized tensors side by side); the output head's backward (its
-# weight gradient made whole, beside the logits' gradient); the layers' backward (with checkpointing, one layer
-# recomputed beside the checkpoints). The head's two moments are one sum of terms each, not one sum for both: which
-# holds the peak depends on tokens × vocabulary against width × vocabulary, and the small copies have more tokens
-# than width where the models they plan may not.
-PHASES = ("forward", "loss_backward", "head_backward", "layers_backward")
+# The phases of one forward and backward whose peaks the config planner fits apart: the layers' forward, up to the
+# output head's input; the head's forward and the loss (logits, their fp32 copy and log-softmax); the loss's backward
+# up to the logits' gradient (logits-sized tensors side by side); the output head's backward (its weight gradient
+# made whole, beside the logits' gradient); the layers' backward (with checkpointing, one layer recomputed beside the
+# checkpoints). Each moment is one sum of terms; where two take turns holding one phase's peak across the small
+# copies, no linear fit follows both. So the forward is cut at the head: checkpointed, on the CPU, a layer's
+# attention scores (sdpa's math path in fp32, whenever attention dropout is on: the CPU flash kernel has none) hold
+# it at long sequences, the logits and loss at short ones; fitted as one, the largest parameter (the embedding) stood
+# in for the logits and scaled wrongly (GPT-2 28M pure bf16, m=1: +32 %). The head's two backward moments likewise:
+# which holds the peak depends on tokens × vocabulary against width × vocabulary.
+PHASES = ("layers_forward", "head_forward", "loss_backward", "head_backward", "layers_backward")
 
 
 def activation_phases(model: torch.nn.Module, batch: dict, precision: str) -> tuple[int, ...]:
@@ -279,11 +283,13 @@ def activation_phases(model: torch.nn.Module, batch: dict, precision: str) -> tu
 
     def on_logits(module, inputs, output) -> None:  # None: a forward hook's return value replaces the output
         if output.requires_grad:  # the logits' gradient computed: the loss's backward ends, the head's begins
-            output.register_hook(mark_at(1))
+            output.register_hook(mark_at(2))
 
+    # the head called: the layers' forward ends, the head's and the loss's begins (None: the inputs stay as they are)
+    head_input_hook = head.register_forward_pre_hook(mark_at(0))
     logits_hook = head.register_forward_hook(on_logits)
     # a full backward hook is set up by the module's forward: registered before it
-    head_hook = head.register_full_backward_hook(mark_at(2))
+    head_hook = head.register_full_backward_hook(mark_at(3))
     try:
         with live:
             live.hold([*model.parameters(), *(p.grad for p in trainable)])
@@ -294,6 +300,7 @@ def activation_phases(model: torch.nn.Module, batch: dict, precision: str) -> tu
             loss.backward()
             del loss
     finally:
+        head_input_hook.remove()
         logits_hook.remove()
         head_hook.remove()
     peaks = live.phase_peaks + [live.peak] * (len(PHASES) - len(live.phase_peaks))

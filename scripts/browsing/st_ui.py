@@ -34,7 +34,10 @@ def wait_for_app(page: Page, timeout_ms: int = RERUN_TIMEOUT_MS) -> None:
 
 
 def number_input(page: Page, label: str) -> Locator:
-    return page.locator("[data-testid=stNumberInput] input[type=number]").and_(page.get_by_label(label, exact=True))
+    """The number input with this label that a person can see (another with the same label may sit in a closed
+    expander: the planner's "from a config" mode names the same settings)."""
+    return page.locator("[data-testid=stNumberInput] input[type=number]").and_(
+        page.get_by_label(label, exact=True)).filter(visible=True)
 
 
 def set_number(page: Page, label: str, value: int | float, shown: str | None = None) -> None:

@@ -139,8 +139,8 @@ class Truth:
 
     def __init__(self, model, kind, ref_model=None, beta=0.1, label_smoothing=0.0, router=None):
         self.model, self.kind, self.beta, self.ref_model = model, kind, beta, ref_model
-        # DPO on an MoE model: (coef, router_loss(router_logits, attention_mask)); coef × the micro-batches' mean
-        # router loss is added to the objective (TRL's DPOTrainer adds coef · aux_loss to each micro-batch's loss).
+        # An MoE model: (coef, router_loss(router_logits, attention_mask)); coef × the micro-batches' mean router loss
+        # is added to the objective (its forward adds coef · aux_loss to its loss; TRL's DPOTrainer adds it to DPO's).
         self.router = router
         self.label_smoothing = label_smoothing
         self.records, self.ref_records = [], []
@@ -302,7 +302,19 @@ class Truth:
             loss, items = summed_loss(self.kind, self._logits_checked(record, checks), label, self.label_smoothing)
             (loss / total).backward()
             per_batch.append(items)
-        return {"micro_batches": len(records), "window_items": total, "items": per_batch, "replay_bitwise": checks}
+        info = {"micro_batches": len(records), "window_items": total, "items": per_batch, "replay_bitwise": checks}
+        self._router_term(records)
+        return info
+
+    def _router_term(self, records) -> None:
+        """An MoE model's router term, added to the truth: coef × the micro-batches' mean router loss, by hand."""
+        if self.router is None:
+            return
+        coefficient, router_loss = self.router
+        for record in records:
+            out = self._replay(self.model, record, strip=LOSS_KWARGS)
+            aux = router_loss(out.router_logits, record["kwargs"].get("attention_mask"))
+            (coefficient * aux / len(records)).backward()
 
     def _dpo(self):
         records, checks = self.grad_records(), []
@@ -320,12 +332,8 @@ class Truth:
             (loss / pairs).backward()
         info = {"micro_batches": len(records), "window_items": pairs, "replay_bitwise": checks}
         if self.router is not None:  # DPO's part alone kept, then the router term added
-            coefficient, router_loss = self.router
             info["dpo_alone"] = self._grads()
-            for record in records:
-                out = self._replay(self.model, record, strip=LOSS_KWARGS)
-                aux = router_loss(out.router_logits, record["kwargs"].get("attention_mask"))
-                (coefficient * aux / len(records)).backward()
+            self._router_term(records)
         return info
 
 

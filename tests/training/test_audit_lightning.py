@@ -15,8 +15,9 @@ L = pytest.importorskip("lightning", reason="gradacc.audit's Lightning tests nee
 
 from audit_support import K, lm_collator, lm_data, llama  # noqa: E402 (after the skip: lightning is optional)
 from audit_truth import Truth  # noqa: E402
+from test_audit_moe import mixtral, router_loss_by_hand  # noqa: E402
 from gradacc.training.audit import verdict as V  # noqa: E402
-from gradacc.training.audit.vocabulary import LossKind  # noqa: E402
+from gradacc.training.audit.vocabulary import CheckName, LossKind  # noqa: E402
 from support import ROOT  # noqa: E402
 
 
@@ -85,6 +86,17 @@ class LitHF(L.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.AdamW(self.parameters(), lr=2e-3)
+
+
+class LitMoE(LitHF):
+    """Lightning's 🤗 recipe on a mixture of experts (a tiny Mixtral, router loss on): the model's loss holds its
+    router term, coef · aux_loss, which Lightning divides by k with the rest."""
+
+    def __init__(self):
+        L.LightningModule.__init__(self)
+        from transformers import MixtralForCausalLM
+
+        self.model = MixtralForCausalLM(mixtral(ROUTER_COEFFICIENT))
 
 
 class Classifier(L.LightningModule):
@@ -186,7 +198,7 @@ class _CloseTruth(L.Callback):
 
 
 def run(module_cls, data, *, kind=None, labels=None, k=K, epochs=1, max_steps=-1, audited=True, collate=None,
-        clip=1.0, **audit_options):
+        clip=1.0, router=None, **audit_options):
     """``Trainer(accumulate_grad_batches=k).fit`` on CPU; (verdict, truth result, weights after the run)."""
     from gradacc.audit import AuditCallback
 
@@ -197,7 +209,7 @@ def run(module_cls, data, *, kind=None, labels=None, k=K, epochs=1, max_steps=-1
     callbacks = [audit] if audit else []
     truth = None
     if kind:
-        truth = Truth(getattr(module, "model", module), kind)
+        truth = Truth(getattr(module, "model", module), kind, router=router)
         truth._handles.pop().remove()  # Lightning steps with a closure: the truth is taken after the hooks instead
         callbacks.insert(0, _CloseTruth(truth, labels))
         clipping = module.configure_gradient_clipping
@@ -255,6 +267,36 @@ def test_a_forward_that_calls_the_hf_model_with_labels_is_recorded_and_its_own_l
     verdict, truth, _ = run(LitHF, lm_data(32), kind="causal", labels=lm_labels, collate=lm_collator(), max_steps=1)
     matches_truth(verdict, truth)
     assert verdict.model == "LitHF" and verdict.kind == LossKind.CAUSAL and verdict.gradient == V.WEIGHTED, verdict.line
+
+
+ROUTER_COEFFICIENT = 0.02
+
+
+def moe_truth():
+    return ROUTER_COEFFICIENT, lambda logits, mask: router_loss_by_hand(logits, 2, mask)
+
+
+def test_an_moe_model_in_a_lightning_module_has_its_router_term_judged_against_the_truth():
+    """The MoE model inside the LightningModule is found (its router loss's settings, its router weights): with
+    micro-batches of equal tokens the step is the window's mean loss plus coef × the micro-batches' mean router loss
+    (the truth by hand, router term included), and the audit says exact, the router term exact on the router weights;
+    with uneven ones, Lightning's per-micro-batch weighting of the main loss (#20350), the router term still right,
+    and a fix that says why weighting by items in training_step would not keep the router term."""
+    even = lm_data(32, low=6, high=7)  # every text 6 words: every micro-batch the same tokens
+    verdict, truth, _ = run(LitMoE, even, kind="causal", labels=lm_labels, collate=lm_collator(), max_steps=1,
+                            router=moe_truth())
+    measured = truth["accumulated_vs_truth"]
+    assert all(truth["replay_bitwise"]) and measured["ratio"] == pytest.approx(1, abs=1e-5)
+    assert measured["residual"] < 1e-5
+    assert verdict.ok and verdict.gradient == V.EXACT and verdict.router.cause == V.EXACT, verdict.line
+
+    verdict, truth, _ = run(LitMoE, lm_data(32), kind="causal", labels=lm_labels, collate=lm_collator(), max_steps=1,
+                            router=moe_truth())
+    assert truth["accumulated_vs_truth"]["residual"] > 0.01  # not the window's mean objective: as the audit says
+    assert verdict.gradient == V.WEIGHTED and verdict.router.cause == V.EXACT, verdict.line
+    assert verdict.weighted_fit.plain_scale and verdict.weighted_fit.near(1)
+    assert verdict.check(CheckName.ROUTER_LOSS).ok
+    assert verdict.fix.endswith("or keep Lightning's weighting knowingly") and "#20350" in verdict.fix
 
 
 def test_a_plain_classifier_with_equal_micro_batches_is_exact_and_the_audited_run_is_bit_identical():

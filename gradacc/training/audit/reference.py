@@ -101,7 +101,9 @@ class Replayer:
         if counting is None:  # a model of the user's own: its kind from its own loss, on the first micro-batch
             with torch.no_grad():
                 output = self._forward(1, micro_batches[0])
+                self._aux = self._router_loss(micro_batches[0], output)  # in its loss beside the kind's
             counting = self._find_kind(micro_batches[0], output)
+            self._aux = None
         return [losses.items(counting, *_labels(m)) for m in micro_batches]
 
     def replay(self, micro_batches: list[MicroBatch], divisors: list[float], with_router: bool = True,

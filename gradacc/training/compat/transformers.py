@@ -24,12 +24,22 @@ class RouterSettings(NamedTuple):
     per_token: int              # experts chosen per token (top k)
 
 
+def moe_model(model):
+    """The MoE model in ``model``: itself, or the first module inside it (a LightningModule's ``self.model``, a
+    user's wrapper, PEFT's) that holds its router loss's settings; None when there is none."""
+    for module in model.modules():
+        if hasattr(module, "router_aux_loss_coef") and hasattr(module, "num_experts_per_tok"):
+            return module
+    return None
+
+
 def router_loss_settings(model) -> RouterSettings | None:
     """How an MoE model whose forward adds its router (load-balancing) loss to its loss (when it is given labels and
     ``output_router_logits`` is on) weighs it: the MoE ``…ForCausalLM`` classes (Mixtral, Qwen2-MoE, Qwen3-MoE, …)
     copy ``router_aux_loss_coef``, ``num_experts`` and ``num_experts_per_tok`` onto the instance at build, and their
-    forward reads the instance's coefficient. None for any other model (their classifiers add none), or a coefficient
-    of 0."""
+    forward reads the instance's coefficient. ``model`` may hold it (``moe_model``). None for any other model (their
+    classifiers add none), or a coefficient of 0."""
+    model = moe_model(model)
     forward = getattr(model, "router_aux_loss_coef", None)
     experts, per_token = getattr(model, "num_experts", None), getattr(model, "num_experts_per_tok", None)
     configured = getattr(getattr(model, "config", None), "router_aux_loss_coef", forward)
@@ -39,9 +49,11 @@ def router_loss_settings(model) -> RouterSettings | None:
 
 
 def router_parameter_names(model) -> set[str]:
-    """The names of the router (gate) weights: the parameters of the modules whose output the model records as its
-    ``router_logits`` (``_can_record_outputs["router_logits"]``, an ``OutputRecorder`` of the router's class)."""
-    recorder = (getattr(model, "_can_record_outputs", None) or {}).get("router_logits")
+    """The names, in ``model``, of the router (gate) weights of the MoE model it is or holds: the parameters of the
+    modules whose output that model records as its ``router_logits`` (``_can_record_outputs["router_logits"]``, an
+    ``OutputRecorder`` of the router's class)."""
+    inner = moe_model(model) or model
+    recorder = (getattr(inner, "_can_record_outputs", None) or {}).get("router_logits")
     router_class = getattr(recorder, "target_class", recorder)
     if not isinstance(router_class, type):
         return set()

@@ -8,6 +8,7 @@ import contextlib
 import io
 import json
 import sys
+from pathlib import Path
 
 from gradacc.training import distributed
 from gradacc.cli import main
@@ -121,6 +122,36 @@ def ddp_bucket_bytes() -> dict:
     return seen
 
 
+def audited_grpo(loss_type: str, steps_per_generation: int | None) -> dict:
+    """The user's GRPO script (audit_scripts/train_grpo.py), k = 2, on 2 ranks with gradacc.audit: the verdict, and
+    what each of this rank's micro-batches was given (its completion tokens, the generation's count)."""
+    import importlib.util
+
+    import torch
+    from transformers import PrinterCallback
+
+    from gradacc.audit import audit_trainer
+
+    spec = importlib.util.spec_from_file_location("train_grpo", Path(__file__).parent / "audit_scripts" /
+                                                  "train_grpo.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    trainer = script.trainer(loss_type, 2, steps_per_generation, max_grad_norm=0.0)
+    trainer.remove_callback(PrinterCallback)
+    given, compute = [], trainer._compute_loss
+
+    def recording(model, inputs):
+        if model.training and torch.is_grad_enabled():
+            given.append({"tokens": float(inputs["completion_mask"].sum()),
+                          "generation_tokens": float(inputs["num_items_in_batch"])})
+        return compute(model, inputs)
+
+    trainer._compute_loss = recording
+    audit = audit_trainer(trainer)
+    trainer.train()
+    return {"verdict": audit.verdict.as_dict(), "given": given}
+
+
 def main_audit(*args: str) -> dict:
     """``python -m gradacc audit`` under this launch: every rank audits, rank 0 prints the report."""
     out = io.StringIO()
@@ -143,6 +174,8 @@ def work() -> dict:
                       "trainer_default": audited_trainer(False), "trainer_fixed": audited_trainer(True)}
     seen["cli_audit"] = main_audit("--model", "tiny-bert", "-m", "4", "-k", "2", "--max-seq-length", "32", "--json")
     seen["ddp_bucket_bytes"] = ddp_bucket_bytes()
+    seen["grpo"] = {"dapo": audited_grpo("dapo", None), "dapo_spg4": audited_grpo("dapo", 4),
+                    "bnpo": audited_grpo("bnpo", None)}
     seen["cli_check"] = main_check("--backend", "pytorch", "-m", "4", "-k", "2", "--max-seq-length", "32", "--json")
     return seen
 

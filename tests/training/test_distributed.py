@@ -399,3 +399,26 @@ def test_ddp_holds_a_copy_of_the_gradients_in_its_buckets_as_the_planner_counts_
         assert seen["alone"] == seen["gradients"] > 0  # the gradients, and nothing else, alive after backward
         assert seen["ddp"] - seen["alone"] == seen["gradients"] == seen["planned"]
         assert seen["bucket_view"] == seen["alone"]
+
+
+def test_grpo_on_two_processes_is_judged_over_every_processs_micro_batches(ranks):
+    """TRL's GRPOTrainer under DDP (the user's script, k = 2): the window is both ranks' micro-batches, as TRL's
+    normalisers count them (dapo: the generation's tokens over every process) and DDP averages. dapo with
+    steps_per_generation = k is exact; at 2k the step is the window's tokens ÷ (the generation's × k/spg), by hand from
+    what both ranks' micro-batches were given; bnpo follows its documented per-micro-batch mean."""
+    from gradacc.training.audit import verdict as V
+
+    for rank in (0, 1):
+        seen = ranks[rank]["grpo"]
+        exact = seen["dapo"]["verdict"]
+        assert exact["gradient"] == V.EXACT and exact["num_processes"] == 2, exact["line"]
+        assert abs(exact["fit"]["scale"] - 1) < 1e-4 and exact["fit"]["residual"] < 1e-4
+        given = [ranks[r]["grpo"]["dapo_spg4"]["given"][:2] for r in (0, 1)]  # each rank's first window
+        window_tokens = sum(batch["tokens"] for held in given for batch in held)
+        generation = given[0][0]["generation_tokens"]
+        assert all(batch["generation_tokens"] == generation for held in given for batch in held)
+        scaled = seen["dapo_spg4"]["verdict"]
+        assert scaled["gradient"] == V.GENERATION_COUNT and scaled["window_items"] == window_tokens, scaled["line"]
+        assert scaled["fit"]["scale"] == pytest.approx(window_tokens * 4 / (generation * 2), rel=1e-4)
+        by_design = seen["bnpo"]["verdict"]
+        assert by_design["gradient"] == V.BY_DESIGN and abs(by_design["fit"]["scale"] - 1) < 1e-4, by_design["line"]

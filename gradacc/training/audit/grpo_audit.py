@@ -9,6 +9,8 @@ held constant, and ``autograd.grad`` gives its share. Every documented aggregate
 normalisers that depend only on the masks, so the shares add up to the window's gradient, and the same shares
 weighted give the two other gradients a verdict needs: the window's token mean (``bnpo``'s distance from it) and
 the token mean divided per generation batch (``dapo``/``cispo``/``vespo`` when ``steps_per_generation`` ≠ k).
+On several processes the window is every process's micro-batches: each replays its own, holds the others', and the
+shares are summed over the processes.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 
 import torch
 
+from gradacc.training import distributed
 from gradacc.training.audit import grpo, losses
 from gradacc.training.audit.capture import RandomState
 from gradacc.training.audit.verdict import NOT_JUDGED, Fit, Verdict, clip_check
@@ -74,9 +77,9 @@ def unsupported(trainer, window: list[dict]) -> str | None:
     reason = trl.grpo_unsupported(args, trainer)
     if reason:
         return reason
-    if args.world_size > 1:
-        return (f"on {args.world_size} processes the loss types' normalisers count tokens over every process; the "
-                "audit judges GRPO on one process")
+    if args.world_size > 1 and not distributed.is_distributed():
+        return (f"{args.world_size} processes that share no process group: each would be judged against a window it "
+                "does not hold")
     extra = sorted({key for inputs in window for key in trl.grpo_model_inputs(inputs)})
     if extra:
         return (f"the micro-batches hold {', '.join(extra)}: a mask, a ratio or a model input the audit's objective "
@@ -107,14 +110,21 @@ def judge(trainer, micro_batches: list, clips: tuple, precision: str) -> Verdict
     final = [c.factor for c in clips if c.after_micro_batch >= j]  # judged before the step's own clipping
     unclip = 1.0 / math.prod(final) if final and math.prod(final) > 0 else 1.0
 
-    tokens = [float(inputs["completion_mask"].sum()) for inputs in window]
+    # On P processes the window is every process's micro-batches (rank 0's first): the documented aggregates count
+    # over all of them, as TRL's normalisers and DDP's average do. Each process replays its own and holds the others'.
+    everyone = _over_processes(window)
+    start = sum(len(held) for held in everyone[:distributed.rank()]) if len(everyone) > 1 else 0
+    whole = [inputs for held in everyone for inputs in held]
+    processes = len(everyone)
+    tokens = [float(inputs["completion_mask"].sum()) for inputs in whole]
     window_tokens = sum(tokens)
     generation_tokens = [float(inputs["num_items_in_batch"]) if "num_items_in_batch" in inputs else None
-                         for inputs in window]
+                         for inputs in whole]
     spg = args.steps_per_generation or k
-    # Each micro-batch's share × these weights: the window's token mean (bnpo's shares are ÷ k·n_i), and the token
+    # Each micro-batch's share × these weights: the window's token mean (bnpo's shares are ÷ k·P·n_i), and the token
     # mean with each micro-batch's tokens ÷ its generation batch's count × k/spg (dapo's are ÷ the window's count).
-    weights = {"token_mean": [k * n / window_tokens for n in tokens]} if loss_type in MICRO_BATCH_LOSSES else {}
+    weights = ({"token_mean": [k * processes * n / window_tokens for n in tokens]}
+               if loss_type in MICRO_BATCH_LOSSES else {})
     if loss_type in TOKEN_COUNT_LOSSES and None not in generation_tokens:
         weights["generation"] = [window_tokens * spg / (g * k) for g in generation_tokens]
     # In float32 whatever the parameters' dtype: a bf16 sum of k shares would round each one.
@@ -123,12 +133,13 @@ def judge(trainer, micro_batches: list, clips: tuple, precision: str) -> Verdict
     objective = settings(args)
     kept = RandomState.take()
     try:
-        for i, (micro_batch, inputs) in enumerate(zip(micro_batches, window)):
+        for mine_at, (micro_batch, inputs) in enumerate(zip(micro_batches, window)):
+            i = start + mine_at  # its place in the whole window
             if micro_batch.rng is not None:
                 micro_batch.rng.put_back_torch()  # dropout draws as the run's forward did
             with _autocast_of(micro_batch):
                 mine = replayed(model, inputs, args.temperature)
-            alone = [mine if n == i else _held(other, mine.logps.dtype) for n, other in enumerate(window)]
+            alone = [mine if n == i else _held(other, mine.logps.dtype) for n, other in enumerate(whole)]
             share = torch.autograd.grad(grpo.window_objective(loss_type, alone, objective), list(params.values()),
                                         allow_unused=True)
             for (name, _), g in zip(params.items(), share):
@@ -140,14 +151,16 @@ def judge(trainer, micro_batches: list, clips: tuple, precision: str) -> Verdict
                     sums[which][name].add_(g, alpha=w[i])
     finally:
         kept.put_back()
+    if processes > 1:  # each process's shares: the whole window's gradient is their sum
+        sums = {which: _summed_over_processes(shares) for which, shares in sums.items()}
     seconds = time.perf_counter() - started
     if not any(bool(g.any()) for g in sums["reference"].values()):  # nothing to project on
         return Verdict(gradient=NOT_JUDGED, meaning=f"GRPOTrainer, loss_type={loss_type!r}: the window's objective has "
                        "no gradient (every advantage 0: the rewards of each prompt's completions tie)", **base)
     fits = {which: _fit(applied, sums[which], unclip, precision) for which in sums}
     fit = fits["reference"]
-    cause, meaning, fix = _cause(loss_type, fit, fits, k, spg, window_tokens, generation_tokens, j)
-    return Verdict(gradient=cause, meaning=meaning, fix=fix, fit=fit, items=tuple(tokens),
+    cause, meaning, fix = _cause(loss_type, fit, fits, k, spg, window_tokens, generation_tokens, len(whole))
+    return Verdict(gradient=cause, meaning=meaning, fix=fix, fit=fit, items=tuple(tokens[start:start + j]),
                    reference=f"the documented {loss_type} objective, computed from the window's stored completions, "
                              "advantages and log-probs",
                    window_items=window_tokens, counted_items=generation_tokens[0],
@@ -191,6 +204,33 @@ def _cause(loss_type, fit, fits, k, spg, window_tokens, generation_tokens, j):
                 f"{fit.residual:.2g})", None)
     return (Cause.OTHER_LOSS, f"the step is not the gradient of {documented}: best scale {fit.scale:.4g}, residual "
             f"{fit.residual:.2g}", None)
+
+
+def _over_processes(window: list[dict]) -> list[list[dict]]:
+    """Every process's micro-batches, as much of them as holding one needs (its mask, advantages and generation
+    count), in rank order; [window] on one process."""
+    if not distributed.is_distributed():
+        return [window]
+    import torch.distributed as dist  # here: only a run on several processes has a process group to gather over
+
+    kept = ("completion_mask", "advantages", "num_items_in_batch")
+    mine = [{key: inputs[key].detach().cpu() for key in kept if key in inputs} for inputs in window]
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    device = window[0]["completion_mask"].device if window else "cpu"
+    everyone[distributed.rank()] = window  # its own, whole and where they are
+    return [held if rank == distributed.rank() else [{key: value.to(device) for key, value in inputs.items()}
+                                                     for inputs in held]
+            for rank, held in enumerate(everyone)]
+
+
+def _summed_over_processes(gradient: dict) -> dict:
+    import torch.distributed as dist  # here: only a run on several processes has a process group to sum over
+
+    names = sorted(gradient)
+    flat = torch.cat([gradient[name] for name in names])
+    dist.all_reduce(flat)
+    return dict(zip(names, flat.split([gradient[name].numel() for name in names])))
 
 
 def _fit(applied: dict, reference: dict, gradient_scale: float, precision: str) -> Fit:

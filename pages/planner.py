@@ -4,7 +4,7 @@ import pandas as pd
 import streamlit as st
 
 from gradacc.analysis import config_plan, learning_steps, planner, sharding
-from gradacc.app import charts, inputs, navigation, server, train_form
+from gradacc.app import charts, inputs, navigation, scroll, server, train_form
 from gradacc import units
 from gradacc.config import RunConfig
 from gradacc.labels import field_label
@@ -32,7 +32,9 @@ st.markdown("Training memory = **static** (parameters + gradients + optimizer st
             "ranks those that fit your budget, with m (a power of two) × k = your target effective batch exactly.")
 
 
-CONFIG_PLAN = "planner.config_plan"
+CONFIG_PLAN = "planner.config_plan"  # the last plan from a config, or {"error": its one line}
+CONFIG_PLANS = "planner.config_plans"  # clicks so far: each brings its result into view once
+CONFIG_RESULT = "config-plan-result"
 
 
 def plan_from_config() -> None:
@@ -55,7 +57,8 @@ def plan_from_config() -> None:
     target = target_column.number_input(field_label("target_effective_batch"), min_value=1, value=256,
                                         key=K + "config_target")
     ranks = ranks_column.selectbox(field_label("processes"), PLANNED_PROCESSES, key=K + "config_processes")
-    if st.button("Plan from the config", key="plan_config", disabled=not (source.strip() or upload)):
+    clicked = st.button("Plan from the config", key="plan_config", disabled=not (source.strip() or upload))
+    if clicked:
         warmup.wait_until_warm()  # it imports torch: never beside the warm-up's import (gradacc.serving.warmup)
         try:
             with st.spinner("Measuring the family's small copies…"):
@@ -64,10 +67,20 @@ def plan_from_config() -> None:
                         gigabytes), sequence_length=int(length), target_effective_batch=int(target),
                     processes=int(ranks))
         except GradaccError as error:
-            st.session_state.pop(CONFIG_PLAN, None)
-            st.error(error.message)
-    result = st.session_state.get(CONFIG_PLAN)
+            st.session_state[CONFIG_PLAN] = {"error": error.message}
+        st.session_state[CONFIG_PLANS] = st.session_state.get(CONFIG_PLANS, 0) + 1
+    with st.container(key=CONFIG_RESULT):  # below the fields: brought into view after each click
+        show_config_plan(st.session_state.get(CONFIG_PLAN))
+    if clicked:
+        scroll.into_view(CONFIG_RESULT, nonce=f"plan {st.session_state[CONFIG_PLANS]}")
+
+
+def show_config_plan(result: dict | None) -> None:
+    """The plan from a config (its table, the pick's terms, accelerate's view), or the one line saying why not."""
     if result is None:
+        return
+    if "error" in result:
+        st.error(result["error"])
         return
     if result["reason"]:
         st.error(result["reason"])

@@ -519,5 +519,6 @@ def plan_upload(uploaded: bytes | None, source: str, **options) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "config.json"
         path.write_bytes(uploaded)
-        result = plan(str(path), **options)
+        # a file of our own making, not a visitor's path: read wherever the temporary folder is
+        result = plan(str(path), **{**options, "confinement": paths.TRUST_USER})
     return result | {"model": "the uploaded config.json"}

@@ -107,3 +107,34 @@ def test_the_default_pick_learns_on_the_train_page_at_1280x720(page, artifacts):
     expect(page.get_by_text(f"optimizer step {steps} of {steps}")).to_be_visible()
     st_ui.expect_no_exception(page)
     st_ui.screenshot(page, artifacts / "planner-pick-trained-1280x720.png")
+
+
+def test_a_config_plan_and_its_refusal_come_into_view_at_1280x720(page, tmp_path):
+    """An uploaded config.json planned from the expander: the one-line refusal of a sequence longer than the model's
+    positions, in the field's words, and then the plan's table, each in view after its click (they are drawn below
+    the fields, under the fold of a projector)."""
+    from transformers import LlamaConfig
+
+    LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=176, num_attention_heads=4, num_key_value_heads=2,
+                vocab_size=512, max_position_embeddings=256).save_pretrained(tmp_path)
+    page.set_viewport_size(PROJECTOR)
+    st_ui.open_app(page, "/planner")
+    expander = page.get_by_test_id("stExpander").filter(has_text="Plan a model you cannot run here")
+    expander.get_by_text("Plan a model you cannot run here (from its config)").click()
+    expander.get_by_test_id("stFileUploaderDropzoneInput").set_input_files(tmp_path / "config.json")
+    st_ui.wait_for_app(page)
+    length = expander.get_by_label("Max sequence length (tokens)", exact=True)
+    for value, shown in ((4096, "Max sequence length (tokens) 4096 is longer than the model's "
+                                "max_position_embeddings (256)."), (128, None)):
+        length.fill(str(value))
+        length.press("Tab")
+        st_ui.wait_for_app(page)
+        expander.get_by_role("button", name="Plan from the config", exact=True).click()
+        result = page.locator(".st-key-config-plan-result")
+        if shown:
+            expect(result.get_by_test_id("stAlert")).to_have_text(shown, timeout=MEASURE_TIMEOUT_MS)
+            expect(result.get_by_test_id("stAlert")).to_be_in_viewport(ratio=1.0)
+        else:
+            expect(result.get_by_test_id("stDataFrame")).to_be_visible(timeout=MEASURE_TIMEOUT_MS)
+            expect(result).to_be_in_viewport()
+    st_ui.expect_no_exception(page)

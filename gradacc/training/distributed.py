@@ -135,6 +135,20 @@ def sum_over_ranks(values: list[float], device) -> list[float]:
     return tensor.tolist()
 
 
+def sum_gradients_over_ranks(gradient: dict) -> dict:
+    """Each rank's {name: flat tensor} added up, name by name, in float32 (one all-reduce); as it is on one
+    process."""
+    if not is_distributed():
+        return gradient
+    import torch  # here: the app and `gradacc --help` import this module before torch loads
+    import torch.distributed as dist
+
+    names = sorted(gradient)
+    flat = torch.cat([gradient[name].float() for name in names])
+    dist.all_reduce(flat)
+    return dict(zip(names, flat.split([gradient[name].numel() for name in names])))
+
+
 def gather_from_ranks(values: list[float], device) -> list[list[float]]:
     """Every rank's ``values`` (as many on each), in rank order, on every rank (one all-gather); float64 holds
     byte counts exactly up to 2**53."""

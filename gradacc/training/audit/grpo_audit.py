@@ -152,7 +152,7 @@ def judge(trainer, micro_batches: list, clips: tuple, precision: str) -> Verdict
     finally:
         kept.put_back()
     if processes > 1:  # each process's shares: the whole window's gradient is their sum
-        sums = {which: _summed_over_processes(shares) for which, shares in sums.items()}
+        sums = {which: distributed.sum_gradients_over_ranks(shares) for which, shares in sums.items()}
     seconds = time.perf_counter() - started
     if not any(bool(g.any()) for g in sums["reference"].values()):  # nothing to project on
         return Verdict(gradient=NOT_JUDGED, meaning=f"GRPOTrainer, loss_type={loss_type!r}: the window's objective has "
@@ -222,15 +222,6 @@ def _over_processes(window: list[dict]) -> list[list[dict]]:
     return [held if rank == distributed.rank() else [{key: value.to(device) for key, value in inputs.items()}
                                                      for inputs in held]
             for rank, held in enumerate(everyone)]
-
-
-def _summed_over_processes(gradient: dict) -> dict:
-    import torch.distributed as dist  # here: only a run on several processes has a process group to sum over
-
-    names = sorted(gradient)
-    flat = torch.cat([gradient[name] for name in names])
-    dist.all_reduce(flat)
-    return dict(zip(names, flat.split([gradient[name].numel() for name in names])))
 
 
 def _fit(applied: dict, reference: dict, gradient_scale: float, precision: str) -> Fit:

@@ -18,7 +18,6 @@ import time
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from gradacc.training import distributed
 from gradacc.training.audit import causes, losses, router
@@ -88,6 +87,7 @@ def measure(setup: Setup, micro_batches: list[MicroBatch], log: WindowLog, backw
         with set_aside(setup.module, setup.trainer), setup.no_sync():
             device = next(iter(applied.values())).device
             items = replayer.count(micro_batches)
+            router_weight = _router_weight(setup, replayer, j, shared=not copies)  # None: none, or fitted apart
             if items is None:  # the user's loss_fn counts them as it runs: summed first, ÷ the window's items after
                 reference = replayer.replay(micro_batches, [1.0] * j)
                 items = list(reference.items)
@@ -100,8 +100,7 @@ def measure(setup: Setup, micro_batches: list[MicroBatch], log: WindowLog, backw
                 # ÷ the window's items, as a right run divides: a right run's gradient comes back bit for bit in bf16.
                 # An MoE model's router term goes into the same backward, at its right weight: told apart (a second
                 # replay) only when the step is not that objective's gradient.
-                reference = replayer.replay(micro_batches, [window_items] * j,
-                                            router_weight=_router_weight(setup, replayer, j, shared=not copies))
+                reference = replayer.replay(micro_batches, [window_items] * j, router_weight=router_weight)
             seconds = time.perf_counter() - started  # the replay: one forward+backward of the window
             window_loss = over_ranks([reference.summed_loss], device)[0]
             # The scales a cause would give, measured in the projection's one pass: k (k·P), 1/k, j/k, N/N′.
@@ -125,7 +124,7 @@ def measure(setup: Setup, micro_batches: list[MicroBatch], log: WindowLog, backw
                     for p in params.values():
                         p.grad = None
                     replayer.replay(micro_batches, [window_items] * j, with_router=False)
-                    replayer.router_apart(both, _router_weight(setup, replayer, j, shared))
+                    replayer.router_apart(both, router_weight)
                     router_term, fit, told_apart = None, None, True
             if replayer.router_gradient:  # an MoE model's router loss: judged apart, and taken out of the main's
                 router_term, applied = _router_term(setup, replayer, applied, params, unclip, precision, j, shared,
@@ -253,16 +252,12 @@ def _router_term(setup: Setup, replayer: Replayer, applied: dict, params: dict, 
     # coef × the gradient of the mean router loss over the window's micro-batches, on every process
     reference = {name: g * (coefficient / (j * processes)) for name, g in replayer.router_gradient.items()}
     if shared:
-        main, reference = _sum_over_ranks(main), _sum_over_ranks(reference)
-    mean, window_loss = _router_losses(replayer, j, processes, device, over_ranks)
+        main, reference = distributed.sum_gradients_over_ranks(main), distributed.sum_gradients_over_ranks(reference)
     main_scale, router_scale = router.two_term_scales(applied, main, reference, unclip)
     names = compat_transformers.router_parameter_names(setup.module) & set(reference) or set(reference)
     expected = [1.0, 0.0, setup.k, setup.k * processes]
     fit, off = router.router_term_fit(applied, main, reference, names, main_scale, unclip, precision, expected)
-    judging = dict(fit=fit, who=setup.who, k=setup.k, processes=processes, coefficient=coefficient,
-                   forward_coefficient=replayer.router.forward_coefficient, main_scale=main_scale, off=off,
-                   micro_batch_mean=mean, window_loss=window_loss,
-                   in_function=setup.custom_loss == "compute_loss_func")
+    judging = _router_judging(setup, replayer, j, processes, device, over_ranks, fit, main_scale, off)
     return judging, router.without_router(applied, reference, router_scale, unclip)
 
 
@@ -292,17 +287,23 @@ def _router_together(setup: Setup, replayer: Replayer, applied: dict, params: di
     names = compat_transformers.router_parameter_names(setup.module)
     both = {name: p.grad.detach().reshape(-1) for name, p in params.items() if p.grad is not None and name in names}
     if shared:
-        both = _sum_over_ranks(both)
+        both = distributed.sum_gradients_over_ranks(both)
     step = {name: applied[name] for name in both if name in applied}
     if not step:
         return None
     numbers = projection(step, both, gradient_scale=unclip, expected=[setup.k, setup.k * processes])
     fit = Fit(numbers["scale"], numbers["residual"], numbers["se"], numbers["rel_error"], precision)
+    return _router_judging(setup, replayer, j, processes, device, over_ranks, fit, main_scale, numbers["rel_error"])
+
+
+def _router_judging(setup: Setup, replayer: Replayer, j: int, processes: int, device, over_ranks, fit: Fit,
+                    main_scale: float, off: float) -> dict:
+    """What router.judge takes: the router term's ``fit`` on the router weights, beside the run's settings and the
+    window's router losses."""
     mean, window_loss = _router_losses(replayer, j, processes, device, over_ranks)
     return dict(fit=fit, who=setup.who, k=setup.k, processes=processes, coefficient=replayer.router.coefficient,
-                forward_coefficient=replayer.router.forward_coefficient, main_scale=main_scale,
-                off=numbers["rel_error"], micro_batch_mean=mean, window_loss=window_loss,
-                in_function=setup.custom_loss == "compute_loss_func")
+                forward_coefficient=replayer.router.forward_coefficient, main_scale=main_scale, off=off,
+                micro_batch_mean=mean, window_loss=window_loss, in_function=setup.custom_loss == "compute_loss_func")
 
 
 def _router_check(fit: RouterFit, leads: bool, folded: bool = False) -> Check:
@@ -335,16 +336,6 @@ def _fit(applied: dict, params: dict, gradient_scale: float, precision: str, exp
     that share the gradient)."""
     reference = {name: p.grad.detach().reshape(-1) for name, p in params.items() if p.grad is not None}
     if shared:
-        reference = _sum_over_ranks(reference)
+        reference = distributed.sum_gradients_over_ranks(reference)
     numbers = projection(applied, reference, gradient_scale=gradient_scale, expected=expected)
     return Fit(numbers["scale"], numbers["residual"], numbers["se"], numbers["rel_error"], precision)
-
-
-def _sum_over_ranks(gradient: dict) -> dict:
-    """Each process's share of the reference added up (one all-reduce); as it is on one process."""
-    if not distributed.is_distributed():
-        return gradient
-    names = sorted(gradient)
-    flat = torch.cat([gradient[n].float() for n in names])
-    dist.all_reduce(flat)
-    return dict(zip(names, flat.split([gradient[n].numel() for n in names])))

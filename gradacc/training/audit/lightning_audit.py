@@ -69,6 +69,7 @@ LOSS_FN = "AuditCallback(loss_fn=lambda model, batch: (<the loss summed over the
 # Weighting by items rescales every gradient at the step, an MoE model's router term with them; that term is right as
 # the model adds it (Lightning's ÷ k makes it the micro-batches' mean), and keeping it right under the rescale needs
 # the window's items before its first backward, which training_step does not have.
+RESCALING = (WEIGHTED, SHORT_WINDOW)  # the causes whose fix (WEIGHT_BY_ITEMS) rescales the gradients at the step
 ROUTER_KEPT = ("; this MoE model's router term is right as Lightning divides it (the router_loss check), and the "
                "rescale would scale it too: with a router loss, weight by items only in a loop that counts the "
                "window's items before its first backward (gradacc audit's plain-loop fix), or keep Lightning's "
@@ -260,7 +261,7 @@ def in_lightning_terms(verdict: Verdict, items: str) -> Verdict:
     changes = {}
     if fix is not None:
         changes["fix"] = fix.format(items=items, j=verdict.micro_batches, k=verdict.k)
-        if WEIGHT_BY_ITEMS.format(items=items) in changes["fix"] and verdict.router is not None:
+        if verdict.gradient in RESCALING and verdict.router is not None:
             changes["fix"] += ROUTER_KEPT
     if verdict.gradient == K_TIMES:  # the catalogue's reason is Trainer's or Accelerate's
         changes["meaning"] = (verdict.meaning.split("): ", 1)[0] + "): training_step returned k× each micro-batch's "

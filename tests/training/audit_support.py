@@ -53,6 +53,15 @@ def bert(dropout=0.1, **extra):
                       vocab_size=VOCAB, pad_token_id=0, **extra)
 
 
+def mixtral(coefficient):
+    from transformers import MixtralConfig
+
+    return MixtralConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=1, max_position_embeddings=128, num_local_experts=4,
+                         num_experts_per_tok=2, output_router_logits=True, router_aux_loss_coef=coefficient,
+                         num_labels=2, **SMALL)
+
+
 def lm_data(count=48, seed=0, low=3, high=14):
     tok = tokenizer()
     return [{"input_ids": tok(t)["input_ids"]} for t in texts(count, seed, low, high)]

@@ -337,6 +337,23 @@ class Truth:
         return info
 
 
+def router_loss_by_hand(router_logits, top_k, attention_mask):
+    """E · Σ_e (top-k choices of e ÷ rows) · (router probabilities of e summed ÷ rows), over every layer's rows
+    that are not padding, one row at a time."""
+    experts = router_logits[0].shape[-1]
+    keep = attention_mask.reshape(-1).tolist()
+    chosen, probability, rows = [0] * experts, 0, 0
+    for layer in router_logits:
+        for row, kept in zip(layer, keep):
+            if not kept:
+                continue
+            p = torch.softmax(row.double(), dim=-1)
+            for expert in sorted(range(experts), key=lambda e: -float(p[e].detach()))[:top_k]:
+                chosen[expert] += 1
+            probability, rows = probability + p, rows + 1
+    return experts * sum(chosen[e] / rows * probability[e] / rows for e in range(experts))
+
+
 def summed_loss_items(kind, labels) -> int:
     if kind == "targets":
         return int((labels != -1).sum())

@@ -13,9 +13,8 @@ import torch.nn.functional as F
 L = pytest.importorskip("lightning", reason="gradacc.audit's Lightning tests need lightning (pip install "
                                             "gradacc[lightning], or requirements-dev.txt)")
 
-from audit_support import K, lm_collator, lm_data, llama  # noqa: E402 (after the skip: lightning is optional)
-from audit_truth import Truth  # noqa: E402
-from test_audit_moe import mixtral, router_loss_by_hand  # noqa: E402
+from audit_support import K, lm_collator, lm_data, llama, mixtral  # noqa: E402 (after the skip: lightning is optional)
+from audit_truth import Truth, router_loss_by_hand  # noqa: E402
 from gradacc.training.audit import verdict as V  # noqa: E402
 from gradacc.training.audit.vocabulary import CheckName, LossKind  # noqa: E402
 from support import ROOT  # noqa: E402

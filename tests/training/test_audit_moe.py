@@ -13,37 +13,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from audit_support import SMALL, K, cls_data, lm_collator, lm_data, padding_collator, trainer_args
+from audit_support import K, cls_data, dpo_trainer, lm_collator, lm_data, mixtral, padding_collator, trainer_args
+from audit_support import train as train_with_truth
+from audit_truth import router_loss_by_hand
 from gradacc.cli.audit import EXIT_OK, EXIT_WRONG, strict_status
 from gradacc.training.audit import verdict as V
 from gradacc.training.audit.vocabulary import Cause, CheckName, LossKind
+from gradacc.training.compat import trl
 from gradacc.training.tolerances import NOISE
-
-
-def mixtral(coefficient):
-    from transformers import MixtralConfig
-
-    return MixtralConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
-                         num_key_value_heads=1, max_position_embeddings=128, num_local_experts=4,
-                         num_experts_per_tok=2, output_router_logits=True, router_aux_loss_coef=coefficient,
-                         num_labels=2, **SMALL)
-
-
-def router_loss_by_hand(router_logits, top_k, attention_mask):
-    """E · Σ_e (top-k choices of e ÷ rows) · (router probabilities of e summed ÷ rows), over every layer's rows
-    that are not padding, one row at a time."""
-    experts = router_logits[0].shape[-1]
-    keep = attention_mask.reshape(-1).tolist()
-    chosen, probability, rows = [0] * experts, 0, 0
-    for layer in router_logits:
-        for row, kept in zip(layer, keep):
-            if not kept:
-                continue
-            p = torch.softmax(row.double(), dim=-1)
-            for expert in sorted(range(experts), key=lambda e: -float(p[e].detach()))[:top_k]:
-                chosen[expert] += 1
-            probability, rows = probability + p, rows + 1
-    return experts * sum(chosen[e] / rows * probability[e] / rows for e in range(experts))
 
 
 class Truth:
@@ -358,9 +335,6 @@ def test_dpo_on_an_moe_model_is_judged_with_trls_router_term_and_is_exact(tmp_pa
     replayed log-probs and the reference model's, plus coef × the micro-batches' mean router loss by hand; the step
     is that, and not DPO's part alone."""
     from transformers import MixtralForCausalLM
-
-    from audit_support import dpo_trainer, train as train_with_truth
-    from gradacc.training.compat import trl
 
     torch.manual_seed(0)
     trainer = dpo_trainer(MixtralForCausalLM(mixtral(0.02)), tmp_path / "policy")

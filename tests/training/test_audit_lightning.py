@@ -16,7 +16,7 @@ L = pytest.importorskip("lightning", reason="gradacc.audit's Lightning tests nee
 from audit_support import K, lm_collator, lm_data, llama, mixtral  # noqa: E402 (after the skip: lightning is optional)
 from audit_truth import Truth, router_loss_by_hand  # noqa: E402
 from gradacc.training.audit import verdict as V  # noqa: E402
-from gradacc.training.audit.vocabulary import CheckName, LossKind  # noqa: E402
+from gradacc.training.audit.vocabulary import Cause, CheckName, LossKind  # noqa: E402
 from support import ROOT  # noqa: E402
 
 
@@ -96,6 +96,24 @@ class LitMoE(LitHF):
         from transformers import MixtralForCausalLM
 
         self.model = MixtralForCausalLM(mixtral(ROUTER_COEFFICIENT))
+
+
+class LitMoEByWindow(LitMoE):
+    """The short window's fix on the MoE module: the gradients × k ÷ the window's micro-batches."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = 0
+
+    def training_step(self, batch, batch_idx):
+        self.seen += 1
+        return super().training_step(batch, batch_idx)
+
+    def on_before_optimizer_step(self, optimizer):
+        for p in self.parameters():
+            if p.grad is not None:
+                p.grad.mul_(self.trainer.accumulate_grad_batches / self.seen)
+        self.seen = 0
 
 
 class Classifier(L.LightningModule):
@@ -296,6 +314,23 @@ def test_an_moe_model_in_a_lightning_module_has_its_router_term_judged_against_t
     assert verdict.weighted_fit.plain_scale and verdict.weighted_fit.near(1)
     assert verdict.check(CheckName.ROUTER_LOSS).ok
     assert verdict.fix.endswith("or keep Lightning's weighting knowingly") and "#20350" in verdict.fix
+
+
+def test_an_moe_models_short_last_window_is_put_right_main_and_router_term_by_one_rescale():
+    """20 examples at 4 a batch, k = 4: the epoch's last window holds 1 micro-batch, its main loss and its router term
+    both divided by 4, 1/4 of the window's (j/k, by hand). The fix's first way (× k ÷ the window's micro-batches) is
+    named for both, and applied to the same module it makes both exact; weighting by items is not offered alone."""
+    even = lm_data(20, low=6, high=7)
+    verdict, _, _ = run(LitMoE, even, collate=lm_collator(), window="last")
+    assert verdict.gradient == V.SHORT_WINDOW and verdict.micro_batches == 1, verdict.line
+    assert verdict.fit.scale == pytest.approx(1 / K, rel=1e-4)
+    assert verdict.router.cause == Cause.ROUTER_SCALED and verdict.router.fit.scale == pytest.approx(1 / K, rel=1e-4)
+    assert verdict.fix.endswith("take the first way: it puts the router term right too (weighting by items would "
+                                "rescale it)")
+    assert verdict.check(CheckName.ROUTER_LOSS).fix.startswith("the gradient's fix above, its first way")
+
+    fixed, _, _ = run(LitMoEByWindow, even, collate=lm_collator(), window="last")
+    assert fixed.ok and fixed.gradient == V.EXACT and fixed.router.cause == V.EXACT, fixed.line
 
 
 def test_a_plain_classifier_with_equal_micro_batches_is_exact_and_the_audited_run_is_bit_identical():

@@ -69,11 +69,14 @@ LOSS_FN = "AuditCallback(loss_fn=lambda model, batch: (<the loss summed over the
 # Weighting by items rescales every gradient at the step, an MoE model's router term with them; that term is right as
 # the model adds it (Lightning's ÷ k makes it the micro-batches' mean), and keeping it right under the rescale needs
 # the window's items before its first backward, which training_step does not have.
-RESCALING = (WEIGHTED, SHORT_WINDOW)  # the causes whose fix (WEIGHT_BY_ITEMS) rescales the gradients at the step
 ROUTER_KEPT = ("; this MoE model's router term is right as Lightning divides it (the router_loss check), and the "
                "rescale would scale it too: with a router loss, weight by items only in a loop that counts the "
                "window's items before its first backward (gradacc audit's plain-loop fix), or keep Lightning's "
                "weighting knowingly")
+# A short window's router term is divided by k as its main loss is: × k ÷ the window's micro-batches puts both right.
+ROUTER_SHORT = ("; with this MoE model's router loss take the first way: it puts the router term right too (weighting "
+                "by items would rescale it)")
+ROUTER_SHORT_CHECK = "the gradient's fix above, its first way (× k ÷ the window's micro-batches), puts it right too"
 
 
 class AuditCallback(Callback):
@@ -261,13 +264,15 @@ def in_lightning_terms(verdict: Verdict, items: str) -> Verdict:
     changes = {}
     if fix is not None:
         changes["fix"] = fix.format(items=items, j=verdict.micro_batches, k=verdict.k)
-        if verdict.gradient in RESCALING and verdict.router is not None:
-            changes["fix"] += ROUTER_KEPT
+        if verdict.router is not None:
+            changes["fix"] += {WEIGHTED: ROUTER_KEPT, SHORT_WINDOW: ROUTER_SHORT}.get(verdict.gradient, "")
     if verdict.gradient == K_TIMES:  # the catalogue's reason is Trainer's or Accelerate's
         changes["meaning"] = (verdict.meaning.split("): ", 1)[0] + "): training_step returned k× each micro-batch's "
                               "mean loss, and Lightning divided it by k")
     if not verdict.judged and "loss_fn" in verdict.meaning:
         changes["meaning"] = verdict.meaning.split(": pass loss_fn")[0] + f": pass {LOSS_FN}"
-    checks = tuple(replace(c, fix=FIXES[CLIPPED]) if c.name == CheckName.CLIPPING and c.ok is False else c
+    router_fix = {CheckName.ROUTER_LOSS: ROUTER_SHORT_CHECK} if verdict.gradient == SHORT_WINDOW else {}
+    check_fixes = {CheckName.CLIPPING: FIXES[CLIPPED], **router_fix}
+    checks = tuple(replace(c, fix=check_fixes[c.name]) if c.name in check_fixes and c.ok is False else c
                    for c in verdict.checks)
     return replace(verdict, checks=checks, **changes)

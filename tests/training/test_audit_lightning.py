@@ -98,24 +98,6 @@ class LitMoE(LitHF):
         self.model = MixtralForCausalLM(mixtral(ROUTER_COEFFICIENT))
 
 
-class LitMoEByWindow(LitMoE):
-    """The short window's fix on the MoE module: the gradients × k ÷ the window's micro-batches."""
-
-    def __init__(self):
-        super().__init__()
-        self.seen = 0
-
-    def training_step(self, batch, batch_idx):
-        self.seen += 1
-        return super().training_step(batch, batch_idx)
-
-    def on_before_optimizer_step(self, optimizer):
-        for p in self.parameters():
-            if p.grad is not None:
-                p.grad.mul_(self.trainer.accumulate_grad_batches / self.seen)
-        self.seen = 0
-
-
 class Classifier(L.LightningModule):
     """A plain classifier with a mean cross-entropy over the micro-batch's examples, called as ``self(x)``."""
 
@@ -139,8 +121,9 @@ class Classifier(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
-class ClassifierByWindow(Classifier):
-    """The short window's fix: the gradients × k ÷ the window's micro-batches."""
+class ByWindow:
+    """The short window's fix, for any LightningModule it is mixed into: the gradients × k ÷ the window's
+    micro-batches."""
 
     def __init__(self):
         super().__init__()
@@ -155,6 +138,14 @@ class ClassifierByWindow(Classifier):
             if p.grad is not None:
                 p.grad.mul_(self.trainer.accumulate_grad_batches / self.seen)
         self.seen = 0
+
+
+class ClassifierByWindow(ByWindow, Classifier):
+    """The short window's fix on the classifier."""
+
+
+class LitMoEByWindow(ByWindow, LitMoE):
+    """The short window's fix on the MoE module."""
 
 
 class ClassifierDividedByK(Classifier):

@@ -31,7 +31,9 @@ if requested and requested not in demos.SCENARIOS:
 elif requested and st.session_state.get("demo.requested") != requested:
     st.session_state[CHOICE] = requested  # a link (or a reload) picks the demo; the picker follows
 st.session_state["demo.requested"] = requested
-inputs.defaults({CHOICE: names[0]})
+# Streamlit can drop a widget's state around a fragment's st.rerun (streamlit#10805, #11266): the address bar, which
+# this page keeps on the demo shown, then says which one it was, not the first of the list.
+inputs.defaults({CHOICE: requested if requested in demos.SCENARIOS else names[0]})
 # One line, whatever the number of demos: the Run button stays in view at 1280×720.
 name = st.selectbox("Demo", names, key=CHOICE, format_func=lambda n: demos.SCENARIOS[n].title,
                     label_visibility="collapsed")

@@ -49,6 +49,20 @@ def test_a_demo_link_opens_that_demo_and_a_bad_one_says_so(demo_home):
     assert at.header[0].value == next(iter(demos.SCENARIOS.values())).title
 
 
+def test_a_demo_whose_picker_state_streamlit_dropped_stays_the_demo_in_the_address_bar(demo_home):
+    """Streamlit can drop a widget's state around a fragment's rerun (streamlit#10805, #11266; seen in a browser
+    test: a demo's page turned into the first demo's right after its headline). The page then follows its address."""
+    at = AppTest.from_file(APP, default_timeout=SCRIPT_TIMEOUT_S)
+    at.query_params["demo"] = "naive-vs-exact-lm"
+    at.run()
+    at.switch_page("pages/demos.py")
+    at.session_state["demo.requested"] = "naive-vs-exact-lm"  # the page's own state is kept; its picker's is not
+    at.run()
+    assert at.selectbox(key="demo.choice").value == "naive-vs-exact-lm"
+    assert at.header[0].value == demos.SCENARIOS["naive-vs-exact-lm"].title
+    assert at.query_params["demo"] == "naive-vs-exact-lm"
+
+
 def headline(at: AppTest) -> str | None:
     """The result sentence, written as a Markdown heading in a box of its verdict's colour."""
     return next((e.value for e in [*at.success, *at.info, *at.warning, *at.error] if e.value.startswith("### ")), None)

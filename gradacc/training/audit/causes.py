@@ -33,6 +33,13 @@ CLIP_ONCE = "clip once per window: after the window's last backward, right befor
 SHORT_MICRO_BATCH = ("drop the short micro-batch: TrainingArguments(dataloader_drop_last=True), or a dataset whose "
                      "size is a multiple of per_device_train_batch_size (the trainer passes compute_loss no "
                      "num_items_in_batch, so no setting weights a micro-batch by its items)")
+
+
+class WithRouterTerm(str):
+    """A fix whose code adds an MoE model's router term itself, at its right weight: the router_loss check then points
+    to it instead of naming a fix of its own. A ``str`` (the verdict's fix, its JSON) that says so by its type."""
+
+
 # How a loop counts a micro-batch's items, by kind, in words.
 ITEMS = {losses.CLASSIFICATION: "its labels other than -100", losses.TOKEN: "its labels other than -100",
          losses.REGRESSION: "its label values", losses.MULTI_LABEL: "its label values",
@@ -190,9 +197,10 @@ def _loop_items_fix(e: Evidence) -> str:
     processes = ("; under DDP, all_reduce the count and multiply the loss by the world size (DDP averages the "
                  "ranks' gradients)" if e.num_processes > 1 else "")
     router = f" + {ROUTER_TERM.format(k=e.k)}" if e.router_term else ""
-    return ("sum each micro-batch's loss over its items and divide by the window's items: before the window's first "
-            f"backward, count window_items, the sum over its micro-batches of {items}{processes}; then per "
-            f"micro-batch loss = {summed} / window_items{router}; loss.backward()")
+    fix = ("sum each micro-batch's loss over its items and divide by the window's items: before the window's first "
+           f"backward, count window_items, the sum over its micro-batches of {items}{processes}; then per "
+           f"micro-batch loss = {summed} / window_items{router}; loss.backward()")
+    return WithRouterTerm(fix) if e.router_term else fix
 
 
 def _fix_weighting(e: Evidence) -> str | None:
@@ -206,10 +214,11 @@ def _fix_weighting(e: Evidence) -> str | None:
     if e.router_term and e.kind in SUMMED_LOSS:
         # Rescaling the gradients at the step would rescale the router term too: the items are counted first, as
         # accelerate's examples/by_feature/gradient_accumulation_for_autoregressive_models.py counts them.
-        return ("weight by items, this MoE model's router term apart: before the window's first backward, count "
-                f"window_items, the sum over its micro-batches of {items} (accelerator.reduce it over processes); "
-                f"then per micro-batch accelerator.backward({SUMMED_LOSS[e.kind]} / window_items * k * processes + "
-                f"{ROUTER_LOSS_TERM})")
+        return WithRouterTerm(
+            "weight by items, this MoE model's router term apart: before the window's first backward, count "
+            f"window_items, the sum over its micro-batches of {items} (accelerator.reduce it over processes); then "
+            f"per micro-batch accelerator.backward({SUMMED_LOSS[e.kind]} / window_items * k * processes + "
+            f"{ROUTER_LOSS_TERM})")
     return ("weight by items: back-propagate each micro-batch's loss summed over its items (reduction='sum'), count "
             f"the window's items ({items} per micro-batch; accelerator.reduce the count over processes), and when "
             "accelerator.sync_gradients multiply the gradients by k × processes ÷ the window's items before "

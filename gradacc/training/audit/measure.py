@@ -24,7 +24,7 @@ from gradacc.training.audit import causes, losses, router
 from gradacc.training.audit.capture import MicroBatch, Recorder, WindowLog
 from gradacc.training.audit.reference import NotReplayable, Replayer, set_aside
 from gradacc.training.audit.verdict import EXACT, NOT_JUDGED, Check, Fit, RouterFit, Verdict, clip_check
-from gradacc.training.audit.vocabulary import ROUTER_LOSS_TERM, CheckName, Integration, kind_words, words
+from gradacc.training.audit.vocabulary import CheckName, Integration, kind_words, words
 from gradacc.training.compat import transformers as compat_transformers
 from gradacc.training.gradients import projection
 from gradacc.training.tolerances import OWN_LOSS
@@ -172,8 +172,7 @@ def measure(setup: Setup, micro_batches: list[MicroBatch], log: WindowLog, backw
         elif gradient == EXACT and router_fit.cause == EXACT:
             meaning += (f", its router term coef·(the micro-batches' mean router loss) on the router weights (scale "
                         f"{router_fit.fit.scale:.5g})")
-        folded = not leads and ROUTER_LOSS_TERM in (fix or "")  # the gradient's fix writes the router term in
-        base["checks"] += (_router_check(router_fit, leads, folded),)
+        base["checks"] += (_router_check(router_fit, leads, folded=isinstance(fix, causes.WithRouterTerm)),)
     if replayer.router_dropped and all(replayer.router_dropped):
         base["checks"] += (_router_dropped_check(replayer.router, setup.k),)
     if replayer.smoothing_kept:

@@ -3,18 +3,22 @@
 of the weights, the whole window's documented objective at once, autograd), and by hand from the stored token
 counts. An exact loss type (grpo, with the default clipping and with β > 0 off-policy), bnpo (its documented local
 mean: "varies with the micro-batch by design"), dapo at steps_per_generation = 2k (scaled by the generation's token
-count, the next step's scale the rest of it) and with the fix the audit names (exact), and a setting outside the
-audit's objectives (not judged)."""
+count, the next step's scale the rest of it) and with the fix the audit names (exact), a setting outside the
+audit's objectives (not judged), and a tiny Mixtral whose router loss TRL adds (exact against dapo's objective plus
+coef × the micro-batches' mean router loss, both by hand; its router term k× when added whole)."""
 
 import importlib.util
 
 import pytest
 import torch
 
+from audit_support import mixtral
+from audit_truth import router_loss_by_hand
 from gradacc.audit import audit_trainer
 from gradacc.bench.grpo import StepJudge
 from gradacc.training.audit import verdict as V
-from gradacc.training.audit.vocabulary import LossKind
+from gradacc.training.audit.vocabulary import Cause, CheckName, LossKind
+from gradacc.training.tolerances import NOISE
 from support import ROOT
 
 SPEC = importlib.util.spec_from_file_location("train_grpo", ROOT / "tests/training/audit_scripts/train_grpo.py")
@@ -135,6 +139,10 @@ def test_settings_outside_the_documented_objectives_are_not_judged_with_the_reas
     assert not verdict.judged and not verdict.ok
     assert verdict.line.startswith("gradacc audit (trainer, Qwen2ForCausalLM): not judged — GRPOTrainer, "
                                    "num_iterations=2: each generation is trained on more than once")
+    # An MoE model's router loss is no longer one of them: it is judged (below); a setting beside it still is not.
+    verdict, _ = audited_moe(num_iterations=2)
+    assert not verdict.judged and "num_iterations=2: each generation is trained on more than once" in verdict.meaning
+    assert "router" not in verdict.meaning, verdict.line
 
 
 def test_a_window_whose_rewards_all_tie_is_not_judged(monkeypatch):
@@ -159,3 +167,193 @@ def test_the_audited_run_is_bit_identical_to_the_run_without_it():
         return torch.cat([p.detach().flatten() for p in trainer.model.parameters()])
 
     assert torch.equal(weights(True), weights(False))
+
+
+# ---- an MoE model whose router loss TRL adds -------------------------------------------------------------------
+
+COEFFICIENT = 0.02  # the tiny Mixtral's router_aux_loss_coef: GRPOTrainer reads it from the config
+MIXTRAL_DEFAULT = 0.001  # Mixtral's own: its router term is under float32's noise of the whole gradient
+
+
+def tiny_mixtral(coefficient=COEFFICIENT):
+    """The tests' tiny Mixtral (2 layers, 4 experts, top 2, output_router_logits=True), its LM head given the
+    script's EOS bias so completions end at uneven lengths."""
+    from transformers import MixtralForCausalLM
+
+    model = MixtralForCausalLM(mixtral(coefficient))
+    head = torch.nn.Linear(model.config.hidden_size, model.config.vocab_size, bias=True)
+    with torch.no_grad():
+        head.weight.copy_(model.lm_head.weight)
+        head.bias.zero_()
+        head.bias[model.config.eos_token_id] = 2.5
+    model.lm_head = head
+    return model
+
+
+class WholeRouterTerm(script.GRPOTrainer):
+    """GRPOTrainer as TRL wrote it before it divided the router term by the accumulation steps: each micro-batch
+    adds router_aux_loss_coef · aux_loss whole (its aux_loss × k here, which TRL's ÷ k brings back to whole)."""
+
+    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+        logps, entropies, aux_loss = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        if aux_loss is not None and self.model.training:
+            aux_loss = aux_loss * self.current_gradient_accumulation_steps
+        return logps, entropies, aux_loss
+
+
+class HandTruth:
+    """The truth of dapo's window objective at steps_per_generation = k plus coef × the micro-batches' mean router
+    loss, by hand: before the step, a float64 copy of the weights replays each recorded micro-batch's forward (no
+    dropout: Mixtral's defaults) and autograd differentiates
+
+        −Σ_window A · log π(token) · mask ÷ the window's tokens  +  coef · mean_i router_loss_by_hand(micro-batch i)
+
+    (on-policy, one iteration: the ratio π/π_old is 1 with π_old = π detached, so the clip is off and dapo's
+    gradient is that of the plain sum; its normaliser is the generation's tokens, the window's at spg = k)."""
+
+    def __init__(self, trainer, coefficient):
+        self.trainer, self.coefficient, self.recorded = trainer, coefficient, []
+        compute = trainer._compute_loss
+
+        def recording(model, inputs):
+            self.recorded.append({key: value.detach().clone() for key, value in inputs.items()
+                                  if torch.is_tensor(value)})
+            return compute(model, inputs)
+
+        trainer._compute_loss = recording
+
+    def gradients(self, model) -> dict:
+        """{"applied", "truth", "policy_alone"}: {name: float64 flat}; the step's, the truth's, and the truth's
+        without its router term."""
+        with torch.random.fork_rng():  # its initialisation draws nothing from the run's random state
+            copied = tiny_mixtral(self.coefficient).double()  # built anew: the run's model is wrapped for activation checkpointing
+        copied.load_state_dict(model.state_dict())
+        copied.set_experts_implementation("eager")  # torch's grouped matmul takes no float64
+        params = {name: p for name, p in copied.named_parameters() if p.requires_grad}
+        window_tokens = sum(float(inputs["completion_mask"].sum()) for inputs in self.recorded)
+        policy, routers = 0.0, []
+        for inputs in self.recorded:
+            assert "old_per_token_logps" not in inputs  # on-policy: the ratio is 1
+            prompt, completion = inputs["prompt_ids"], inputs["completion_ids"]
+            mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+            output = copied(input_ids=torch.cat([prompt, completion], dim=1), attention_mask=mask,
+                            output_router_logits=True)
+            logits = output.logits[:, prompt.shape[1] - 1:-1]  # the logits that predict each completion token
+            logps = torch.log_softmax(logits, dim=-1).gather(-1, completion.unsqueeze(-1)).squeeze(-1)
+            advantages = inputs["advantages"].double()
+            policy = policy - (advantages[:, None] * logps * inputs["completion_mask"]).sum() / window_tokens
+            routers.append(router_loss_by_hand(output.router_logits, copied.config.num_experts_per_tok, mask))
+        router_term = self.coefficient * sum(routers) / len(routers)
+
+        def flat(objective):
+            grads = torch.autograd.grad(objective, list(params.values()), retain_graph=True, allow_unused=True)
+            return {name: (g if g is not None else torch.zeros_like(p)).detach().reshape(-1)
+                    for (name, p), g in zip(params.items(), grads)}
+
+        applied = {name: p.grad.detach().double().reshape(-1) for name, p in model.named_parameters()
+                   if p.requires_grad}
+        return {"applied": applied, "truth": flat(policy + router_term), "policy_alone": flat(policy)}
+
+
+def against(applied: dict, truth: dict, names) -> dict:
+    """g against t over ``names``: scale g·t / t·t and residual ‖g − s·t‖ / ‖t‖."""
+    g = torch.cat([applied[name] for name in sorted(names)])
+    t = torch.cat([truth[name] for name in sorted(names)])
+    scale = float(g @ t / (t @ t))
+    return {"scale": scale, "residual": float((g - scale * t).norm() / t.norm())}
+
+
+def audited_moe(trainer_class=None, coefficient=COEFFICIENT, **extra):
+    """The user's GRPO script on the tiny Mixtral (dapo, k = 2 = steps_per_generation, no clipping) with the audit,
+    and the truth by hand from the step's recorded micro-batches: (verdict, {the step against the truth on every
+    weight and on the router weights, and against the truth without its router term on the router weights})."""
+    from transformers import PrinterCallback, TrainerCallback
+
+    trainer = script.trainer("dapo", 2, 2, build=lambda: tiny_mixtral(coefficient),
+                             trainer_class=trainer_class or script.GRPOTrainer, max_grad_norm=0.0, **extra)
+    trainer.remove_callback(PrinterCallback)
+    truth = HandTruth(trainer, coefficient)
+    measured = {}
+
+    class Before(TrainerCallback):
+        def on_pre_optimizer_step(self, args, state, control, **kwargs):
+            if not measured and trainer.aux_loss_enabled and args.num_iterations == 1:
+                grads = truth.gradients(trainer.model)
+                everything = list(grads["truth"])
+                routers = [name for name in everything if name.endswith(".mlp.gate.weight")]  # Mixtral's routers
+                measured.update(all=against(grads["applied"], grads["truth"], everything),
+                                routers=against(grads["applied"], grads["truth"], routers),
+                                routers_vs_policy_alone=against(grads["applied"], grads["policy_alone"], routers),
+                                micro_batches=len(truth.recorded),
+                                lengths=[inputs["completion_mask"].sum(1).tolist() for inputs in truth.recorded])
+
+    trainer.add_callback(Before())
+    audit = audit_trainer(trainer)
+    trainer.train()
+    return audit.verdict, measured
+
+
+def test_grpo_on_an_moe_model_with_trls_router_term_is_exact_against_the_truth_by_hand():
+    """TRL adds coef · aux_loss ÷ k to each micro-batch's dapo loss: the step is dapo's window objective plus coef ×
+    the micro-batches' mean router loss, by hand (scale 1, residual at float32's noise, on every weight and on the
+    router weights, where the router term is a large share: without it the truth is far off there), and the audit
+    says exact, the router term in it."""
+    verdict, truth = audited_moe()
+    assert truth["micro_batches"] == 2 and len({n for lengths in truth["lengths"] for n in lengths}) > 1
+    for where in ("all", "routers"):
+        assert truth[where]["scale"] == pytest.approx(1, abs=1e-5) and truth[where]["residual"] < 1e-5, truth
+    assert truth["routers_vs_policy_alone"]["residual"] > 1e-2, truth  # the router term is in the step: it is seen
+    assert verdict.kind == LossKind.GRPO and verdict.gradient == V.EXACT and verdict.ok, verdict.line
+    assert verdict.fit.scale == pytest.approx(truth["all"]["scale"], abs=1e-5) and verdict.fit.residual < 1e-5
+    assert verdict.router is not None and verdict.router.cause == V.EXACT
+    assert verdict.router.coefficient == COEFFICIENT
+    assert verdict.router.fit.scale == pytest.approx(truth["routers"]["scale"], abs=1e-5)
+    assert "its router term coef·(the micro-batches' mean router loss) is in it, on the router weights (scale 1," \
+        in verdict.meaning
+    assert "plus coef × the micro-batches' mean router loss" in verdict.reference
+    assert verdict.check(CheckName.ROUTER_LOSS).ok
+
+
+@pytest.mark.parametrize("coefficient", [COEFFICIENT, MIXTRAL_DEFAULT])
+def test_grpo_whose_router_term_is_added_whole_is_named_k_times_on_the_router_weights(coefficient):
+    """Each micro-batch adds coef · aux_loss whole (TRL before its ÷ k): the truth by hand sees the step off on the
+    router weights; the audit keeps dapo's objective exact (main objective 1×) and names the router term 2× (k = 2)
+    on the router weights, not exact. At Mixtral's coefficient the whole gradient alone cannot tell (its residual
+    against the truth is under float32's noise ceiling): the router weights do."""
+    verdict, truth = audited_moe(trainer_class=WholeRouterTerm, coefficient=coefficient)
+    assert truth["routers"]["residual"] > 1e-2, truth  # the step is not the truth there
+    if coefficient == MIXTRAL_DEFAULT:
+        assert truth["all"]["residual"] < NOISE["fp32"], truth
+    assert not verdict.ok and verdict.gradient == Cause.ROUTER_K_TIMES, verdict.line
+    assert verdict.router.fit.scale == pytest.approx(2, abs=1e-4) and verdict.router.fit.residual < 1e-4
+    assert verdict.router.main_scale == pytest.approx(1, abs=1e-5)
+    assert verdict.fit.scale == pytest.approx(1, abs=1e-5) and verdict.fit.residual < 1e-4  # dapo's part: exact
+    assert verdict.meaning.startswith("2× coef·(the micro-batches' mean router loss) (k = 2): each micro-batch's "
+                                      "router_aux_loss_coef · aux_loss is added whole")
+    assert "router_aux_loss_coef * aux_loss / gradient_accumulation_steps" in verdict.fix
+    assert "replayed again without the router loss" in verdict.replay
+
+
+def test_an_moe_model_whose_aux_loss_is_not_the_load_balancing_loss_is_not_judged():
+    """The audit computes the router loss itself and checks it against the model's aux_loss (what TRL adds): a model
+    whose aux_loss is another (here 1.5× the load-balancing loss) is not judged, with the two values said."""
+    def another_aux_loss(module, args, output):
+        if output.aux_loss is not None:
+            output.aux_loss = output.aux_loss * 1.5
+        return output
+
+    def build():
+        model = tiny_mixtral()
+        model.register_forward_hook(another_aux_loss)
+        return model
+
+    from transformers import PrinterCallback
+
+    trainer = script.trainer("dapo", 2, 2, build=build, max_grad_norm=0.0)
+    trainer.remove_callback(PrinterCallback)
+    audit = audit_trainer(trainer)
+    trainer.train()
+    verdict = audit.verdict
+    assert not verdict.judged, verdict.line
+    assert "the model's router loss (aux_loss " in verdict.meaning
+    assert "is not the load-balancing loss the audit computes from its router logits" in verdict.meaning

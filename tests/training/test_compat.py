@@ -3,6 +3,7 @@ on the installed version. A failure names the project, its version and the inter
 that breaks gradacc says where (scripts/compat_newest.sh runs these against the newest releases)."""
 
 import inspect
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -139,6 +140,17 @@ def test_grpo_trainer_hands_its_loss_the_inputs_and_settings_the_audit_reads():
     contract("trl", "GRPOTrainer._compute_loss reads the stored log-probs",
              'inputs.get("old_per_token_logps")' in loss and 'inputs["ref_per_token_logps"]' in loss)
     contract("trl", "GRPOTrainer.aux_loss_enabled", "self.aux_loss_enabled" in inspect.getsource(trl.GRPOTrainer))
+    # An MoE model's router term: the coefficient the trainer holds, × aux_loss ÷ the accumulation steps, per
+    # micro-batch (the audit's reference is coef × the micro-batches' mean router loss).
+    built = inspect.getsource(trl.GRPOTrainer.__init__)
+    contract("trl", "GRPOTrainer.router_aux_loss_coef (GRPOConfig's, else the model config's)",
+             "self.router_aux_loss_coef = getattr(text_config, \"router_aux_loss_coef\", 0.0) if coef is None else "
+             "coef" in built)
+    contract("trl", "GRPOTrainer adds router_aux_loss_coef · aux_loss ÷ the accumulation steps",
+             "normalizer = self.current_gradient_accumulation_steps" in loss
+             and "loss = loss + self.router_aux_loss_coef * aux_loss / normalizer" in loss)
+    assert compat.router_loss_coefficient(SimpleNamespace(router_aux_loss_coef=0.02)) == 0.02
+    assert compat.router_loss_coefficient(object()) == 0.0  # a trainer that adds none
     args = trl.GRPOConfig(output_dir="unused", report_to="none", use_cpu=True, bf16=False)
     # Every field the audit reads exists, with the defaults its objective assumes (nothing unsupported).
     settings = compat.grpo_settings(args)

@@ -11,6 +11,15 @@ weighted give the two other gradients a verdict needs: the window's token mean (
 the token mean divided per generation batch (``dapo``/``cispo``/``vespo`` when ``steps_per_generation`` ≠ k).
 On several processes the window is every process's micro-batches: each replays its own, holds the others', and the
 shares are summed over the processes.
+
+An MoE model whose router (load-balancing) loss TRL adds (``aux_loss_enabled``: coef · aux_loss ÷ the accumulation
+steps, per micro-batch) has coef × the micro-batches' mean router loss in its objective, as the audit judges it for
+Trainer and DPO (``gradacc.training.audit.router``): each replayed forward returns its router logits, the audit
+computes that micro-batch's router loss itself (it must equal the model's ``aux_loss``) and adds coef ÷ the window's
+micro-batches (every process's) × it to the micro-batch's share, in the same backward. The step is exact only when
+it fits that sum over every parameter and on the router weights alone, where the router term is not drowned; when
+it does not, the window is replayed again without the router loss, the router term is the difference, and each term
+is judged on its own share.
 """
 
 from __future__ import annotations
@@ -18,16 +27,19 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from dataclasses import dataclass
 
 import torch
 
 from gradacc.training import distributed
-from gradacc.training.audit import grpo, losses
+from gradacc.training.audit import grpo, losses, router
 from gradacc.training.audit.capture import RandomState
-from gradacc.training.audit.verdict import NOT_JUDGED, Fit, Verdict, clip_check
-from gradacc.training.audit.vocabulary import Cause, Integration, LossKind
+from gradacc.training.audit.verdict import EXACT, NOT_JUDGED, Check, Fit, RouterFit, Verdict, clip_check
+from gradacc.training.audit.vocabulary import Cause, CheckName, Integration, LossKind, words
+from gradacc.training.compat import transformers as compat_transformers
 from gradacc.training.compat import trl
 from gradacc.training.gradients import projection
+from gradacc.training.tolerances import AGREE
 
 # Normalised by the window's token count: by TRL by the generation batch's count × k / steps_per_generation, which
 # is the window's only when steps_per_generation = k.
@@ -48,16 +60,42 @@ def settings(args) -> grpo.Settings:
     return grpo.Settings(**trl.grpo_settings(args))
 
 
+@dataclass(frozen=True)
+class RouterLoss:
+    """One micro-batch's router (load-balancing) loss, computed by the audit from its replayed router logits."""
+
+    loss: torch.Tensor        # router.load_balancing(sums), with grad through the router probabilities
+    sums: torch.Tensor        # router.expert_sums, detached: what adds up over micro-batches and processes
+    model_loss: float | None  # the model's own aux_loss of that forward (what TRL adds), to agree with ``loss``
+
+
 def replayed(model, inputs: dict, temperature: float) -> grpo.MicroBatch:
     """One micro-batch through ``model``: its completion tokens' log-probs (with grad), beside what was stored."""
+    return _forward(model, inputs, temperature)[0]
+
+
+def replayed_with_router(model, inputs: dict, temperature: float, per_token: int) -> tuple[grpo.MicroBatch,
+                                                                                           RouterLoss]:
+    """``replayed``, its forward asked for the router logits (as TRL's is), and the micro-batch's router loss from
+    them (``per_token``: the experts each token chooses)."""
+    micro_batch, output, attention_mask = _forward(model, inputs, temperature, router_logits=True)
+    sums = router.expert_sums(output.router_logits, per_token, attention_mask)
+    own = getattr(output, "aux_loss", None)
+    return micro_batch, RouterLoss(loss=router.load_balancing(sums), sums=sums.detach(),
+                                   model_loss=float(own.detach()) if torch.is_tensor(own) else None)
+
+
+def _forward(model, inputs: dict, temperature: float, router_logits: bool = False):
     input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
     attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
-    logps = grpo.completion_logps(logits, inputs["completion_ids"], temperature)
+    extra = {"output_router_logits": True} if router_logits else {}
+    output = model(input_ids=input_ids, attention_mask=attention_mask, **extra)
+    logps = grpo.completion_logps(output.logits, inputs["completion_ids"], temperature)
     old, ref = inputs.get("old_per_token_logps"), inputs.get("ref_per_token_logps")
-    return grpo.MicroBatch(logps=logps, mask=inputs["completion_mask"], advantages=inputs["advantages"],
-                           old_logps=None if old is None else old.to(logps.dtype),
-                           ref_logps=None if ref is None else ref.to(logps.dtype))
+    micro_batch = grpo.MicroBatch(logps=logps, mask=inputs["completion_mask"], advantages=inputs["advantages"],
+                                  old_logps=None if old is None else old.to(logps.dtype),
+                                  ref_logps=None if ref is None else ref.to(logps.dtype))
+    return micro_batch, output, attention_mask
 
 
 def _held(inputs: dict, dtype) -> grpo.MicroBatch:
@@ -74,9 +112,12 @@ def unsupported(trainer, window: list[dict]) -> str | None:
     if args.loss_type not in grpo.WINDOW_OBJECTIVES:
         return (f"loss_type={args.loss_type!r} has no documented objective the audit computes (it knows "
                 + ", ".join(grpo.WINDOW_OBJECTIVES) + ")")
-    reason = trl.grpo_unsupported(args, trainer)
+    reason = trl.grpo_unsupported(args)
     if reason:
         return reason
+    if trl.adds_router_loss(trainer) and compat_transformers.router_loss_settings(trainer.model) is None:
+        return ("GRPOTrainer adds an MoE router loss, and the model holds no router settings the audit reads (its "
+                "router_aux_loss_coef > 0, num_experts, num_experts_per_tok)")
     if args.world_size > 1 and not distributed.is_distributed():
         return (f"{args.world_size} processes that share no process group: each would be judged against a window it "
                 "does not hold")
@@ -127,45 +168,203 @@ def judge(trainer, micro_batches: list, clips: tuple, precision: str) -> Verdict
                if loss_type in MICRO_BATCH_LOSSES else {})
     if loss_type in TOKEN_COUNT_LOSSES and None not in generation_tokens:
         weights["generation"] = [window_tokens * spg / (g * k) for g in generation_tokens]
-    # In float32 whatever the parameters' dtype: a bf16 sum of k shares would round each one.
-    sums = {name: {n: torch.zeros_like(g, dtype=torch.float32) for n, g in applied.items()}
-            for name in ("reference", *weights)}
-    objective = settings(args)
-    kept = RandomState.take()
-    try:
-        for mine_at, (micro_batch, inputs) in enumerate(zip(micro_batches, window)):
-            i = start + mine_at  # its place in the whole window
-            if micro_batch.rng is not None:
-                micro_batch.rng.put_back_torch()  # dropout draws as the run's forward did
-            with _autocast_of(micro_batch):
-                mine = replayed(model, inputs, args.temperature)
-            alone = [mine if n == i else _held(other, mine.logps.dtype) for n, other in enumerate(whole)]
-            share = torch.autograd.grad(grpo.window_objective(loss_type, alone, objective), list(params.values()),
-                                        allow_unused=True)
-            for (name, _), g in zip(params.items(), share):
-                if g is None or name not in applied:
-                    continue
-                g = g.detach().reshape(-1).float()
-                sums["reference"][name].add_(g)
-                for which, w in weights.items():
-                    sums[which][name].add_(g, alpha=w[i])
-    finally:
-        kept.put_back()
-    if processes > 1:  # each process's shares: the whole window's gradient is their sum
-        sums = {which: distributed.sum_gradients_over_ranks(shares) for which, shares in sums.items()}
+    # An MoE model whose router loss TRL adds: coef × the micro-batches' mean router loss is in the objective.
+    router_settings = compat_transformers.router_loss_settings(model) if trl.adds_router_loss(trainer) else None
+    coefficient = trl.router_loss_coefficient(trainer) if router_settings else 0.0
+    replay = _Replay(model, micro_batches, window, whole, start, params, applied, loss_type, settings(args),
+                     args.temperature, processes, precision)
+    told_apart = False  # the window replayed a second time, without the router loss
+    if not coefficient:
+        sums = replay.shares(weights)
+    else:
+        # One backward for both terms: when the step fits their sum (over every parameter and on the router
+        # weights), that is the verdict; otherwise a replay without the router loss tells the two apart.
+        both = replay.shares({}, router_weight=coefficient / len(whole), per_token=router_settings.per_token)
+        if replay.disagreement:
+            return Verdict(gradient=NOT_JUDGED, meaning=f"GRPOTrainer, {replay.disagreement}", **base)
+        names = compat_transformers.router_parameter_names(model) & set(applied) or set(applied)
+        together = _fit(applied, both["reference"], unclip, precision)
+        on_router = _fit({n: applied[n] for n in names}, {n: both["reference"][n] for n in names}, unclip, precision)
+        if _right(together) and _right(on_router) and loss_type not in MICRO_BATCH_LOSSES:
+            sums = both
+        else:
+            sums, told_apart = replay.shares(weights), True
+            router_gradient = {n: both["reference"][n] - sums["reference"][n] for n in sums["reference"]}
     seconds = time.perf_counter() - started
     if not any(bool(g.any()) for g in sums["reference"].values()):  # nothing to project on
         return Verdict(gradient=NOT_JUDGED, meaning=f"GRPOTrainer, loss_type={loss_type!r}: the window's objective has "
                        "no gradient (every advantage 0: the rewards of each prompt's completions tie)", **base)
-    fits = {which: _fit(applied, sums[which], unclip, precision) for which in sums}
+    router_fit = None
+    main = applied  # the step's gradient less its router term (fitted) when that term was told apart
+    if coefficient:
+        mean, window_loss = _router_losses(replay.router_sums, len(whole), next(iter(applied.values())).device)
+        if told_apart:
+            main_scale, router_scale = router.two_term_scales(applied, sums["reference"], router_gradient, unclip)
+            fit, off = router.router_term_fit(applied, sums["reference"], router_gradient, names, main_scale, unclip,
+                                              precision, [1.0, 0.0, k, k * processes])
+            main = router.without_router(applied, router_gradient, router_scale, unclip)
+        else:
+            main_scale, fit, off = together.scale, on_router, on_router.rel_error
+        router_fit = _router_cause(fit, k=k, processes=processes, coefficient=coefficient, main_scale=main_scale,
+                                   off=off, micro_batch_mean=mean, window_loss=window_loss)
+    fits = {which: _fit(main, sums[which], unclip, precision) for which in sums}
     fit = fits["reference"]
     cause, meaning, fix = _cause(loss_type, fit, fits, k, spg, window_tokens, generation_tokens, len(whole))
+    checks = ()
+    if router_fit is not None:
+        if not fit.plain_scale and router_fit.cause != EXACT:  # the main loss's error spills onto the router weights
+            router_fit = _router_cause(router_fit.fit, k=k, processes=processes, coefficient=coefficient,
+                                       main_scale=router_fit.main_scale, off=router_fit.off_on_router_weights,
+                                       micro_batch_mean=router_fit.micro_batch_mean,
+                                       window_loss=router_fit.window_loss, main_off=True)
+        leads = cause in (EXACT, Cause.BY_DESIGN) and router_fit.cause != EXACT
+        if leads:  # the main objective is right: the router term is the cause
+            cause, meaning, fix = router_fit.cause, router_fit.meaning, router_fit.fix
+        elif router_fit.cause == EXACT:
+            meaning += (f"; its router term coef·(the micro-batches' mean router loss) is in it, on the router weights "
+                        f"(scale {router_fit.fit.scale:.5g}, coef {coefficient:g})")
+        checks = (_router_check(router_fit, leads),)
+    reference = (f"the documented {loss_type} objective, computed from the window's stored completions, advantages "
+                 "and log-probs" + (", plus coef × the micro-batches' mean router loss, computed from their router "
+                                    "logits" if coefficient else ""))
     return Verdict(gradient=cause, meaning=meaning, fix=fix, fit=fit, items=tuple(tokens[start:start + j]),
-                   reference=f"the documented {loss_type} objective, computed from the window's stored completions, "
-                             "advantages and log-probs",
-                   window_items=window_tokens, counted_items=generation_tokens[0],
-                   replay="each micro-batch's forward replayed once from its own random state",
-                   reference_seconds=seconds, audit_seconds=time.perf_counter() - started, **base)
+                   reference=reference, window_items=window_tokens, counted_items=generation_tokens[0],
+                   replay="each micro-batch's forward replayed once from its own random state"
+                          + ("; replayed again without the router loss, to tell its term apart" if told_apart else ""),
+                   reference_seconds=seconds, audit_seconds=time.perf_counter() - started, router=router_fit,
+                   **{**base, "checks": base["checks"] + checks})
+
+
+class _Replay:
+    """The window's micro-batches (this process's) replayed into the window objective, each one's share of its
+    gradient summed, over the processes too."""
+
+    def __init__(self, model, micro_batches, window, whole, start, params, applied, loss_type, objective,
+                 temperature, processes, precision):
+        self.model, self.micro_batches, self.window, self.whole, self.start = model, micro_batches, window, whole, start
+        self.params, self.applied, self.loss_type, self.objective = params, applied, loss_type, objective
+        self.temperature, self.processes = temperature, processes
+        self.tolerance = AGREE[precision]  # the audit's router loss against the model's, as Replayer checks it
+        self.router_sums: list = []  # each of this process's micro-batches' router.expert_sums
+        self.disagreement: str | None = None  # why the audit's router loss is not the model's, on any process
+
+    def shares(self, weights: dict, router_weight: float | None = None, per_token: int = 0) -> dict:
+        """{"reference": Σ shares, and per ``weights`` Σ w_i × share_i}, {name: flat float32}. With
+        ``router_weight``: each share holds ``router_weight`` × the micro-batch's router loss too."""
+        # In float32 whatever the parameters' dtype: a bf16 sum of k shares would round each one.
+        sums = {name: {n: torch.zeros_like(g, dtype=torch.float32) for n, g in self.applied.items()}
+                for name in ("reference", *weights)}
+        router_sums, disagreements = [], []
+        kept = RandomState.take()
+        try:
+            for mine_at, (micro_batch, inputs) in enumerate(zip(self.micro_batches, self.window)):
+                i = self.start + mine_at  # its place in the whole window
+                if micro_batch.rng is not None:
+                    micro_batch.rng.put_back_torch()  # dropout draws as the run's forward did
+                with _autocast_of(micro_batch):
+                    if router_weight is None:
+                        mine, routed = replayed(self.model, inputs, self.temperature), None
+                    else:
+                        mine, routed = replayed_with_router(self.model, inputs, self.temperature, per_token)
+                alone = [mine if n == i else _held(other, mine.logps.dtype) for n, other in enumerate(self.whole)]
+                objective = grpo.window_objective(self.loss_type, alone, self.objective)
+                if routed is not None:
+                    objective = objective + router_weight * routed.loss
+                    router_sums.append(routed.sums)
+                    disagreements.append(_disagreement(routed, self.tolerance))
+                share = torch.autograd.grad(objective, list(self.params.values()), allow_unused=True)
+                for (name, _), g in zip(self.params.items(), share):
+                    if g is None or name not in self.applied:
+                        continue
+                    g = g.detach().reshape(-1).float()
+                    sums["reference"][name].add_(g)
+                    for which, w in weights.items():
+                        sums[which][name].add_(g, alpha=w[i])
+        finally:
+            kept.put_back()
+        if router_weight is not None:  # a replay without the router loss keeps the last one's
+            self.router_sums = router_sums
+        said = next((d for d in disagreements if d), None)
+        if self.processes > 1:  # each process's shares: the whole window's gradient is their sum
+            sums = {which: distributed.sum_gradients_over_ranks(shares) for which, shares in sums.items()}
+            if router_weight is not None:  # every process stops alike, or one would wait on the others' reduces
+                device = next(iter(self.applied.values())).device
+                anywhere = distributed.sum_over_ranks([float(said is not None)], device)[0]
+                if anywhere and said is None:
+                    said = "on another process, the model's router loss is not the one the audit computes"
+        self.disagreement = said
+        return sums
+
+
+def _disagreement(routed: RouterLoss, tolerance: float) -> str | None:
+    """Why the micro-batch's router loss the audit computed is not the model's own (what TRL adds); None when they
+    agree within the replay's tolerance."""
+    value = float(routed.loss.detach())
+    if routed.model_loss is None or abs(routed.model_loss - value) <= tolerance * max(1.0, abs(value)):
+        return None
+    return (f"the model's router loss (aux_loss {routed.model_loss:.6g}) is not the load-balancing loss the audit "
+            f"computes from its router logits ({value:.6g}), so the router term TRL adds cannot be computed")
+
+
+def _right(fit: Fit) -> bool:
+    """The step is the reference's gradient: a plain scale of 1."""
+    return fit.plain_scale and fit.near(1.0)
+
+
+def _router_losses(router_sums: list, micro_batches: int, device) -> tuple[float, float]:
+    """(the micro-batches' mean router loss, the router loss of the window's tokens as one batch), over every
+    process."""
+    mean = distributed.sum_over_ranks([sum(float(router.load_balancing(s)) for s in router_sums)],
+                                      device)[0] / micro_batches
+    window = torch.tensor(distributed.sum_over_ranks(torch.stack(router_sums).sum(dim=0).tolist(), device),
+                          dtype=torch.float64)
+    return mean, float(router.load_balancing(window))
+
+
+def _router_cause(fit: Fit, *, k: int, processes: int, coefficient: float, main_scale: float, off: float,
+                  micro_batch_mean: float, window_loss: float, main_off: bool = False) -> RouterFit:
+    """The router term's cause, from its fit on the router weights (1: coef × the micro-batches' mean router loss,
+    what TRL 1.16's coef · aux_loss ÷ the accumulation steps per micro-batch gives)."""
+    scale = fit.scale
+    plain = fit.plain_scale or main_off
+
+    def near(value: float) -> bool:
+        spread = max(fit.tolerance, fit.residual) if main_off else fit.tolerance
+        return abs(scale - value) <= spread * max(1.0, value)
+
+    gap = (f"The window's tokens as one batch have router loss {window_loss:.4g}, its micro-batches "
+           f"{micro_batch_mean:.4g} on average: the router loss is not linear in the batch, so no accumulation gives "
+           "the big batch's; the reference is the micro-batches' mean")
+    where = f"on the router weights (the step is {off:.1%} off there; main objective {main_scale:.5g}×)"
+    if main_off:
+        where += (f", within {fit.residual:.2g}: the main objective is no scale of its own reference, and its error "
+                  "reaches the router weights")
+    right = "loss + router_aux_loss_coef * aux_loss / gradient_accumulation_steps per micro-batch, as TRL 1.16 adds it"
+    if plain and near(1):
+        cause, meaning, fix = EXACT, f"coef·(the micro-batches' mean router loss) {where}. {gap}", None
+    elif plain and not near(0):
+        large = k * processes if processes > 1 and near(k * processes) else k
+        times = f"k·P = {k}·{processes}" if large != k else f"k = {k}"
+        cause = Cause.ROUTER_K_TIMES if k > 1 and near(large) else Cause.ROUTER_SCALED
+        why = (f" ({times}): each micro-batch's router_aux_loss_coef · aux_loss is added whole, not ÷ the "
+               "accumulation steps" if cause == Cause.ROUTER_K_TIMES else "")
+        meaning = f"{scale:.4g}× coef·(the micro-batches' mean router loss){why}, {where}. {gap}"
+        fix = f"divide the router term each micro-batch adds by {scale:.4g}: {right}"
+    else:
+        cause = Cause.ROUTER_OTHER
+        meaning = (f"no scale of coef·(the micro-batches' mean router loss) {where} (residual {fit.residual:.2g}, "
+                   f"scale {scale:.3g}). {gap}")
+        fix = right
+    return RouterFit(coefficient=coefficient, forward_coefficient=coefficient, fit=fit, main_scale=main_scale,
+                     cause=cause, meaning=meaning, fix=fix, off_on_router_weights=off,
+                     micro_batch_mean=micro_batch_mean, window_loss=window_loss)
+
+
+def _router_check(fit: RouterFit, leads: bool) -> Check:
+    said = f"router loss (router_aux_loss_coef={fit.coefficient:g}, added by GRPOTrainer)"
+    if leads:
+        return Check(CheckName.ROUTER_LOSS, None, f"{said}: the gradient's cause above")
+    return Check(CheckName.ROUTER_LOSS, fit.cause == EXACT, f"{said} {words(fit.cause)}: {fit.meaning}", fit.fix)
 
 
 def _cause(loss_type, fit, fits, k, spg, window_tokens, generation_tokens, j):

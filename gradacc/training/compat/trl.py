@@ -36,8 +36,15 @@ def dpo_reference_model(trainer):
 
 
 def adds_router_loss(trainer) -> bool:
-    """Whether DPOTrainer adds an MoE router loss to DPO's (``aux_loss_enabled``)."""
+    """Whether DPOTrainer or GRPOTrainer adds an MoE router loss to its own (``aux_loss_enabled``)."""
     return bool(getattr(trainer, "aux_loss_enabled", False))
+
+
+def router_loss_coefficient(trainer) -> float:
+    """The coefficient the trainer weighs an MoE model's router loss by: GRPOConfig's ``router_aux_loss_coef``, else
+    the model config's (``GRPOTrainer.router_aux_loss_coef``). GRPOTrainer adds coef · aux_loss ÷ the accumulation
+    steps to each micro-batch's loss."""
+    return float(getattr(trainer, "router_aux_loss_coef", 0.0))
 
 
 # GRPOTrainer: what its compute_loss is given per micro-batch, after generation and scoring (the audit's GRPO
@@ -72,9 +79,10 @@ def grpo_settings(args) -> dict:
                 vespo_lambda_neg=args.vespo_lambda_neg)
 
 
-def grpo_unsupported(args, trainer=None) -> str | None:
+def grpo_unsupported(args) -> str | None:
     """The GRPOConfig setting (the first) that puts the run's loss outside the documented objectives the audit
-    computes, as a reason in the config's own terms; None when there is none."""
+    computes, as a reason in the config's own terms; None when there is none. (An MoE model's router loss is in
+    them: the audit computes it, gradacc.training.audit.grpo_audit.)"""
     reasons = (
         (args.num_iterations != 1, f"num_iterations={args.num_iterations}: each generation is trained on more than "
                                    "once, and the audit computes the objective of num_iterations=1"),
@@ -88,7 +96,5 @@ def grpo_unsupported(args, trainer=None) -> str | None:
         (args.entropy_coef != 0.0 or args.use_adaptive_entropy,
          "an entropy bonus (entropy_coef, use_adaptive_entropy) is not in the audit's objective"),
         (args.use_liger_kernel, "use_liger_kernel=True: Liger's fused GRPO loss is not replayed"),
-        (adds_router_loss(trainer), "the model's MoE router loss is added to GRPO's, and the audit does not compute "
-                                    "it"),
     )
     return next((reason for applies, reason in reasons if applies), None)

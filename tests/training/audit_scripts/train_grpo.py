@@ -43,10 +43,12 @@ def reward_len(completions, **kwargs):
     return [-abs(20 - len(completion)) for completion in completions]
 
 
-def trainer(loss_type="dapo", k=2, steps_per_generation=None, beta=0.0, steps=1, output_dir=None, **extra):
+def trainer(loss_type="dapo", k=2, steps_per_generation=None, beta=0.0, steps=1, output_dir=None, build=tiny_qwen2,
+            trainer_class=GRPOTrainer, **extra):
+    """``build``: the model (the tests' tiny MoE model in its place); ``trainer_class``: GRPOTrainer or a subclass."""
     torch.manual_seed(0)
     output_dir = output_dir or tempfile.mkdtemp(prefix="grpo-")
-    model = tiny_qwen2()
+    model = build()
     if beta:  # GRPOTrainer loads the KL reference from the model's name: save it, as a downloaded model would be
         model.save_pretrained(os.path.join(output_dir, "reference"))  # (loaded back as a plain Qwen2: no EOS bias)
         model.config._name_or_path = os.path.join(output_dir, "reference")
@@ -58,7 +60,7 @@ def trainer(loss_type="dapo", k=2, steps_per_generation=None, beta=0.0, steps=1,
                                 num_generations=4, max_completion_length=8, beta=beta, learning_rate=0.03,
                                 max_steps=steps, report_to="none", use_cpu=True, bf16=False, save_strategy="no",
                                 disable_tqdm=True), **extra})
-    return GRPOTrainer(model=model, reward_funcs=reward_len, args=args, processing_class=tokenizer(),
+    return trainer_class(model=model, reward_funcs=reward_len, args=args, processing_class=tokenizer(),
                        train_dataset=Dataset.from_dict({"prompt": prompts}))
 
 

@@ -197,7 +197,8 @@ def judge(trainer, micro_batches: list, clips: tuple, precision: str) -> Verdict
     router_fit = None
     main = applied  # the step's gradient less its router term (fitted) when that term was told apart
     if coefficient:
-        mean, window_loss = _router_losses(replay.router_sums, len(whole), next(iter(applied.values())).device)
+        mean, window_loss = router.mean_and_window(replay.router_sums, len(whole), distributed.sum_over_ranks,
+                                                   next(iter(applied.values())).device)
         if told_apart:
             main_scale, router_scale = router.two_term_scales(applied, sums["reference"], router_gradient, unclip)
             fit, off = router.router_term_fit(applied, sums["reference"], router_gradient, names, main_scale, unclip,
@@ -205,18 +206,16 @@ def judge(trainer, micro_batches: list, clips: tuple, precision: str) -> Verdict
             main = router.without_router(applied, router_gradient, router_scale, unclip)
         else:
             main_scale, fit, off = together.scale, on_router, on_router.rel_error
-        router_fit = _router_cause(fit, k=k, processes=processes, coefficient=coefficient, main_scale=main_scale,
-                                   off=off, micro_batch_mean=mean, window_loss=window_loss)
+        router_fit = _router_cause(fit, k, processes, coefficient, main_scale, off, mean, window_loss)
     fits = {which: _fit(main, sums[which], unclip, precision) for which in sums}
     fit = fits["reference"]
     cause, meaning, fix = _cause(loss_type, fit, fits, k, spg, window_tokens, generation_tokens, len(whole))
     checks = ()
     if router_fit is not None:
         if not fit.plain_scale and router_fit.cause != EXACT:  # the main loss's error spills onto the router weights
-            router_fit = _router_cause(router_fit.fit, k=k, processes=processes, coefficient=coefficient,
-                                       main_scale=router_fit.main_scale, off=router_fit.off_on_router_weights,
-                                       micro_batch_mean=router_fit.micro_batch_mean,
-                                       window_loss=router_fit.window_loss, main_off=True)
+            router_fit = _router_cause(router_fit.fit, k, processes, coefficient, router_fit.main_scale,
+                                       router_fit.off_on_router_weights, router_fit.micro_batch_mean,
+                                       router_fit.window_loss, main_off=True)
         leads = cause in (EXACT, Cause.BY_DESIGN) and router_fit.cause != EXACT
         if leads:  # the main objective is right: the router term is the cause
             cause, meaning, fix = router_fit.cause, router_fit.meaning, router_fit.fix
@@ -311,53 +310,17 @@ def _right(fit: Fit) -> bool:
     return fit.plain_scale and fit.near(1.0)
 
 
-def _router_losses(router_sums: list, micro_batches: int, device) -> tuple[float, float]:
-    """(the micro-batches' mean router loss, the router loss of the window's tokens as one batch), over every
-    process."""
-    mean = distributed.sum_over_ranks([sum(float(router.load_balancing(s)) for s in router_sums)],
-                                      device)[0] / micro_batches
-    window = torch.tensor(distributed.sum_over_ranks(torch.stack(router_sums).sum(dim=0).tolist(), device),
-                          dtype=torch.float64)
-    return mean, float(router.load_balancing(window))
+# What GRPOTrainer should add per micro-batch, as TRL 1.16 does: the router term a verdict's fix names.
+TRL_ROUTER_TERM = "loss + router_aux_loss_coef * aux_loss / gradient_accumulation_steps per micro-batch, as TRL 1.16 adds it"
 
 
-def _router_cause(fit: Fit, *, k: int, processes: int, coefficient: float, main_scale: float, off: float,
+def _router_cause(fit: Fit, k: int, processes: int, coefficient: float, main_scale: float, off: float,
                   micro_batch_mean: float, window_loss: float, main_off: bool = False) -> RouterFit:
-    """The router term's cause, from its fit on the router weights (1: coef × the micro-batches' mean router loss,
-    what TRL 1.16's coef · aux_loss ÷ the accumulation steps per micro-batch gives)."""
-    scale = fit.scale
-    plain = fit.plain_scale or main_off
-
-    def near(value: float) -> bool:
-        spread = max(fit.tolerance, fit.residual) if main_off else fit.tolerance
-        return abs(scale - value) <= spread * max(1.0, value)
-
-    gap = (f"The window's tokens as one batch have router loss {window_loss:.4g}, its micro-batches "
-           f"{micro_batch_mean:.4g} on average: the router loss is not linear in the batch, so no accumulation gives "
-           "the big batch's; the reference is the micro-batches' mean")
-    where = f"on the router weights (the step is {off:.1%} off there; main objective {main_scale:.5g}×)"
-    if main_off:
-        where += (f", within {fit.residual:.2g}: the main objective is no scale of its own reference, and its error "
-                  "reaches the router weights")
-    right = "loss + router_aux_loss_coef * aux_loss / gradient_accumulation_steps per micro-batch, as TRL 1.16 adds it"
-    if plain and near(1):
-        cause, meaning, fix = EXACT, f"coef·(the micro-batches' mean router loss) {where}. {gap}", None
-    elif plain and not near(0):
-        large = k * processes if processes > 1 and near(k * processes) else k
-        times = f"k·P = {k}·{processes}" if large != k else f"k = {k}"
-        cause = Cause.ROUTER_K_TIMES if k > 1 and near(large) else Cause.ROUTER_SCALED
-        why = (f" ({times}): each micro-batch's router_aux_loss_coef · aux_loss is added whole, not ÷ the "
-               "accumulation steps" if cause == Cause.ROUTER_K_TIMES else "")
-        meaning = f"{scale:.4g}× coef·(the micro-batches' mean router loss){why}, {where}. {gap}"
-        fix = f"divide the router term each micro-batch adds by {scale:.4g}: {right}"
-    else:
-        cause = Cause.ROUTER_OTHER
-        meaning = (f"no scale of coef·(the micro-batches' mean router loss) {where} (residual {fit.residual:.2g}, "
-                   f"scale {scale:.3g}). {gap}")
-        fix = right
-    return RouterFit(coefficient=coefficient, forward_coefficient=coefficient, fit=fit, main_scale=main_scale,
-                     cause=cause, meaning=meaning, fix=fix, off_on_router_weights=off,
-                     micro_batch_mean=micro_batch_mean, window_loss=window_loss)
+    """The router term's cause from its fit on the router weights (1: coef × the micro-batches' mean router loss)."""
+    return router.judge(fit, who=Integration.TRAINER, k=k, processes=processes, coefficient=coefficient,
+                        forward_coefficient=coefficient, main_scale=main_scale, off=off,
+                        micro_batch_mean=micro_batch_mean, window_loss=window_loss, main_off=main_off,
+                        trainer_adds=TRL_ROUTER_TERM)
 
 
 def _router_check(fit: RouterFit, leads: bool) -> Check:

@@ -269,15 +269,6 @@ def _router_weight(setup: Setup, replayer: Replayer, j: int, shared: bool) -> fl
     return replayer.router.coefficient / (j * (setup.num_processes if shared else 1))
 
 
-def _router_losses(replayer: Replayer, j: int, processes: int, device, over_ranks) -> tuple[float, float]:
-    """(the micro-batches' mean router loss, the router loss of the window's tokens as one batch), on every
-    process."""
-    window = torch.tensor(over_ranks(torch.stack(replayer.router_sums).sum(dim=0).tolist(), device),
-                          dtype=torch.float64)
-    mean = over_ranks([sum(float(router.load_balancing(s)) for s in replayer.router_sums)], device)[0] / (j * processes)
-    return mean, float(router.load_balancing(window))
-
-
 def _router_together(setup: Setup, replayer: Replayer, applied: dict, params: dict, unclip: float, precision: str,
                      j: int, shared: bool, device, over_ranks, main_scale: float) -> dict | None:
     """What router.judge takes when the reference in ``.grad`` holds both terms: the step against their sum on the
@@ -299,7 +290,7 @@ def _router_judging(setup: Setup, replayer: Replayer, j: int, processes: int, de
                     main_scale: float, off: float) -> dict:
     """What router.judge takes: the router term's ``fit`` on the router weights, beside the run's settings and the
     window's router losses."""
-    mean, window_loss = _router_losses(replayer, j, processes, device, over_ranks)
+    mean, window_loss = router.mean_and_window(replayer.router_sums, j * processes, over_ranks, device)
     return dict(fit=fit, who=setup.who, k=setup.k, processes=processes, coefficient=replayer.router.coefficient,
                 forward_coefficient=replayer.router.forward_coefficient, main_scale=main_scale, off=off,
                 micro_batch_mean=mean, window_loss=window_loss, in_function=setup.custom_loss == "compute_loss_func")

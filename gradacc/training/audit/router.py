@@ -53,6 +53,15 @@ def load_balancing(sums: torch.Tensor) -> torch.Tensor:
     return experts * ((choices / rows) * (probabilities / rows)).sum()
 
 
+def mean_and_window(sums: list, micro_batches: int, over_ranks, device) -> tuple[float, float]:
+    """(the micro-batches' mean router loss, the router loss of the window's tokens as one batch) from each
+    micro-batch's ``expert_sums``; ``over_ranks`` sums a list of floats over the processes that share the window,
+    ``micro_batches`` counts them all."""
+    mean = over_ranks([sum(float(load_balancing(s)) for s in sums)], device)[0] / micro_batches
+    window = torch.tensor(over_ranks(torch.stack(sums).sum(dim=0).tolist(), device), dtype=torch.float64)
+    return mean, float(load_balancing(window))
+
+
 def two_term_scales(applied: dict, main: dict, router: dict, unclip: float) -> tuple[float, float]:
     """(a, b) of the least-squares fit g·unclip ≈ a·M + b·R over every parameter, in float64."""
     mm = mr = rr = gm = gr = 0.0
@@ -92,11 +101,13 @@ def router_term_fit(applied: dict, main: dict, router: dict, names: set, main_sc
 
 def judge(fit: Fit, *, who: Integration, k: int, processes: int, coefficient: float, forward_coefficient: float,
           main_scale: float, off: float, micro_batch_mean: float, window_loss: float, main_off: bool,
-          in_function: bool = False) -> RouterFit:
+          in_function: bool = False, trainer_adds: str | None = None) -> RouterFit:
     """The router term's cause, what it means and its fix, from its fit on the router weights. ``coefficient``: the
     config's (the objective); ``forward_coefficient``: the one each forward adds (the model's attribute), which the
     fix sets: the config keeps saying what the objective is. ``main_off``: the main loss is no scale of its
-    reference; its error spills onto the router weights, so the router term's scale is named within that residual."""
+    reference; its error spills onto the router weights, so the router term's scale is named within that residual.
+    ``trainer_adds``: a trainer whose own code adds the term to each micro-batch's loss (GRPOTrainer), in the form
+    that is right; the fix names it."""
     scale = fit.scale
     plain = fit.plain_scale or main_off
 
@@ -122,6 +133,8 @@ def judge(fit: Fit, *, who: Integration, k: int, processes: int, coefficient: fl
                    "num_items_in_batch), k per step" + (", and multiplies the loss by the processes "
                                                          "(average_tokens_across_devices; transformers #48690)"
                                                          if large != k else ""))
+        if trainer_adds:
+            why = "each micro-batch's router_aux_loss_coef · aux_loss is added whole, not ÷ the accumulation steps"
         cause = Cause.ROUTER_K_TIMES if k > 1 and near(large) else Cause.ROUTER_SCALED
         meaning = (f"{scale:.4g}× coef·(the micro-batches' mean router loss)"
                    + (f" ({times}): {why}" if cause == Cause.ROUTER_K_TIMES else "") + f", {where}. {gap}")
@@ -135,7 +148,8 @@ def judge(fit: Fit, *, who: Integration, k: int, processes: int, coefficient: fl
                              fix=f"divide the router term your compute_loss_func adds by {scale:.4g}: "
                                  f"model.config.router_aux_loss_coef / {k} * outputs.aux_loss",
                              off_on_router_weights=off, micro_batch_mean=micro_batch_mean, window_loss=window_loss)
-        fix = (f"make each forward add the router loss at {right:.4g}, keeping the config's coefficient "
+        fix = (f"divide the router term each micro-batch adds by {scale:.4g}: {trainer_adds}" if trainer_adds else
+               f"make each forward add the router loss at {right:.4g}, keeping the config's coefficient "
                f"{coefficient:g} (the objective): model.router_aux_loss_coef = model.config.router_aux_loss_coef / "
                f"{coefficient / right:.4g} after building the model")
     else:
@@ -146,6 +160,8 @@ def judge(fit: Fit, *, who: Integration, k: int, processes: int, coefficient: fl
                "model.router_aux_loss_coef = model.config.router_aux_loss_coef / k")
         if who != Integration.TRAINER and plain and near(0):  # a loss of the user's own, from the logits alone
             fix = f"add the router term to each micro-batch's loss: + {ROUTER_TERM.format(k=k)}"
+        if trainer_adds:
+            fix = trainer_adds
     return RouterFit(coefficient=coefficient, forward_coefficient=forward_coefficient, fit=fit, main_scale=main_scale,
                      cause=cause, meaning=meaning, fix=fix, off_on_router_weights=off,
                      micro_batch_mean=micro_batch_mean, window_loss=window_loss)

@@ -122,9 +122,11 @@ def ddp_bucket_bytes() -> dict:
     return seen
 
 
-def audited_grpo(loss_type: str, steps_per_generation: int | None) -> dict:
+def audited_grpo(loss_type: str, steps_per_generation: int | None, router_term: str | None = None) -> dict:
     """The user's GRPO script (audit_scripts/train_grpo.py), k = 2, on 2 ranks with gradacc.audit: the verdict, and
-    what each of this rank's micro-batches was given (its completion tokens, the generation's count)."""
+    what each of this rank's micro-batches was given (its completion tokens, the generation's count). ``router_term``:
+    on a tiny Mixtral whose router loss TRL adds, "trl" as TRL 1.16 adds it (coef · aux_loss ÷ k per micro-batch),
+    "whole" as TRL did before that ÷ k."""
     import importlib.util
 
     import torch
@@ -136,7 +138,29 @@ def audited_grpo(loss_type: str, steps_per_generation: int | None) -> dict:
                                                   "train_grpo.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    trainer = script.trainer(loss_type, 2, steps_per_generation, max_grad_norm=0.0)
+    moe = {}
+    if router_term:
+        from transformers import MixtralForCausalLM
+
+        from audit_support import mixtral
+
+        class WholeRouterTerm(script.GRPOTrainer):
+            def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+                logps, entropies, aux_loss = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+                if aux_loss is not None and self.model.training:  # × k, which TRL's ÷ k brings back to whole
+                    aux_loss = aux_loss * self.current_gradient_accumulation_steps
+                return logps, entropies, aux_loss
+
+        def build():
+            # output_router_logits off in the config (TRL asks for them in its training forwards all the same):
+            # generating with them on fails in transformers' load-balancing loss once a prompt is padded.
+            config = mixtral(0.02)
+            config.output_router_logits = False
+            return MixtralForCausalLM(config)
+
+        moe = {"build": build,
+               "trainer_class": WholeRouterTerm if router_term == "whole" else script.GRPOTrainer}
+    trainer = script.trainer(loss_type, 2, steps_per_generation, max_grad_norm=0.0, **moe)
     trainer.remove_callback(PrinterCallback)
     given, compute = [], trainer._compute_loss
 
@@ -175,7 +199,8 @@ def work() -> dict:
     seen["cli_audit"] = main_audit("--model", "tiny-bert", "-m", "4", "-k", "2", "--max-seq-length", "32", "--json")
     seen["ddp_bucket_bytes"] = ddp_bucket_bytes()
     seen["grpo"] = {"dapo": audited_grpo("dapo", None), "dapo_spg4": audited_grpo("dapo", 4),
-                    "bnpo": audited_grpo("bnpo", None)}
+                    "bnpo": audited_grpo("bnpo", None), "moe": audited_grpo("dapo", None, router_term="trl"),
+                    "moe_whole": audited_grpo("dapo", None, router_term="whole")}
     seen["cli_check"] = main_check("--backend", "pytorch", "-m", "4", "-k", "2", "--max-seq-length", "32", "--json")
     return seen
 

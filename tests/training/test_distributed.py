@@ -423,3 +423,22 @@ def test_grpo_on_two_processes_is_judged_over_every_processs_micro_batches(ranks
         assert scaled["fit"]["scale"] == pytest.approx(window_tokens * 4 / (generation * 2), rel=1e-4)
         by_design = seen["bnpo"]["verdict"]
         assert by_design["gradient"] == V.BY_DESIGN and abs(by_design["fit"]["scale"] - 1) < 1e-4, by_design["line"]
+
+
+def test_grpo_on_an_moe_model_on_two_processes_judges_the_router_term_over_every_processs_micro_batches(ranks):
+    """A tiny Mixtral whose router loss TRL adds (coef · aux_loss ÷ k per micro-batch), under DDP: DDP's average makes
+    it coef × the mean over both ranks' micro-batches, the audit's reference, so the step is exact, router term
+    included; added whole (TRL before its ÷ k) the router term is k× (not k·P: DDP still averages), the main
+    objective exact. Both ranks say the same (the single-process truth by hand: tests/training/test_audit_grpo.py)."""
+    from gradacc.training.audit import verdict as V
+    from gradacc.training.audit.vocabulary import Cause
+
+    for rank in (0, 1):
+        exact = ranks[rank]["grpo"]["moe"]["verdict"]
+        assert exact["gradient"] == V.EXACT and exact["num_processes"] == 2, exact["line"]
+        assert exact["router"]["cause"] == V.EXACT and abs(exact["router"]["fit"]["scale"] - 1) < 1e-4
+        whole = ranks[rank]["grpo"]["moe_whole"]["verdict"]
+        assert whole["gradient"] == Cause.ROUTER_K_TIMES, whole["line"]
+        assert abs(whole["router"]["fit"]["scale"] - 2) < 1e-3 and abs(whole["fit"]["scale"] - 1) < 1e-4
+        assert "(k = 2)" in whole["meaning"]
+    assert ranks[0]["grpo"]["moe"]["verdict"]["line"] == ranks[1]["grpo"]["moe"]["verdict"]["line"]

@@ -34,8 +34,8 @@ import torch
 from gradacc.training import distributed
 from gradacc.training.audit import grpo, losses, router
 from gradacc.training.audit.capture import RandomState
-from gradacc.training.audit.verdict import EXACT, NOT_JUDGED, Check, Fit, RouterFit, Verdict, clip_check
-from gradacc.training.audit.vocabulary import Cause, CheckName, Integration, LossKind, words
+from gradacc.training.audit.verdict import EXACT, NOT_JUDGED, Fit, RouterFit, Verdict, clip_check
+from gradacc.training.audit.vocabulary import Cause, Integration, LossKind
 from gradacc.training.compat import transformers as compat_transformers
 from gradacc.training.compat import trl
 from gradacc.training.gradients import projection
@@ -222,7 +222,7 @@ def judge(trainer, micro_batches: list, clips: tuple, precision: str) -> Verdict
         elif router_fit.cause == EXACT:
             meaning += (f"; its router term coef·(the micro-batches' mean router loss) is in it, on the router weights "
                         f"(scale {router_fit.fit.scale:.5g}, coef {coefficient:g})")
-        checks = (_router_check(router_fit, leads),)
+        checks = (router.check(router_fit, leads, added_by="GRPOTrainer"),)
     reference = (f"the documented {loss_type} objective, computed from the window's stored completions, advantages "
                  "and log-probs" + (", plus coef × the micro-batches' mean router loss, computed from their router "
                                     "logits" if coefficient else ""))
@@ -321,13 +321,6 @@ def _router_cause(fit: Fit, k: int, processes: int, coefficient: float, main_sca
                         forward_coefficient=coefficient, main_scale=main_scale, off=off,
                         micro_batch_mean=micro_batch_mean, window_loss=window_loss, main_off=main_off,
                         trainer_adds=TRL_ROUTER_TERM)
-
-
-def _router_check(fit: RouterFit, leads: bool) -> Check:
-    said = f"router loss (router_aux_loss_coef={fit.coefficient:g}, added by GRPOTrainer)"
-    if leads:
-        return Check(CheckName.ROUTER_LOSS, None, f"{said}: the gradient's cause above")
-    return Check(CheckName.ROUTER_LOSS, fit.cause == EXACT, f"{said} {words(fit.cause)}: {fit.meaning}", fit.fix)
 
 
 def _cause(loss_type, fit, fits, k, spg, window_tokens, generation_tokens, j):

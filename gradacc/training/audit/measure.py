@@ -23,8 +23,8 @@ from gradacc.training import distributed
 from gradacc.training.audit import causes, losses, router
 from gradacc.training.audit.capture import MicroBatch, Recorder, WindowLog
 from gradacc.training.audit.reference import NotReplayable, Replayer, set_aside
-from gradacc.training.audit.verdict import EXACT, NOT_JUDGED, Check, Fit, RouterFit, Verdict, clip_check
-from gradacc.training.audit.vocabulary import CheckName, Integration, kind_words, words
+from gradacc.training.audit.verdict import EXACT, NOT_JUDGED, Check, Fit, Verdict, clip_check
+from gradacc.training.audit.vocabulary import CheckName, Integration, kind_words
 from gradacc.training.compat import transformers as compat_transformers
 from gradacc.training.gradients import projection
 from gradacc.training.tolerances import OWN_LOSS
@@ -172,7 +172,7 @@ def measure(setup: Setup, micro_batches: list[MicroBatch], log: WindowLog, backw
         elif gradient == EXACT and router_fit.cause == EXACT:
             meaning += (f", its router term coef·(the micro-batches' mean router loss) on the router weights (scale "
                         f"{router_fit.fit.scale:.5g})")
-        base["checks"] += (_router_check(router_fit, leads, folded=isinstance(fix, causes.WithRouterTerm)),)
+        base["checks"] += (router.check(router_fit, leads, folded=isinstance(fix, causes.WithRouterTerm)),)
     if replayer.router_dropped and all(replayer.router_dropped):
         base["checks"] += (_router_dropped_check(replayer.router, setup.k),)
     if replayer.smoothing_kept:
@@ -294,16 +294,6 @@ def _router_judging(setup: Setup, replayer: Replayer, j: int, processes: int, de
     return dict(fit=fit, who=setup.who, k=setup.k, processes=processes, coefficient=replayer.router.coefficient,
                 forward_coefficient=replayer.router.forward_coefficient, main_scale=main_scale, off=off,
                 micro_batch_mean=mean, window_loss=window_loss, in_function=setup.custom_loss == "compute_loss_func")
-
-
-def _router_check(fit: RouterFit, leads: bool, folded: bool = False) -> Check:
-    """``folded``: the gradient's fix above adds the router term right, so this check names no fix of its own."""
-    said = f"router loss (router_aux_loss_coef={fit.coefficient:g})"
-    if leads:
-        return Check(CheckName.ROUTER_LOSS, None, f"{said}: the gradient's cause above")
-    ok = fit.cause == EXACT
-    return Check(CheckName.ROUTER_LOSS, ok, f"{said} {words(fit.cause)}: {fit.meaning}",
-                 "the gradient's fix above adds it at 1/k" if folded and not ok else fit.fix)
 
 
 def _router_dropped_check(settings, k: int) -> Check:

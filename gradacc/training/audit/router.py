@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import torch
 
-from gradacc.training.audit.verdict import EXACT, Fit, RouterFit
-from gradacc.training.audit.vocabulary import ROUTER_TERM, Cause, Integration
+from gradacc.training.audit.verdict import EXACT, Check, Fit, RouterFit
+from gradacc.training.audit.vocabulary import ROUTER_TERM, Cause, CheckName, Integration, words
 from gradacc.training.gradients import projection
 
 
@@ -165,3 +165,15 @@ def judge(fit: Fit, *, who: Integration, k: int, processes: int, coefficient: fl
     return RouterFit(coefficient=coefficient, forward_coefficient=forward_coefficient, fit=fit, main_scale=main_scale,
                      cause=cause, meaning=meaning, fix=fix, off_on_router_weights=off,
                      micro_batch_mean=micro_batch_mean, window_loss=window_loss)
+
+
+def check(fit: RouterFit, leads: bool, folded: bool = False, added_by: str = "") -> Check:
+    """The ``router_loss`` check beside the gradient's verdict. ``leads``: the router term is the gradient's cause
+    (said there); ``folded``: the gradient's fix adds the router term right, so this check names no fix of its own;
+    ``added_by``: the trainer whose code adds the term, when not the model's forward."""
+    said = f"router loss (router_aux_loss_coef={fit.coefficient:g}{f', added by {added_by}' if added_by else ''})"
+    if leads:
+        return Check(CheckName.ROUTER_LOSS, None, f"{said}: the gradient's cause above")
+    ok = fit.cause == EXACT
+    return Check(CheckName.ROUTER_LOSS, ok, f"{said} {words(fit.cause)}: {fit.meaning}",
+                 "the gradient's fix above adds it at 1/k" if folded and not ok else fit.fix)

@@ -53,6 +53,20 @@ def bert(dropout=0.1, **extra):
                       vocab_size=VOCAB, pad_token_id=0, **extra)
 
 
+def whole_router_term(grpo_trainer):
+    """``grpo_trainer`` (TRL's GRPOTrainer) as TRL wrote it before it divided the router term by the accumulation
+    steps: each micro-batch adds router_aux_loss_coef · aux_loss whole (its aux_loss × k here, which TRL's ÷ k brings
+    back to whole)."""
+    class WholeRouterTerm(grpo_trainer):
+        def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+            logps, entropies, aux_loss = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+            if aux_loss is not None and self.model.training:
+                aux_loss = aux_loss * self.current_gradient_accumulation_steps
+            return logps, entropies, aux_loss
+
+    return WholeRouterTerm
+
+
 def mixtral(coefficient):
     from transformers import MixtralConfig
 

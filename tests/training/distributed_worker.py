@@ -142,14 +142,7 @@ def audited_grpo(loss_type: str, steps_per_generation: int | None, router_term: 
     if router_term:
         from transformers import MixtralForCausalLM
 
-        from audit_support import mixtral
-
-        class WholeRouterTerm(script.GRPOTrainer):
-            def _get_per_token_logps_and_entropies(self, *args, **kwargs):
-                logps, entropies, aux_loss = super()._get_per_token_logps_and_entropies(*args, **kwargs)
-                if aux_loss is not None and self.model.training:  # × k, which TRL's ÷ k brings back to whole
-                    aux_loss = aux_loss * self.current_gradient_accumulation_steps
-                return logps, entropies, aux_loss
+        from audit_support import mixtral, whole_router_term
 
         def build():
             # output_router_logits off in the config (TRL asks for them in its training forwards all the same):
@@ -159,7 +152,7 @@ def audited_grpo(loss_type: str, steps_per_generation: int | None, router_term: 
             return MixtralForCausalLM(config)
 
         moe = {"build": build,
-               "trainer_class": WholeRouterTerm if router_term == "whole" else script.GRPOTrainer}
+               "trainer_class": whole_router_term(script.GRPOTrainer) if router_term == "whole" else script.GRPOTrainer}
     trainer = script.trainer(loss_type, 2, steps_per_generation, max_grad_norm=0.0, **moe)
     trainer.remove_callback(PrinterCallback)
     given, compute = [], trainer._compute_loss

@@ -12,7 +12,7 @@ import importlib.util
 import pytest
 import torch
 
-from audit_support import mixtral
+from audit_support import mixtral, whole_router_term
 from audit_truth import router_loss_by_hand
 from gradacc.audit import audit_trainer
 from gradacc.bench.grpo import StepJudge
@@ -190,15 +190,7 @@ def tiny_mixtral(coefficient=COEFFICIENT):
     return model
 
 
-class WholeRouterTerm(script.GRPOTrainer):
-    """GRPOTrainer as TRL wrote it before it divided the router term by the accumulation steps: each micro-batch
-    adds router_aux_loss_coef · aux_loss whole (its aux_loss × k here, which TRL's ÷ k brings back to whole)."""
-
-    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
-        logps, entropies, aux_loss = super()._get_per_token_logps_and_entropies(*args, **kwargs)
-        if aux_loss is not None and self.model.training:
-            aux_loss = aux_loss * self.current_gradient_accumulation_steps
-        return logps, entropies, aux_loss
+WholeRouterTerm = whole_router_term(script.GRPOTrainer)  # TRL before its ÷ k of the router term
 
 
 class HandTruth:
